@@ -1,0 +1,76 @@
+//! GCRA: one theoretical arrival time, exact; decides as a token bucket does.
+
+use super::{LimitParams, div_ceil};
+
+/// Theoretical arrival time `tat_us + frac / rate.per_us` µs. The fraction
+/// keeps the emission interval `W / N` exact when it is not whole µs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Gcra {
+    tat_us: u64,
+    frac: u64,
+    /// The `rate.per_us` the fraction is counted in; converted (rounding
+    /// down) when a reload changes the rate.
+    per_us: u64,
+}
+
+impl Gcra {
+    /// The stored triple (tat µs, fraction, per_us), as Redis holds it.
+    pub fn parts(&self) -> (u64, u64, u64) {
+        (self.tat_us, self.frac, self.per_us)
+    }
+
+    /// How far the arrival time is ahead of `at`, in scaled token units
+    /// (`rate.per_us` per µs): the bucket's missing tokens × scale.
+    fn debt(&self, params: &LimitParams, at: u64) -> u64 {
+        if self.tat_us < at {
+            return 0;
+        }
+        (self.tat_us - at) * params.rate().per_us + self.frac
+    }
+
+    pub(super) fn advance(&mut self, params: &LimitParams, now: u64) -> u64 {
+        let per_us = params.rate().per_us;
+        if self.per_us != per_us {
+            self.frac = if self.per_us == 0 {
+                0
+            } else {
+                (self.frac as u128 * per_us as u128 / self.per_us as u128) as u64
+            };
+            self.per_us = per_us;
+        }
+        if self.debt(params, now) == 0 {
+            *self = Gcra {
+                tat_us: 0,
+                frac: 0,
+                per_us,
+            };
+        }
+        now
+    }
+
+    pub(super) fn available(&self, params: &LimitParams, at: u64) -> u64 {
+        let rate = params.rate();
+        (params.capacity() * rate.scale - self.debt(params, at)) / rate.scale
+    }
+
+    pub(super) fn consume(&mut self, params: &LimitParams, at: u64, cost: u64) {
+        let rate = params.rate();
+        let debt = self.debt(params, at) + cost * rate.scale;
+        self.tat_us = at + debt / rate.per_us;
+        self.frac = debt % rate.per_us;
+    }
+
+    pub(super) fn until_full(&self, params: &LimitParams, at: u64) -> u64 {
+        let debt = self.debt(params, at);
+        if debt == 0 {
+            return 0;
+        }
+        div_ceil(debt, params.rate().per_us)
+    }
+
+    pub(super) fn until_available(&self, params: &LimitParams, at: u64, need: u64) -> u64 {
+        let rate = params.rate();
+        let over = self.debt(params, at) + need * rate.scale - params.capacity() * rate.scale;
+        div_ceil(over, rate.per_us)
+    }
+}

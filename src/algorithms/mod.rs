@@ -1,0 +1,404 @@
+//! Rate-limit algorithms as pure functions of (state, parameters, now).
+//!
+//! This module is the reference semantics: the memory backend runs it
+//! directly and the Lua scripts in `lua/` mirror it line for line, so both
+//! backends answer identically for the same clock. All arithmetic is on
+//! integers (microseconds, scaled token counts); nothing here does IO or
+//! reads a clock. `docs/algorithms.md` states the formulas.
+
+mod fixed_window;
+mod gcra;
+mod sliding_window_counter;
+mod sliding_window_log;
+mod token_bucket;
+
+use std::fmt;
+
+pub use fixed_window::FixedWindow;
+pub use gcra::Gcra;
+pub use sliding_window_counter::SlidingWindowCounter;
+pub use sliding_window_log::SlidingWindowLog;
+pub use token_bucket::TokenBucket;
+
+/// Largest integer every step of a script can hold exactly: Redis Lua
+/// numbers are IEEE doubles.
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// A rate-limit algorithm, chosen per limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Algorithm {
+    SlidingWindowLog,
+    TokenBucket,
+    Gcra,
+    SlidingWindowCounter,
+    FixedWindow,
+}
+
+impl Algorithm {
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::SlidingWindowLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindowCounter,
+        Algorithm::FixedWindow,
+    ];
+
+    /// The name used in config files, keys and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+            Algorithm::FixedWindow => "fixed_window",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|it| it.name() == name)
+    }
+
+    /// Whether `burst` (a capacity distinct from the window's number) applies.
+    pub fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Validated parameters of one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LimitParams {
+    algorithm: Algorithm,
+    /// `N`: requests per window.
+    limit: u64,
+    /// `W`: the window in microseconds (unit × multiplier), > 0.
+    window_us: u64,
+    /// Most cost that can ever pass at once: `burst` for token bucket and
+    /// GCRA, `N` otherwise.
+    capacity: u64,
+}
+
+/// Why a limit cannot be represented exactly.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParamsError {
+    #[error("window must be at least one second")]
+    ZeroWindow,
+    #[error("burst must be at least 1")]
+    ZeroBurst,
+    #[error(
+        "{algorithm} with {limit} per {window_s}s and capacity {capacity} needs more than 53 bits of exact state; use a coarser unit or a smaller number"
+    )]
+    TooPrecise {
+        algorithm: Algorithm,
+        limit: u64,
+        window_s: u64,
+        capacity: u64,
+    },
+}
+
+impl LimitParams {
+    /// `burst` is the capacity of a token bucket or GCRA (default `limit`);
+    /// it is ignored by the window algorithms.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        window_us: u64,
+        burst: Option<u64>,
+    ) -> Result<LimitParams, ParamsError> {
+        if window_us < 1_000_000 || window_us % 1_000 != 0 {
+            return Err(ParamsError::ZeroWindow);
+        }
+        let capacity = if limit == 0 {
+            // `requests_per_unit: 0` blocks everything, whatever the burst.
+            0
+        } else if algorithm.has_burst() {
+            match burst {
+                Some(0) => return Err(ParamsError::ZeroBurst),
+                Some(burst) => burst,
+                None => limit,
+            }
+        } else {
+            limit
+        };
+        let params = LimitParams {
+            algorithm,
+            limit,
+            window_us,
+            capacity,
+        };
+        let exact = match algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let rate = params.rate();
+                (capacity as u128) * (rate.scale as u128) < MAX_EXACT as u128
+            }
+            Algorithm::SlidingWindowCounter => {
+                (limit as u128 + 1) * (window_us as u128 / 1_000) < MAX_EXACT as u128
+            }
+            Algorithm::SlidingWindowLog | Algorithm::FixedWindow => limit < MAX_EXACT,
+        };
+        if !exact {
+            return Err(ParamsError::TooPrecise {
+                algorithm,
+                limit,
+                window_s: window_us / 1_000_000,
+                capacity,
+            });
+        }
+        Ok(params)
+    }
+
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    pub fn window_us(&self) -> u64 {
+        self.window_us
+    }
+
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The refill rate `N / W` as the reduced fraction `per_us / scale`
+    /// tokens per microsecond. One token is `scale` scaled units.
+    pub fn rate(&self) -> Rate {
+        if self.limit == 0 {
+            // Nothing ever refills; a scale of 1 keeps the arithmetic finite.
+            return Rate {
+                per_us: 0,
+                scale: 1,
+            };
+        }
+        let divisor = gcd(self.limit, self.window_us);
+        Rate {
+            per_us: self.limit / divisor,
+            scale: self.window_us / divisor,
+        }
+    }
+}
+
+/// Refill rate of a token bucket: `per_us` scaled units are added per µs,
+/// and one token is `scale` scaled units.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub per_us: u64,
+    pub scale: u64,
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+/// `ceil(a / b)` for `b > 0`.
+pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
+    a.div_ceil(b)
+}
+
+/// How a limit takes part in a request's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Denies the request when it has no room.
+    Enforce,
+    /// Evaluated and reported, never denies.
+    Shadow,
+    /// Denies only when every quota-mode limit of the request is out of room.
+    Quota,
+}
+
+/// Counter state of one key for one algorithm.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum State {
+    SlidingWindowLog(SlidingWindowLog),
+    TokenBucket(TokenBucket),
+    Gcra(Gcra),
+    SlidingWindowCounter(SlidingWindowCounter),
+    FixedWindow(FixedWindow),
+}
+
+impl State {
+    /// The state of a key nobody has touched: a full bucket, an empty window.
+    pub fn fresh(params: &LimitParams, now: u64) -> State {
+        match params.algorithm {
+            Algorithm::SlidingWindowLog => State::SlidingWindowLog(SlidingWindowLog::default()),
+            Algorithm::TokenBucket => State::TokenBucket(TokenBucket::full(params, now)),
+            Algorithm::Gcra => State::Gcra(Gcra::default()),
+            Algorithm::SlidingWindowCounter => {
+                State::SlidingWindowCounter(SlidingWindowCounter::default())
+            }
+            Algorithm::FixedWindow => State::FixedWindow(FixedWindow::default()),
+        }
+    }
+
+    /// Brings the state forward to `now` (drops expired entries, refills)
+    /// and returns the effective time, which never moves backwards.
+    pub fn advance(&mut self, params: &LimitParams, now: u64) -> u64 {
+        match self {
+            State::SlidingWindowLog(it) => it.advance(params, now),
+            State::TokenBucket(it) => it.advance(params, now),
+            State::Gcra(it) => it.advance(params, now),
+            State::SlidingWindowCounter(it) => it.advance(params, now),
+            State::FixedWindow(it) => it.advance(params, now),
+        }
+    }
+
+    /// Units of cost that could pass right now. Call after `advance`.
+    pub fn available(&self, params: &LimitParams, now: u64) -> u64 {
+        match self {
+            State::SlidingWindowLog(it) => it.available(params),
+            State::TokenBucket(it) => it.available(params),
+            State::Gcra(it) => it.available(params, now),
+            State::SlidingWindowCounter(it) => it.available(params, now),
+            State::FixedWindow(it) => it.available(params),
+        }
+    }
+
+    /// Takes `cost` units; the caller checked `cost <= available`.
+    pub fn consume(&mut self, params: &LimitParams, now: u64, cost: u64) {
+        match self {
+            State::SlidingWindowLog(it) => it.consume(now, cost),
+            State::TokenBucket(it) => it.consume(params, cost),
+            State::Gcra(it) => it.consume(params, now, cost),
+            State::SlidingWindowCounter(it) => it.consume(cost),
+            State::FixedWindow(it) => it.consume(cost),
+        }
+    }
+
+    /// Microseconds until the limit is fully replenished; also the time
+    /// after which the state is indistinguishable from a fresh one (the
+    /// key's expiry). 0 means the state can be dropped now.
+    pub fn until_full(&self, params: &LimitParams, now: u64) -> u64 {
+        match self {
+            State::SlidingWindowLog(it) => it.until_full(params, now),
+            State::TokenBucket(it) => it.until_full(params),
+            State::Gcra(it) => it.until_full(params, now),
+            State::SlidingWindowCounter(it) => it.until_full(params, now),
+            State::FixedWindow(it) => it.until_full(params, now),
+        }
+    }
+
+    /// Microseconds until `need` units are available, for
+    /// `available < need <= capacity`.
+    pub fn until_available(&self, params: &LimitParams, now: u64, need: u64) -> u64 {
+        match self {
+            State::SlidingWindowLog(it) => it.until_available(params, now, need),
+            State::TokenBucket(it) => it.until_available(params, need),
+            State::Gcra(it) => it.until_available(params, now, need),
+            State::SlidingWindowCounter(it) => it.until_available(params, now, need),
+            State::FixedWindow(it) => it.until_available(params, now),
+        }
+    }
+}
+
+/// One limit of a request, as the decision sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check {
+    pub params: LimitParams,
+    /// Units this request takes; 0 checks without consuming.
+    pub cost: u64,
+    pub mode: Mode,
+}
+
+/// What the decision says about one limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// The limit had room for this request's cost (at least 1 for a check).
+    pub has_room: bool,
+    /// The request was allowed and this limit took its cost.
+    pub consumed: bool,
+    /// Units available after this request.
+    pub remaining: u64,
+    /// With room: µs until fully replenished. Without: µs until the same
+    /// cost could pass (the window when it never can).
+    pub reset_us: u64,
+}
+
+/// The decision on a whole request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub allowed: bool,
+    /// One per check, in order.
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Decides a request atomically over its limits' states: allowed iff every
+/// enforcing limit has room and, when there are quota-mode limits, at least
+/// one of them has room. If allowed, each limit with room consumes its cost;
+/// if denied, nothing is consumed anywhere.
+///
+/// `states[i]` is the state of `checks[i]`'s key (`None` = never seen); keys
+/// must be distinct (merge same-key checks by adding their costs first).
+/// On return, `states[i]` is the new state, `None` when it equals a fresh one.
+pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdict {
+    assert_eq!(checks.len(), states.len(), "one state per check");
+    let mut effective_now = Vec::with_capacity(checks.len());
+    let mut has_room = Vec::with_capacity(checks.len());
+    for (check, slot) in checks.iter().zip(states.iter_mut()) {
+        let state = slot.get_or_insert_with(|| State::fresh(&check.params, now));
+        let at = state.advance(&check.params, now);
+        let need = check.cost.max(1);
+        has_room.push(need <= state.available(&check.params, at));
+        effective_now.push(at);
+    }
+
+    let enforced_ok = checks
+        .iter()
+        .zip(&has_room)
+        .all(|(check, room)| check.mode != Mode::Enforce || *room);
+    let mut quota = checks
+        .iter()
+        .zip(&has_room)
+        .filter(|(check, _)| check.mode == Mode::Quota)
+        .peekable();
+    let quota_ok = quota.peek().is_none() || quota.any(|(_, room)| *room);
+    let allowed = enforced_ok && quota_ok;
+
+    let mut outcomes = Vec::with_capacity(checks.len());
+    for (idx, (check, slot)) in checks.iter().zip(states.iter_mut()).enumerate() {
+        let params = &check.params;
+        let at = effective_now[idx];
+        let state = slot.as_mut().expect("filled above");
+        let room = has_room[idx];
+        let consumed = allowed && room && check.cost > 0;
+        if consumed {
+            state.consume(params, at, check.cost);
+        }
+        let need = check.cost.max(1);
+        // Durations are computed from the effective time; a request whose
+        // clock lags the stored state waits that much longer.
+        let lag = at - now;
+        let reset_us = lag
+            + if room {
+                state.until_full(params, at)
+            } else if need > params.capacity {
+                params.window_us
+            } else {
+                state.until_available(params, at, need)
+            };
+        let remaining = state.available(params, at);
+        if state.until_full(params, at) == 0 {
+            *slot = None;
+        }
+        outcomes.push(Outcome {
+            has_room: room,
+            consumed,
+            remaining,
+            reset_us,
+        });
+    }
+    Verdict { allowed, outcomes }
+}
+
+#[cfg(test)]
+mod tests;
