@@ -23,3 +23,20 @@ pub struct RedisSettings {
     pub key_prefix: String,
     pub clock: ClockSource,
 }
+
+/// Counters in Redis, shared by every replica pointed at the same server.
+#[derive(Debug)]
+pub struct RedisBackend {
+    settings: RedisSettings,
+}
+
+impl RedisBackend {
+    /// Builds the pool and loads the scripts. Fails when the URL is invalid;
+    /// an unreachable server is not an error here (health reports it).
+    pub async fn connect(settings: RedisSettings) -> Result<RedisBackend, super::Error> {
+        let _ = settings;
+        Err(super::Error::Unavailable(
+            "redis backend not built yet".to_owned(),
+        ))
+    }
+}
