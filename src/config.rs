@@ -1,4 +1,4 @@
-//! YAML rate-limit config (envoyproxy/ratelimit's format plus extensions) loaded and validated into [`rules::RuleSet`].
+//! YAML rate-limit config (envoyproxy/ratelimit's format plus extensions) loaded and validated into [`RuleSet`](crate::rules::RuleSet).
 //!
 //! Two layers: the file is parsed into a generic YAML tree (syntax errors
 //! carry a line and column), then walked by hand into `rules` types. The

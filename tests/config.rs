@@ -38,14 +38,21 @@ fn refusal(name: &str) -> String {
 }
 
 fn check_refused(name: &str, message: &str) {
-    assert_eq!(refusal(name), format!("{name}: {message}"), "fixture {name}");
+    assert_eq!(
+        refusal(name),
+        format!("{name}: {message}"),
+        "fixture {name}"
+    );
 }
 
 // === invalid files, one fixture each ===
 
 #[test]
 fn misspelled_key() {
-    check_refused("misspelled_key.yaml", "config error, unknown key 'ratelimit'");
+    check_refused(
+        "misspelled_key.yaml",
+        "config error, unknown key 'ratelimit'",
+    );
     check_refused(
         "misspelled_key2.yaml",
         "config error, unknown key 'requestsperunit'",
@@ -515,7 +522,9 @@ fn large_sliding_log_warns_with_bytes_per_key() {
     let loaded = config::parse_str("d.yaml", yaml, &options()).expect("valid");
     assert_eq!(
         loaded.warnings,
-        ["d.yaml: descriptor 'd.big': sliding_window_log with 20000 per window keeps up to 20000 entries per key (about 2.5 MiB per key); consider gcra or sliding_window_counter"]
+        [
+            "d.yaml: descriptor 'd.big': sliding_window_log with 20000 per window keeps up to 20000 entries per key (about 2.5 MiB per key); consider gcra or sliding_window_counter"
+        ]
     );
 }
 
@@ -532,4 +541,51 @@ fn absent_requests_per_unit_means_zero_with_a_warning() {
         panic!("limited");
     };
     assert_eq!(limits[0].params.capacity(), 0);
+}
+
+#[test]
+fn scalars_are_read_as_envoyproxy_reads_them() {
+    // Numbers as values, YAML 1.1 booleans, and merge keys.
+    let yaml = r#"
+domain: 42
+descriptors:
+  - key: status
+    value: 503
+    shadow_mode: yes
+    rate_limit: &limit {unit: second, requests_per_unit: 5}
+  - key: other
+    quota_mode: "off"
+    rate_limit:
+      <<: *limit
+      requests_per_unit: 7
+"#;
+    let loaded = config::parse_str("s.yaml", yaml, &options()).expect("valid");
+    let domain = loaded.rules.domain("42").expect("numeric domain");
+    let status = domain
+        .find(&[("status", "503")])
+        .expect("numeric value")
+        .rule();
+    assert!(status.shadow_mode);
+    assert_eq!(&*status.path, "status_503");
+    let other = domain.find(&[("other", "x")]).expect("match").rule();
+    assert!(!other.quota_mode);
+    let NodeLimits::Limited(limits) = &other.limits else {
+        panic!("limited");
+    };
+    assert_eq!(
+        (limits[0].unit, limits[0].requests_per_unit),
+        (Unit::Second, 7)
+    );
+
+    let err = config::parse_str(
+        "t.yaml",
+        "domain: d\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n    rate_limit: {unit: second, requests_per_unit: -1}\n",
+        &options(),
+    )
+    .expect_err("bad scalars");
+    assert_eq!(
+        err.to_string(),
+        "t.yaml: config error, 'shadow_mode' must be a boolean, not maybe\n\
+         t.yaml: config error, 'requests_per_unit' must be an integer from 0 to 4294967295, not -1"
+    );
 }
