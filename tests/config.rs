@@ -270,9 +270,29 @@ fn alternate_form_names_the_yaml_path() {
     let err = config::parse_str("misspelled_key.yaml", &text, &options()).expect_err("refused");
     assert_eq!(
         format!("{err:#}"),
-        "misspelled_key.yaml: config error, unknown key 'ratelimit' (at descriptors[0].ratelimit)"
+        "misspelled_key.yaml:5:5: config error, unknown key 'ratelimit' (at descriptors[0].ratelimit)"
     );
     assert_eq!(err.problems[0].path, "descriptors[0].ratelimit");
+
+    // Positions of semantic errors: the key itself, inside flow mappings
+    // too, and the mapping that lacks a required key.
+    let text = std::fs::read_to_string(fixture("several_errors.yaml")).expect("fixture");
+    let err = config::parse_str("several_errors.yaml", &text, &options()).expect_err("refused");
+    let positions: Vec<_> = err
+        .problems
+        .iter()
+        .map(|it| it.location.map(|at| (at.line, at.column)))
+        .collect();
+    assert_eq!(
+        positions,
+        [Some((4, 18)), Some((6, 71)), Some((7, 5)), Some((8, 5))]
+    );
+    let text = std::fs::read_to_string(fixture("missing_unit.yaml")).expect("fixture");
+    let err = config::parse_str("missing_unit.yaml", &text, &options()).expect_err("refused");
+    assert_eq!(
+        format!("{err:#}"),
+        "missing_unit.yaml:5:7: invalid rate limit unit '' (at descriptors[0].rate_limit.unit)"
+    );
 }
 
 #[test]
