@@ -403,8 +403,8 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
     }
     let domains = domains
         .into_iter()
-        .map(|(name, (mut domain, _, _))| {
-            domain.index = LevelIndex::new(&domain.children);
+        .map(|(name, (domain, _, _))| {
+            let domain = Domain::new(domain.name, domain.default_algorithm, domain.children);
             (name, domain)
         })
         .collect();

@@ -191,6 +191,16 @@ impl RuleSet {
 }
 
 impl Domain {
+    /// A domain over `children`, with its lookup index built.
+    pub fn new(name: Arc<str>, default_algorithm: Algorithm, children: Vec<Node>) -> Domain {
+        Domain {
+            name,
+            default_algorithm,
+            index: LevelIndex::new(&children),
+            children,
+        }
+    }
+
     /// Walks `entries` (key, value) down the tree: at each level the exact
     /// key+value node, else the first matching wildcard (config order), else
     /// the key-only node; no backtracking. `None` when some level has no

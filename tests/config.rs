@@ -609,3 +609,31 @@ descriptors:
          t.yaml: config error, 'requests_per_unit' must be an integer from 0 to 4294967295, not -1"
     );
 }
+
+#[test]
+fn merged_files_must_agree_on_the_default_algorithm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "domain: d\ndefault_algorithm: gcra\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: d\ndefault_algorithm: fixed_window\n",
+    )
+    .expect("write");
+    let merge = LoadOptions {
+        merge_domains: true,
+        default_algorithm: Algorithm::SlidingWindowLog,
+    };
+    let err = config::load(dir.path(), &merge).expect_err("conflict");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: default_algorithm 'fixed_window' conflicts with 'gcra' set for domain 'd' in {}",
+            dir.path().join("b.yaml").display(),
+            dir.path().join("a.yaml").display()
+        )
+    );
+}
