@@ -126,8 +126,9 @@ impl std::error::Error for Error {}
 pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
     let mut files = Vec::new();
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => collect_dir(path, &mut files, &mut problems),
+        Ok(meta) if meta.is_dir() => collect_dir(path, &mut files, &mut problems, &mut warnings),
         Ok(_) => files.push(path.to_path_buf()),
         Err(err) => problems.push(file_problem(
             &path.display().to_string(),
@@ -135,7 +136,6 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
         )),
     }
     let mut parsed = Vec::new();
-    let mut warnings = Vec::new();
     for file in &files {
         let name = file.display().to_string();
         match std::fs::read_to_string(file) {
@@ -283,7 +283,12 @@ fn write_name_replaces(out: &mut String, name: Option<&str>, replaces: &[Arc<str
 
 // === loading ===
 
-fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>, problems: &mut Vec<Problem>) {
+fn collect_dir(
+    dir: &Path,
+    files: &mut Vec<PathBuf>,
+    problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
+) {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) => {
@@ -308,16 +313,26 @@ fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>, problems: &mut Vec<Problem>
             continue;
         };
         if link_meta.is_dir() {
-            collect_dir(&path, files, problems);
+            collect_dir(&path, files, problems, warnings);
             continue;
         }
         let is_yaml = path
             .extension()
             .is_some_and(|ext| ext == "yaml" || ext == "yml");
-        // A dangling symlink is reported when read, like any unreadable file.
-        let is_file = std::fs::metadata(&path).map_or(link_meta.is_symlink(), |it| it.is_file());
-        if is_yaml && is_file {
-            files.push(path);
+        match std::fs::metadata(&path) {
+            Ok(meta) if is_yaml && meta.is_file() => files.push(path),
+            Ok(_) => {}
+            // A ConfigMap key being removed leaves its symlink dangling for
+            // a moment after `..data` moves on; the file is gone, not broken.
+            Err(_) if is_yaml && link_meta.is_symlink() => warnings.push(format!(
+                "{}: skipping a symlink whose target does not exist",
+                path.display()
+            )),
+            Err(err) if is_yaml => problems.push(file_problem(
+                &path.display().to_string(),
+                format!("error reading config file: {err}"),
+            )),
+            Err(_) => {}
         }
     }
 }

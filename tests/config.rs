@@ -444,6 +444,19 @@ fn kubernetes_configmap_layout_loads_each_file_once() {
     let loaded = load_ok(root, &options());
     assert!(loaded.rules.domain("api2").is_some());
     assert!(loaded.rules.domain("api").is_none());
+
+    // A key removed from the ConfigMap: its symlink dangles until kubelet
+    // deletes it; the file is gone, so it is skipped with a warning.
+    std::os::unix::fs::symlink("..data/gone.yaml", root.join("gone.yaml")).expect("symlink");
+    let loaded = load_ok(root, &options());
+    assert_eq!(loaded.files, vec![root.join("api.yaml")]);
+    assert_eq!(
+        loaded.warnings,
+        [format!(
+            "{}: skipping a symlink whose target does not exist",
+            root.join("gone.yaml").display()
+        )]
+    );
 }
 
 #[test]
