@@ -735,3 +735,834 @@ impl LogGate {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::Algorithm;
+    use crate::backends::memory::MemoryBackend;
+    use crate::clock::ManualClock;
+    use crate::rules::{RateLimit, ValueMatcher};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    // === rule builders ===
+
+    fn limit(requests_per_unit: u32, unit: Unit) -> RateLimit {
+        limit_with(requests_per_unit, unit, 1, Algorithm::SlidingWindowLog)
+    }
+
+    fn limit_with(
+        requests_per_unit: u32,
+        unit: Unit,
+        unit_multiplier: u32,
+        algorithm: Algorithm,
+    ) -> RateLimit {
+        let window_us = unit.seconds() * u64::from(unit_multiplier) * 1_000_000;
+        RateLimit {
+            unit,
+            unit_multiplier,
+            requests_per_unit,
+            name: None,
+            replaces: Vec::new(),
+            params: LimitParams::new(algorithm, u64::from(requests_per_unit), window_us, None)
+                .unwrap(),
+        }
+    }
+
+    fn named(mut it: RateLimit, name: &str, replaces: &[&str]) -> RateLimit {
+        it.name = Some(Arc::from(name));
+        it.replaces = replaces.iter().map(|it| Arc::from(*it)).collect();
+        it
+    }
+
+    fn node(key: &str, value: ValueMatcher, limits: NodeLimits) -> Node {
+        let path = match &value {
+            ValueMatcher::Any => key.to_owned(),
+            ValueMatcher::Exact(it) | ValueMatcher::Wildcard(it) => format!("{key}_{it}"),
+        };
+        Node {
+            key: Arc::from(key),
+            value,
+            limits,
+            shadow_mode: false,
+            quota_mode: false,
+            share_threshold: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            path: Arc::from(path),
+            children: Vec::new(),
+        }
+    }
+
+    fn key_node(key: &str, limits: Vec<RateLimit>) -> Node {
+        node(key, ValueMatcher::Any, NodeLimits::Limited(limits))
+    }
+
+    fn rules(nodes: Vec<Node>) -> RuleSet {
+        let domain = Domain {
+            name: Arc::from("test"),
+            default_algorithm: Algorithm::SlidingWindowLog,
+            children: nodes,
+        };
+        RuleSet {
+            domains: HashMap::from([(domain.name.clone(), domain)]),
+        }
+    }
+
+    // === request builders ===
+
+    fn desc(entries: &[(&str, &str)]) -> Descriptor {
+        Descriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
+                })
+                .collect(),
+            limit: None,
+            hits_addend: None,
+        }
+    }
+
+    fn req(descriptors: Vec<Descriptor>) -> Request {
+        Request {
+            domain: "test".to_owned(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn options() -> Options {
+        Options {
+            shadow_mode: false,
+            response_headers: Some(HeaderNames::standard()),
+            failure_mode: FailureMode::Error,
+        }
+    }
+
+    struct Fixture {
+        limiter: Limiter,
+        clock: ManualClock,
+    }
+
+    fn fixture(rules: RuleSet, options: Options) -> Fixture {
+        let clock = ManualClock::new(T0);
+        let backend = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
+        Fixture {
+            limiter: Limiter::new(Arc::new(ArcSwap::from_pointee(rules)), backend, options),
+            clock,
+        }
+    }
+
+    /// A backend that is always down.
+    #[derive(Debug)]
+    struct DownBackend;
+
+    #[async_trait::async_trait]
+    impl Backend for DownBackend {
+        async fn decide(
+            &self,
+            _checks: &[KeyedCheck],
+        ) -> Result<crate::algorithms::Verdict, backends::Error> {
+            Err(backends::Error::Unavailable(
+                "connection refused".to_owned(),
+            ))
+        }
+
+        async fn probe(&self) -> Result<(), backends::Error> {
+            Err(backends::Error::Unavailable(
+                "connection refused".to_owned(),
+            ))
+        }
+
+        fn name(&self) -> &'static str {
+            "down"
+        }
+    }
+
+    fn down(rules: RuleSet, failure_mode: FailureMode) -> Limiter {
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(rules)),
+            Arc::new(DownBackend),
+            Options {
+                failure_mode,
+                ..options()
+            },
+        )
+    }
+
+    /// `(code, remaining, reset seconds, (requests_per_unit, unit, name))`
+    /// of a status: what the table rows compare.
+    type Brief = (Code, u32, Option<u64>, Option<(u32, Unit, String)>);
+
+    fn brief(status: &Status) -> Brief {
+        (
+            status.code,
+            status.limit_remaining,
+            status.duration_until_reset_s,
+            status
+                .current_limit
+                .as_ref()
+                .map(|it| (it.requests_per_unit, it.unit, it.name.to_string())),
+        )
+    }
+
+    fn ok_none() -> Brief {
+        (Code::Ok, 0, None, None)
+    }
+
+    fn lim(code: Code, remaining: u32, reset: u64, rpu: u32, unit: Unit, name: &str) -> Brief {
+        (
+            code,
+            remaining,
+            Some(reset),
+            Some((rpu, unit, name.to_owned())),
+        )
+    }
+
+    /// Runs `steps` in order, each `(request, overall, statuses)`.
+    async fn check(fixture: &Fixture, steps: &[(Request, Code, Vec<Brief>)]) {
+        for (idx, (request, overall, statuses)) in steps.iter().enumerate() {
+            let decision = fixture.limiter.decide(request).await.unwrap();
+            let got: Vec<Brief> = decision.statuses.iter().map(brief).collect();
+            assert_eq!(
+                (decision.overall, &got),
+                (*overall, statuses),
+                "step {idx}: {request:?}"
+            );
+        }
+    }
+
+    fn header<'a>(decision: &'a Decision, name: &str) -> Option<&'a str> {
+        decision
+            .headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    use Code::{Ok as OK, OverLimit as OVER};
+
+    // === tests ===
+
+    #[tokio::test]
+    async fn bounds_are_invalid_argument_with_a_reason() {
+        let long = "x".repeat(MAX_TEXT_BYTES + 1);
+        let many_entries: Vec<(&str, &str)> = vec![("k", "v"); MAX_ENTRIES + 1];
+        let cases: Vec<(Request, &str)> = vec![
+            (
+                Request {
+                    domain: String::new(),
+                    ..req(vec![desc(&[("k", "v")])])
+                },
+                "empty domain",
+            ),
+            (req(vec![]), "no descriptors"),
+            (req(vec![desc(&[])]), "descriptor 0 has no entries"),
+            (
+                req(vec![desc(&[("k", "v")]), desc(&[("", "v")])]),
+                "descriptor 1, entry 0: empty entry key",
+            ),
+            (
+                req(vec![desc(&[("k", "v")]); MAX_DESCRIPTORS + 1]),
+                "too many descriptors: 65, at most 64",
+            ),
+            (
+                req(vec![desc(&many_entries)]),
+                "descriptor 0 has too many entries: 33, at most 32",
+            ),
+            (
+                req(vec![desc(&[("k", &long)])]),
+                "descriptor 0, entry 0: value is 1025 bytes, at most 1024",
+            ),
+            (
+                req(vec![desc(&[(&long, "v")])]),
+                "descriptor 0, entry 0: key is 1025 bytes, at most 1024",
+            ),
+            (
+                req(vec![Descriptor {
+                    limit: Some(LimitOverride {
+                        requests_per_unit: 5,
+                        unit: None,
+                    }),
+                    ..desc(&[("k", "v")])
+                }]),
+                "descriptor 0: override with unit UNKNOWN",
+            ),
+        ];
+        let fixture = fixture(rules(vec![]), options());
+        for (request, expected) in cases {
+            match fixture.limiter.decide(&request).await {
+                Err(Error::InvalidArgument(message)) => assert_eq!(message, expected),
+                other => panic!("{expected}: got {other:?}"),
+            }
+        }
+        // At the bounds exactly: accepted.
+        let exact = "x".repeat(MAX_TEXT_BYTES);
+        let entries: Vec<(&str, &str)> = vec![(&exact, &exact); MAX_ENTRIES];
+        let request = req(vec![desc(&entries); MAX_DESCRIPTORS]);
+        assert!(fixture.limiter.decide(&request).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn requests_without_counters_never_reach_the_backend() {
+        let mut tree = rules(vec![
+            key_node("limited", vec![limit(1, Unit::Minute)]),
+            node(
+                "health",
+                ValueMatcher::Any,
+                NodeLimits::Unlimited { name: None },
+            ),
+            node("parent", ValueMatcher::Any, NodeLimits::None),
+        ]);
+        tree.domains.get_mut("test").unwrap().children[2].children =
+            vec![key_node("child", vec![limit(1, Unit::Minute)])];
+        let limiter = down(tree, FailureMode::Error);
+        let unlimited = (OK, u32::MAX, None, None);
+        let cases: Vec<(Request, Vec<Brief>)> = vec![
+            (
+                Request {
+                    domain: "unknown".to_owned(),
+                    ..req(vec![desc(&[("limited", "a")]), desc(&[("x", "y")])])
+                },
+                vec![ok_none(), ok_none()],
+            ),
+            (req(vec![desc(&[("nothing", "a")])]), vec![ok_none()]),
+            (req(vec![desc(&[("health", "a")])]), vec![unlimited.clone()]),
+            // The node reached by the last entry has no limit: depth must match.
+            (req(vec![desc(&[("parent", "a")])]), vec![ok_none()]),
+            (
+                req(vec![desc(&[("limited", "a"), ("deeper", "b")])]),
+                vec![ok_none()],
+            ),
+            (
+                req(vec![desc(&[("health", "a")]), desc(&[("nothing", "b")])]),
+                vec![unlimited, ok_none()],
+            ),
+        ];
+        for (request, expected) in cases {
+            let decision = limiter.decide(&request).await.unwrap();
+            let got: Vec<Brief> = decision.statuses.iter().map(brief).collect();
+            assert_eq!((decision.overall, got), (OK, expected), "{request:?}");
+            assert!(decision.headers.is_empty());
+        }
+        // The same limiter does call the backend for a limited descriptor.
+        let res = limiter.decide(&req(vec![desc(&[("limited", "a")])])).await;
+        assert!(matches!(res, Err(Error::Backend(_))), "{res:?}");
+    }
+
+    #[tokio::test]
+    async fn over_limit_after_n_with_remaining_and_reset() {
+        let fixture = fixture(
+            rules(vec![key_node(
+                "user",
+                vec![named(limit(3, Unit::Minute), "per_user", &[])],
+            )]),
+            options(),
+        );
+        let one = || req(vec![desc(&[("user", "alice")])]);
+        let status =
+            |code, remaining, reset| lim(code, remaining, reset, 3, Unit::Minute, "per_user");
+        check(
+            &fixture,
+            &[
+                (one(), OK, vec![status(OK, 2, 60)]),
+                (one(), OK, vec![status(OK, 1, 60)]),
+                (one(), OK, vec![status(OK, 0, 60)]),
+                (one(), OVER, vec![status(OVER, 0, 60)]),
+                // Another value has its own counter.
+                (
+                    req(vec![desc(&[("user", "bob")])]),
+                    OK,
+                    vec![status(OK, 2, 60)],
+                ),
+            ],
+        )
+        .await;
+        // 20.5 s later the window still holds all three: 39.5 s → 40 s.
+        fixture.clock.advance(20_500_000);
+        check(&fixture, &[(one(), OVER, vec![status(OVER, 0, 40)])]).await;
+        fixture.clock.advance(40_000_000);
+        check(&fixture, &[(one(), OK, vec![status(OK, 2, 60)])]).await;
+    }
+
+    #[tokio::test]
+    async fn denied_request_consumes_nothing_anywhere() {
+        let fixture = fixture(
+            rules(vec![
+                key_node("a", vec![limit(5, Unit::Minute)]),
+                key_node("b", vec![limit(1, Unit::Minute)]),
+            ]),
+            options(),
+        );
+        let both = || req(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]);
+        let a = |code, remaining| lim(code, remaining, 60, 5, Unit::Minute, "");
+        let b = |code, remaining| lim(code, remaining, 60, 1, Unit::Minute, "");
+        check(
+            &fixture,
+            &[
+                (both(), OK, vec![a(OK, 4), b(OK, 0)]),
+                // A had room and reports its current remaining: nothing taken.
+                (both(), OVER, vec![a(OK, 4), b(OVER, 0)]),
+                (both(), OVER, vec![a(OK, 4), b(OVER, 0)]),
+                (req(vec![desc(&[("a", "1")])]), OK, vec![a(OK, 3)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn costs_from_request_and_descriptor_hits_addend() {
+        let fixture = fixture(
+            rules(vec![key_node("k", vec![limit(5, Unit::Minute)])]),
+            options(),
+        );
+        let status = |code, remaining| lim(code, remaining, 60, 5, Unit::Minute, "");
+        let with = |request_hits: u32, descriptor_hits: Option<u64>| Request {
+            hits_addend: request_hits,
+            ..req(vec![Descriptor {
+                hits_addend: descriptor_hits,
+                ..desc(&[("k", "v")])
+            }])
+        };
+        check(
+            &fixture,
+            &[
+                // 0 means 1.
+                (with(0, None), OK, vec![status(OK, 4)]),
+                (with(2, None), OK, vec![status(OK, 2)]),
+                // The descriptor's own value wins, even 0 (a check).
+                (with(9, Some(0)), OK, vec![status(OK, 2)]),
+                (with(9, Some(1)), OK, vec![status(OK, 1)]),
+                // More than is left: denied, nothing consumed.
+                (with(2, None), OVER, vec![status(OVER, 0)]),
+                (with(1, None), OK, vec![status(OK, 0)]),
+                // A check with nothing left is OVER_LIMIT.
+                (with(0, Some(0)), OVER, vec![status(OVER, 0)]),
+            ],
+        )
+        .await;
+        // A cost larger than the capacity can never pass.
+        fixture.clock.advance(60_000_000);
+        check(&fixture, &[(with(6, None), OVER, vec![status(OVER, 0)])]).await;
+    }
+
+    #[tokio::test]
+    async fn descriptors_reaching_one_counter_add_their_costs() {
+        let fixture = fixture(
+            rules(vec![key_node("k", vec![limit(3, Unit::Minute)])]),
+            options(),
+        );
+        let status = |code, remaining| lim(code, remaining, 60, 3, Unit::Minute, "");
+        let twice = || req(vec![desc(&[("k", "v")]), desc(&[("k", "v")])]);
+        check(
+            &fixture,
+            &[
+                (twice(), OK, vec![status(OK, 1), status(OK, 1)]),
+                // Needs 2, has 1.
+                (twice(), OVER, vec![status(OVER, 0), status(OVER, 0)]),
+                (req(vec![desc(&[("k", "v")])]), OK, vec![status(OK, 0)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn share_threshold_values_share_one_counter() {
+        let mut shared = node(
+            "path",
+            ValueMatcher::Wildcard(Arc::from("/files/*")),
+            NodeLimits::Limited(vec![limit(2, Unit::Hour)]),
+        );
+        shared.share_threshold = true;
+        let mut own = node(
+            "path",
+            ValueMatcher::Wildcard(Arc::from("/own/*")),
+            NodeLimits::Limited(vec![limit(2, Unit::Hour)]),
+        );
+        own.share_threshold = false;
+        let fixture = fixture(rules(vec![shared, own]), options());
+        let status = |code, remaining| lim(code, remaining, 3600, 2, Unit::Hour, "");
+        let path = |value: &str| req(vec![desc(&[("path", value)])]);
+        check(
+            &fixture,
+            &[
+                (path("/files/a"), OK, vec![status(OK, 1)]),
+                (path("/files/b"), OK, vec![status(OK, 0)]),
+                (path("/files/c"), OVER, vec![status(OVER, 0)]),
+                (path("/own/a"), OK, vec![status(OK, 1)]),
+                (path("/own/b"), OK, vec![status(OK, 1)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn replaced_limits_are_dropped_and_not_counted() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "api_key",
+                    vec![named(limit(1, Unit::Minute), "premium", &[])],
+                ),
+                key_node(
+                    "path",
+                    vec![named(limit(10, Unit::Minute), "expensive", &["premium"])],
+                ),
+            ]),
+            options(),
+        );
+        let premium = |code, remaining| lim(code, remaining, 60, 1, Unit::Minute, "premium");
+        let expensive = |remaining| lim(OK, remaining, 60, 10, Unit::Minute, "expensive");
+        let both = || req(vec![desc(&[("api_key", "k")]), desc(&[("path", "/x")])]);
+        check(
+            &fixture,
+            &[
+                (both(), OK, vec![ok_none(), expensive(9)]),
+                (both(), OK, vec![ok_none(), expensive(8)]),
+                // premium was never counted above.
+                (
+                    req(vec![desc(&[("api_key", "k")])]),
+                    OK,
+                    vec![premium(OK, 0)],
+                ),
+                (
+                    req(vec![desc(&[("api_key", "k")])]),
+                    OVER,
+                    vec![premium(OVER, 0)],
+                ),
+                // Replaced even while exhausted: the replacing limit decides.
+                (both(), OK, vec![ok_none(), expensive(7)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn override_uses_its_own_counter_and_reports_no_name() {
+        let fixture = fixture(
+            rules(vec![key_node(
+                "k",
+                vec![named(
+                    limit_with(100, Unit::Minute, 1, Algorithm::TokenBucket),
+                    "rule",
+                    &[],
+                )],
+            )]),
+            options(),
+        );
+        let with_override = |requests_per_unit| {
+            req(vec![Descriptor {
+                limit: Some(LimitOverride {
+                    requests_per_unit,
+                    unit: Some(Unit::Second),
+                }),
+                ..desc(&[("k", "v")])
+            }])
+        };
+        // Token bucket (the rule's algorithm): 2 per second refills one
+        // token per 500 ms.
+        let status =
+            |rpu, code, remaining, reset| lim(code, remaining, reset, rpu, Unit::Second, "");
+        check(
+            &fixture,
+            &[
+                (with_override(2), OK, vec![status(2, OK, 1, 1)]),
+                (with_override(2), OK, vec![status(2, OK, 0, 1)]),
+                (with_override(2), OVER, vec![status(2, OVER, 0, 1)]),
+                // The rule's own counter is untouched.
+                (
+                    req(vec![desc(&[("k", "v")])]),
+                    OK,
+                    vec![lim(OK, 99, 1, 100, Unit::Minute, "rule")],
+                ),
+                // Same unit, bigger number: the same counter, extra room at once.
+                (with_override(3), OK, vec![status(3, OK, 0, 1)]),
+                // An override for a descriptor no rule matches is enforced too.
+                (
+                    req(vec![Descriptor {
+                        limit: Some(LimitOverride {
+                            requests_per_unit: 0,
+                            unit: Some(Unit::Minute),
+                        }),
+                        ..desc(&[("nothing", "v")])
+                    }]),
+                    OVER,
+                    vec![lim(OVER, 0, 60, 0, Unit::Minute, "")],
+                ),
+            ],
+        )
+        .await;
+        // In an unknown domain the override is not enforced.
+        let unknown = Request {
+            domain: "unknown".to_owned(),
+            ..with_override(0)
+        };
+        check(&fixture, &[(unknown, OK, vec![ok_none()])]).await;
+    }
+
+    #[tokio::test]
+    async fn shadow_and_quota_modes() {
+        let mut shadow = key_node("shadow", vec![limit(1, Unit::Minute)]);
+        shadow.shadow_mode = true;
+        let mut quota_small = key_node("q1", vec![limit(1, Unit::Minute)]);
+        quota_small.quota_mode = true;
+        let mut quota_big = key_node("q2", vec![limit(3, Unit::Minute)]);
+        quota_big.quota_mode = true;
+        let fixture = fixture(rules(vec![shadow, quota_small, quota_big]), options());
+        let status = |rpu, code, remaining| lim(code, remaining, 60, rpu, Unit::Minute, "");
+        let shadow = || req(vec![desc(&[("shadow", "s")])]);
+        let quotas = || req(vec![desc(&[("q1", "x")]), desc(&[("q2", "x")])]);
+        check(
+            &fixture,
+            &[
+                (shadow(), OK, vec![status(1, OK, 0)]),
+                // Out of room, but a shadow rule never denies.
+                (shadow(), OK, vec![status(1, OK, 0)]),
+                (quotas(), OK, vec![status(1, OK, 0), status(3, OK, 2)]),
+                // q1 is out, q2 has room: allowed, q1 reports OVER_LIMIT.
+                (quotas(), OK, vec![status(1, OVER, 0), status(3, OK, 1)]),
+                (quotas(), OK, vec![status(1, OVER, 0), status(3, OK, 0)]),
+                // Every quota limit is out: denied.
+                (quotas(), OVER, vec![status(1, OVER, 0), status(3, OVER, 0)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn most_restrictive_limit_of_a_node() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "least",
+                    vec![limit(10, Unit::Second), limit(5, Unit::Minute)],
+                ),
+                key_node("tie", vec![limit(5, Unit::Second), limit(5, Unit::Minute)]),
+                key_node(
+                    "denied",
+                    vec![limit(1, Unit::Second), limit(1, Unit::Minute)],
+                ),
+            ]),
+            options(),
+        );
+        let one = |key: &str| req(vec![desc(&[(key, "v")])]);
+        check(
+            &fixture,
+            &[
+                // Least remaining after the request.
+                (one("least"), OK, vec![lim(OK, 4, 60, 5, Unit::Minute, "")]),
+                // Equal remaining: the longer window.
+                (one("tie"), OK, vec![lim(OK, 4, 60, 5, Unit::Minute, "")]),
+                (one("denied"), OK, vec![lim(OK, 0, 60, 1, Unit::Minute, "")]),
+            ],
+        )
+        .await;
+        // Both deny; the minute limit frees up last.
+        fixture.clock.advance(500_000);
+        check(
+            &fixture,
+            &[(
+                one("denied"),
+                OVER,
+                vec![lim(OVER, 0, 60, 1, Unit::Minute, "")],
+            )],
+        )
+        .await;
+        // Only the minute limit denies now.
+        fixture.clock.advance(1_000_000);
+        check(
+            &fixture,
+            &[(
+                one("denied"),
+                OVER,
+                vec![lim(OVER, 0, 59, 1, Unit::Minute, "")],
+            )],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn unit_multiplier_reports_configured_unit_and_exact_headers() {
+        let fixture = fixture(
+            rules(vec![key_node(
+                "k",
+                vec![limit_with(10, Unit::Minute, 5, Algorithm::FixedWindow)],
+            )]),
+            options(),
+        );
+        let decision = fixture
+            .limiter
+            .decide(&req(vec![desc(&[("k", "v")])]))
+            .await
+            .unwrap();
+        let status = &decision.statuses[0];
+        let current = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (current.requests_per_unit, current.unit),
+            (10, Unit::Minute)
+        );
+        // T0 is 1_700_000_000 s: 200 s into its aligned 300 s window.
+        assert_eq!(T0 / 1_000_000 % 300, 200);
+        assert_eq!(status.duration_until_reset_s, Some(100));
+        assert_eq!(header(&decision, "RateLimit-Limit"), Some("10"));
+        assert_eq!(header(&decision, "RateLimit-Remaining"), Some("9"));
+        assert_eq!(header(&decision, "RateLimit-Reset"), Some("100"));
+    }
+
+    #[tokio::test]
+    async fn headers_of_the_most_restrictive_status() {
+        let tree = || {
+            rules(vec![
+                key_node("a", vec![limit(10, Unit::Minute)]),
+                key_node("b", vec![limit(2, Unit::Hour)]),
+            ])
+        };
+        let fixture = fixture(tree(), options());
+        let both = || req(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]);
+        let expect = |decision: &Decision, expected: &[(&str, &str)]| {
+            let got: Vec<(&str, &str)> = decision
+                .headers
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.as_str()))
+                .collect();
+            assert_eq!(got, expected);
+        };
+        let decision = fixture.limiter.decide(&both()).await.unwrap();
+        expect(
+            &decision,
+            &[
+                ("RateLimit-Limit", "2"),
+                ("RateLimit-Remaining", "1"),
+                ("RateLimit-Reset", "3600"),
+            ],
+        );
+        fixture.limiter.decide(&both()).await.unwrap();
+        fixture.clock.advance(1_000_000);
+        let decision = fixture.limiter.decide(&both()).await.unwrap();
+        assert_eq!(decision.overall, OVER);
+        expect(
+            &decision,
+            &[
+                ("RateLimit-Limit", "2"),
+                ("RateLimit-Remaining", "0"),
+                ("RateLimit-Reset", "3599"),
+                ("Retry-After", "3599"),
+            ],
+        );
+        // No rule matched: no headers.
+        let decision = fixture
+            .limiter
+            .decide(&req(vec![desc(&[("nothing", "1")])]))
+            .await
+            .unwrap();
+        expect(&decision, &[]);
+
+        // Off: never any headers; custom names are used.
+        let off = self::fixture(
+            tree(),
+            Options {
+                response_headers: None,
+                ..options()
+            },
+        );
+        assert!(
+            off.limiter
+                .decide(&both())
+                .await
+                .unwrap()
+                .headers
+                .is_empty()
+        );
+        let custom = self::fixture(
+            tree(),
+            Options {
+                response_headers: Some(HeaderNames {
+                    limit: "X-L".to_owned(),
+                    remaining: "X-R".to_owned(),
+                    reset: "X-Reset".to_owned(),
+                    retry_after: "X-Retry".to_owned(),
+                }),
+                ..options()
+            },
+        );
+        let decision = custom.limiter.decide(&both()).await.unwrap();
+        expect(
+            &decision,
+            &[("X-L", "2"), ("X-R", "1"), ("X-Reset", "3600")],
+        );
+    }
+
+    #[tokio::test]
+    async fn global_shadow_mode_reports_ok_without_retry_after() {
+        let fixture = fixture(
+            rules(vec![key_node("k", vec![limit(1, Unit::Minute)])]),
+            Options {
+                shadow_mode: true,
+                ..options()
+            },
+        );
+        let one = || req(vec![desc(&[("k", "v")])]);
+        let status = |code| lim(code, 0, 60, 1, Unit::Minute, "");
+        check(
+            &fixture,
+            &[
+                (one(), OK, vec![status(OK)]),
+                (one(), OK, vec![status(OVER)]),
+            ],
+        )
+        .await;
+        let decision = fixture.limiter.decide(&one()).await.unwrap();
+        assert_eq!(header(&decision, "Retry-After"), None);
+        assert_eq!(header(&decision, "RateLimit-Remaining"), Some("0"));
+    }
+
+    #[tokio::test]
+    async fn backend_failure_follows_the_failure_mode() {
+        let tree = || {
+            rules(vec![
+                key_node("k", vec![limit(1, Unit::Minute)]),
+                node("u", ValueMatcher::Any, NodeLimits::Unlimited { name: None }),
+            ])
+        };
+        let request = || req(vec![desc(&[("k", "v")]), desc(&[("u", "v")])]);
+        let res = down(tree(), FailureMode::Error).decide(&request()).await;
+        assert!(
+            matches!(res, Err(Error::Backend(backends::Error::Unavailable(_)))),
+            "{res:?}"
+        );
+        let unlimited = (OK, u32::MAX, None, None);
+        let cases = [
+            (FailureMode::Allow, OK, (OK, 0, None, None)),
+            (FailureMode::Deny, OVER, (OVER, 0, None, None)),
+        ];
+        for (mode, overall, status) in cases {
+            let decision = down(tree(), mode).decide(&request()).await.unwrap();
+            let got: Vec<Brief> = decision.statuses.iter().map(brief).collect();
+            assert_eq!(
+                (decision.overall, got),
+                (overall, vec![status, unlimited.clone()]),
+                "{mode:?}"
+            );
+            assert!(decision.headers.is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rule_swap_applies_to_the_next_request() {
+        let fixture = fixture(rules(vec![]), options());
+        let one = || req(vec![desc(&[("k", "v")])]);
+        check(&fixture, &[(one(), OK, vec![ok_none()])]).await;
+        fixture.limiter.rules().store(Arc::new(rules(vec![key_node(
+            "k",
+            vec![limit(1, Unit::Minute)],
+        )])));
+        check(
+            &fixture,
+            &[(one(), OK, vec![lim(OK, 0, 60, 1, Unit::Minute, "")])],
+        )
+        .await;
+    }
+}
