@@ -8,6 +8,7 @@
 pub mod algorithms;
 pub mod backends;
 pub mod clock;
+pub mod config;
 pub mod limiter;
 pub mod proto;
 pub mod rules;

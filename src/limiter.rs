@@ -420,8 +420,25 @@ fn most_restrictive(candidates: &[Candidate]) -> &Candidate {
 /// What a descriptor reached in the tree (overrides aside).
 enum Found<'a> {
     Nothing,
-    Unlimited,
+    Unlimited {
+        name: Option<&'a str>,
+        replaces: &'a [Arc<str>],
+    },
     Limits(Vec<Matched<'a>>),
+}
+
+impl Found<'_> {
+    /// Names this descriptor's limits replace.
+    fn replaces(&self) -> Vec<&str> {
+        match self {
+            Found::Nothing => Vec::new(),
+            Found::Unlimited { replaces, .. } => replaces.iter().map(|it| &**it).collect(),
+            Found::Limits(limits) => limits
+                .iter()
+                .flat_map(|it| it.limit.replaces.iter().map(|name| &**name))
+                .collect(),
+        }
+    }
 }
 
 /// A limit a descriptor matched, before `replaces` and merging.
@@ -452,7 +469,10 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                 None => Found::Nothing,
                 Some(node) => match &node.limits {
                     NodeLimits::None => Found::Nothing,
-                    NodeLimits::Unlimited { .. } => Found::Unlimited,
+                    NodeLimits::Unlimited { name, replaces } => Found::Unlimited {
+                        name: name.as_deref(),
+                        replaces,
+                    },
                     NodeLimits::Limited(limits) => {
                         Found::Limits(limits.iter().map(|limit| Matched { node, limit }).collect())
                     }
@@ -462,15 +482,7 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
         matched.push(res);
         levels.push(nodes);
     }
-    let replaced: HashSet<&str> = matched
-        .iter()
-        .filter_map(|it| match it {
-            Found::Limits(limits) => Some(limits),
-            _ => None,
-        })
-        .flatten()
-        .flat_map(|it| it.limit.replaces.iter().map(|name| &**name))
-        .collect();
+    let replaced: HashSet<&str> = matched.iter().flat_map(Found::replaces).collect();
 
     let mut checks: Vec<KeyedCheck> = Vec::new();
     let mut check_rules: Vec<Arc<str>> = Vec::new();
@@ -550,8 +562,13 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                 descriptors.push(DescriptorPlan::NoLimit);
                 continue;
             }
-            Found::Unlimited => {
-                descriptors.push(DescriptorPlan::Unlimited);
+            Found::Unlimited { name, .. } => {
+                // A replaced unlimited rule is dropped like any other.
+                descriptors.push(if name.is_some_and(|it| replaced.contains(it)) {
+                    DescriptorPlan::NoLimit
+                } else {
+                    DescriptorPlan::Unlimited
+                });
                 continue;
             }
             Found::Limits(limits) => limits,
@@ -742,7 +759,7 @@ mod tests {
     use crate::algorithms::Algorithm;
     use crate::backends::memory::MemoryBackend;
     use crate::clock::ManualClock;
-    use crate::rules::{RateLimit, ValueMatcher};
+    use crate::rules::{LevelIndex, RateLimit, ValueMatcher};
 
     const T0: u64 = 1_700_000_000_000_000;
 
@@ -792,6 +809,20 @@ mod tests {
             value_to_metric: false,
             path: Arc::from(path),
             children: Vec::new(),
+            index: LevelIndex::default(),
+        }
+    }
+
+    fn with_children(mut parent: Node, children: Vec<Node>) -> Node {
+        parent.index = LevelIndex::new(&children);
+        parent.children = children;
+        parent
+    }
+
+    fn unlimited() -> NodeLimits {
+        NodeLimits::Unlimited {
+            name: None,
+            replaces: Vec::new(),
         }
     }
 
@@ -803,6 +834,7 @@ mod tests {
         let domain = Domain {
             name: Arc::from("test"),
             default_algorithm: Algorithm::SlidingWindowLog,
+            index: LevelIndex::new(&nodes),
             children: nodes,
         };
         RuleSet {
@@ -1008,17 +1040,14 @@ mod tests {
 
     #[tokio::test]
     async fn requests_without_counters_never_reach_the_backend() {
-        let mut tree = rules(vec![
+        let tree = rules(vec![
             key_node("limited", vec![limit(1, Unit::Minute)]),
-            node(
-                "health",
-                ValueMatcher::Any,
-                NodeLimits::Unlimited { name: None },
+            node("health", ValueMatcher::Any, unlimited()),
+            with_children(
+                node("parent", ValueMatcher::Any, NodeLimits::None),
+                vec![key_node("child", vec![limit(1, Unit::Minute)])],
             ),
-            node("parent", ValueMatcher::Any, NodeLimits::None),
         ]);
-        tree.domains.get_mut("test").unwrap().children[2].children =
-            vec![key_node("child", vec![limit(1, Unit::Minute)])];
         let limiter = down(tree, FailureMode::Error);
         let unlimited = (OK, u32::MAX, None, None);
         let cases: Vec<(Request, Vec<Brief>)> = vec![
@@ -1278,8 +1307,6 @@ mod tests {
                     OK,
                     vec![lim(OK, 99, 1, 100, Unit::Minute, "rule")],
                 ),
-                // Same unit, bigger number: the same counter, extra room at once.
-                (with_override(3), OK, vec![status(3, OK, 0, 1)]),
                 // An override for a descriptor no rule matches is enforced too.
                 (
                     req(vec![Descriptor {
@@ -1295,6 +1322,37 @@ mod tests {
             ],
         )
         .await;
+        // The rule's algorithm: half a second refills one token (a sliding
+        // log would still be full).
+        fixture.clock.advance(500_000);
+        check(
+            &fixture,
+            &[(with_override(2), OK, vec![status(2, OK, 0, 1)])],
+        )
+        .await;
+
+        // No rule: the domain's default (sliding log). Same unit, bigger
+        // number: the same counter, and the extra room at once.
+        let other = |requests_per_unit| {
+            req(vec![Descriptor {
+                limit: Some(LimitOverride {
+                    requests_per_unit,
+                    unit: Some(Unit::Hour),
+                }),
+                ..desc(&[("other", "v")])
+            }])
+        };
+        let hourly = |rpu, code, remaining| lim(code, remaining, 3600, rpu, Unit::Hour, "");
+        check(
+            &fixture,
+            &[
+                (other(1), OK, vec![hourly(1, OK, 0)]),
+                (other(1), OVER, vec![hourly(1, OVER, 0)]),
+                (other(2), OK, vec![hourly(2, OK, 0)]),
+            ],
+        )
+        .await;
+
         // In an unknown domain the override is not enforced.
         let unknown = Request {
             domain: "unknown".to_owned(),
@@ -1524,7 +1582,7 @@ mod tests {
         let tree = || {
             rules(vec![
                 key_node("k", vec![limit(1, Unit::Minute)]),
-                node("u", ValueMatcher::Any, NodeLimits::Unlimited { name: None }),
+                node("u", ValueMatcher::Any, unlimited()),
             ])
         };
         let request = || req(vec![desc(&[("k", "v")]), desc(&[("u", "v")])]);

@@ -96,8 +96,12 @@ impl RateLimit {
 pub enum NodeLimits {
     /// No `rate_limit`: the node only leads to children.
     None,
-    /// `unlimited: true`: always OK, nothing counted.
-    Unlimited { name: Option<Arc<str>> },
+    /// `unlimited: true`: always OK, nothing counted. It still replaces the
+    /// limits it names, as in envoyproxy/ratelimit.
+    Unlimited {
+        name: Option<Arc<str>>,
+        replaces: Vec<Arc<str>>,
+    },
     /// One or more limits; all must pass.
     Limited(Vec<RateLimit>),
 }
@@ -129,6 +133,9 @@ pub struct Node {
     /// for a wildcard), joined by `.`: the metric label `rule`.
     pub path: Arc<str>,
     pub children: Vec<Node>,
+    /// Lookup index over `children`; build it with [`LevelIndex::new`]
+    /// whenever `children` is set.
+    pub index: LevelIndex,
 }
 
 /// One domain's rules.
@@ -138,6 +145,23 @@ pub struct Domain {
     /// Used by RateLimitOverride where no rule names an algorithm.
     pub default_algorithm: Algorithm,
     pub children: Vec<Node>,
+    /// Lookup index over `children`, as in [`Node::index`].
+    pub index: LevelIndex,
+}
+
+/// Index of one level's nodes by key, so matching does not scan every
+/// sibling: per key, the exact values, the wildcards in config order and the
+/// key-only node, as positions in the level's `children`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LevelIndex {
+    by_key: HashMap<Arc<str>, KeySlot>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct KeySlot {
+    exact: HashMap<Arc<str>, usize>,
+    wildcards: Vec<usize>,
+    any: Option<usize>,
 }
 
 /// Every loaded domain: what a config file set compiles to.
@@ -170,9 +194,86 @@ impl Domain {
     /// Walks `entries` (key, value) down the tree: at each level the exact
     /// key+value node, else the first matching wildcard (config order), else
     /// the key-only node; no backtracking. `None` when some level has no
-    /// node. The caller checks whether the reached node has limits.
+    /// node (including a descriptor longer than the tree is deep, and an
+    /// empty one). The caller checks whether the reached node has limits.
     pub fn find<'a>(&'a self, entries: &[(&str, &str)]) -> Option<Match<'a>> {
-        let _ = entries;
-        todo!("descriptor matching")
+        if entries.is_empty() {
+            return None;
+        }
+        let mut levels = Vec::with_capacity(entries.len());
+        let mut children = &self.children;
+        let mut index = &self.index;
+        for (key, value) in entries {
+            let node = index.lookup(children, key, value)?;
+            levels.push(node);
+            children = &node.children;
+            index = &node.index;
+        }
+        Some(Match { levels })
     }
+}
+
+impl LevelIndex {
+    /// Indexes `children`. When two nodes have the same key and value
+    /// (config validation refuses that) the first one wins.
+    pub fn new(children: &[Node]) -> LevelIndex {
+        let mut by_key: HashMap<Arc<str>, KeySlot> = HashMap::new();
+        for (idx, node) in children.iter().enumerate() {
+            let slot = by_key.entry(node.key.clone()).or_default();
+            match &node.value {
+                ValueMatcher::Any => {
+                    slot.any.get_or_insert(idx);
+                }
+                ValueMatcher::Exact(value) => {
+                    slot.exact.entry(value.clone()).or_insert(idx);
+                }
+                ValueMatcher::Wildcard(_) => slot.wildcards.push(idx),
+            }
+        }
+        LevelIndex { by_key }
+    }
+
+    fn lookup<'a>(&self, children: &'a [Node], key: &str, value: &str) -> Option<&'a Node> {
+        let slot = self.by_key.get(key)?;
+        let idx = slot
+            .exact
+            .get(value)
+            .copied()
+            .or_else(|| {
+                slot.wildcards.iter().copied().find(|idx| {
+                    matches!(&children[*idx].value, ValueMatcher::Wildcard(pattern) if glob_match(pattern, value))
+                })
+            })
+            .or(slot.any)?;
+        children.get(idx)
+    }
+}
+
+/// Whether `value` matches `pattern`, where each `*` matches any run of
+/// characters (possibly empty) and everything else matches itself.
+///
+/// With `*` as the only metacharacter, taking the leftmost occurrence of
+/// each literal segment is always optimal, so this runs in time linear in
+/// the lengths (no backtracking blow-up on hostile values).
+pub fn glob_match(pattern: &str, value: &str) -> bool {
+    let Some((prefix, rest)) = pattern.split_once('*') else {
+        return pattern == value;
+    };
+    let (middle, suffix) = rest.rsplit_once('*').unwrap_or(("", rest));
+    if value.len() < prefix.len() + suffix.len()
+        || !value.starts_with(prefix)
+        || !value.ends_with(suffix)
+    {
+        return false;
+    }
+    // Both ends are char boundaries (they end/start a matched literal) and
+    // do not overlap (length checked above).
+    let mut haystack = &value[prefix.len()..value.len() - suffix.len()];
+    for part in middle.split('*').filter(|part| !part.is_empty()) {
+        match haystack.find(part) {
+            Some(at) => haystack = &haystack[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
 }
