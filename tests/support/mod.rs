@@ -1,0 +1,4 @@
+//! Shared test harness: each test binary uses the parts it needs.
+#![allow(dead_code, reason = "every test binary uses a different subset")]
+
+pub mod service;
