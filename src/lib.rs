@@ -9,6 +9,7 @@ pub mod algorithms;
 pub mod backends;
 pub mod clock;
 pub mod config;
+pub mod http;
 pub mod limiter;
 pub mod proto;
 pub mod rules;

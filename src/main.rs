@@ -309,21 +309,51 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Ok(it) => it,
         Err(err) => return startup_failure(format!("cannot listen on {}: {err}", args.grpc_addr)),
     };
+    let http_listener = match tokio::net::TcpListener::bind(args.http_addr).await {
+        Ok(it) => it,
+        Err(err) => return startup_failure(format!("cannot listen on {}: {err}", args.http_addr)),
+    };
     tracing::info!(
         grpc_addr = %listener.local_addr().map_or(args.grpc_addr, |it| it),
+        http_addr = %http_listener.local_addr().map_or(args.http_addr, |it| it),
         backend = backend.name(),
         "serving"
     );
+    let drain_timeout = Duration::from_millis(args.drain_timeout_ms);
+
+    // The gRPC server waits for the signal and passes it on to HTTP; if
+    // gRPC stops on its own, the sender is dropped and HTTP stops too.
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let http = tokio::spawn(throttlegate::http::serve(
+        http_listener,
+        limiter.clone(),
+        async move {
+            let _ = stop_rx.wait_for(|stop| *stop).await;
+        },
+    ));
     let app = App {
         limiter,
-        drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+        drain_timeout,
     };
-    match throttlegate::serve(listener, app, shutdown_signal()).await {
-        Ok(()) => {
+    let grpc_res = throttlegate::serve(listener, app, async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    })
+    .await;
+    let http_res = match tokio::time::timeout(drain_timeout, http).await {
+        Ok(Ok(res)) => res.map_err(|err| format!("http server failed: {err}")),
+        Ok(Err(err)) => Err(format!("http server task failed: {err}")),
+        Err(_) => {
+            tracing::warn!("http requests still running at the drain deadline; stopping anyway");
+            Ok(())
+        }
+    };
+    match (grpc_res.map_err(|err| err.to_string()), http_res) {
+        (Ok(()), Ok(())) => {
             tracing::info!("stopped");
             ExitCode::SUCCESS
         }
-        Err(err) => {
+        (Err(err), _) | (_, Err(err)) => {
             tracing::error!("{err}");
             ExitCode::FAILURE
         }

@@ -164,6 +164,12 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
         vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
 
+    let health = http_get(http, "/healthcheck");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.ends_with("\r\n\r\nOK\n"), "{health}");
+    let rlconfig = http_get(http, "/rlconfig");
+    assert!(rlconfig.contains("domain api"), "{rlconfig}");
+
     let pid = child.0.id().to_string();
     let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
     assert!(status.success());
@@ -204,4 +210,23 @@ async fn connect_with_retry(addr: SocketAddr, child: &mut Running) -> tonic::tra
             Err(err) => panic!("cannot connect to {addr}: {err}"),
         }
     }
+}
+
+/// A plain HTTP/1.1 GET, the whole response as text.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to http");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read http response");
+    response
 }
