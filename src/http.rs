@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::StatusCode;
@@ -28,6 +29,8 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
+        // The same bound as a gRPC message.
+        .layer(DefaultBodyLimit::max(crate::server::MAX_MESSAGE_BYTES))
         .with_state(limiter)
 }
 
@@ -69,11 +72,12 @@ async fn json(
     let request = match body {
         Ok(axum::Json(it)) => it.into_request(),
         Err(rejection) => {
-            // Malformed and mistyped JSON alike are a bad request, as for
-            // gRPC; only a missing content type keeps its own status (415).
+            // Mistyped JSON is a bad request like malformed JSON, as for
+            // gRPC; a missing content type (415) or an oversized body (413)
+            // keep their own status.
             let status = match rejection {
-                JsonRejection::MissingJsonContentType(_) => rejection.status(),
-                _ => StatusCode::BAD_REQUEST,
+                JsonRejection::JsonDataError(_) => StatusCode::BAD_REQUEST,
+                _ => rejection.status(),
             };
             return (status, rejection.body_text()).into_response();
         }
@@ -446,6 +450,20 @@ mod tests {
             assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
             assert!(text.contains(reason), "{body}: {text}");
         }
+    }
+
+    #[tokio::test]
+    async fn json_body_over_64_kib_is_refused() {
+        let router = router(limiter());
+        let huge = format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
+            "v".repeat(70 * 1024)
+        );
+        let (status, _) = send(&router, post_json(&huge)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let small = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+        let (status, body) = send(&router, post_json(small)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
     }
 
     #[tokio::test]

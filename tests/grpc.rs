@@ -553,14 +553,81 @@ async fn reflection_lists_the_service() {
     }
 }
 
+/// Delays every decision, to have requests in flight at shutdown.
+#[derive(Debug)]
+struct SlowBackend {
+    inner: Arc<dyn Backend>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Backend for SlowBackend {
+    async fn decide(
+        &self,
+        checks: &[KeyedCheck],
+    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.decide(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), backends::Error> {
+        self.inner.probe().await
+    }
+
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+}
+
 #[tokio::test]
-async fn stop_reports_not_serving_and_finishes() {
-    let service = start().await;
+async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
+    let (inner, _clock) = memory_backend();
+    let backend = Arc::new(SlowBackend {
+        inner,
+        delay: Duration::from_millis(500),
+    });
+    let service = start_with_config(CONFIG, backend, default_options()).await;
     let addr = service.addr;
-    call(&service, request(vec![desc(&[("user", "a")])])).await;
-    tokio::time::timeout(Duration::from_secs(10), service.stop())
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(service.channel.clone());
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "ratelimit".to_owned(),
+        })
+        .await
+        .expect("watch health")
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    let mut client = service.client();
+    let in_flight = tokio::spawn(async move {
+        client
+            .should_rate_limit(request(vec![desc(&[("user", "a")])]))
+            .await
+    });
+    // Let the request reach the backend before the signal.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopping = tokio::spawn(service.stop());
+
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("health changes at the signal")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    // The watch stream is itself in flight: end it so draining can finish.
+    drop(watch);
+
+    let res = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request completes");
+    assert_eq!(res.into_inner().overall_code, Code::Ok as i32);
+    tokio::time::timeout(Duration::from_secs(10), stopping)
         .await
         .expect("drains within its deadline")
+        .unwrap()
         .expect("clean stop");
     // Nothing listens any more.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
