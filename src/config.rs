@@ -1,4 +1,4 @@
-//! YAML rate-limit config (envoyproxy/ratelimit's format plus extensions) loaded and validated into [`rules::RuleSet`].
+//! YAML rate-limit config (envoyproxy/ratelimit's format plus extensions) loaded and validated into [`RuleSet`](crate::rules::RuleSet).
 //!
 //! Two layers: the file is parsed into a generic YAML tree (syntax errors
 //! carry a line and column), then walked by hand into `rules` types. The
@@ -66,14 +66,30 @@ pub struct Problem {
     /// Where in the YAML tree, such as `descriptors[0].rate_limit`; empty
     /// when the problem concerns the whole file.
     pub path: String,
+    /// Line and column in the file: of the syntax error, or of the deepest
+    /// part of `path` that exists (an unknown key points at the key, a
+    /// missing one at the mapping that lacks it).
+    pub location: Option<Location>,
+}
+
+/// A position in a file, both 1-based.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub line: usize,
+    pub column: usize,
 }
 
 /// `<file>: <message>`, exactly as envoyproxy/ratelimit words it where it
-/// has a message for the case; the alternate form (`{:#}`) appends the YAML
-/// path, as in `a.yaml: burst must be at least 1 (at descriptors[2].rate_limit)`.
+/// has a message for the case. The alternate form (`{:#}`), for people,
+/// adds the position and the YAML path, as in
+/// `a.yaml:5:5: config error, unknown key 'ratelimit' (at descriptors[0].ratelimit)`.
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.file, self.message)?;
+        f.write_str(&self.file)?;
+        if let (true, Some(location)) = (f.alternate(), self.location) {
+            write!(f, ":{}:{}", location.line, location.column)?;
+        }
+        write!(f, ": {}", self.message)?;
         if f.alternate() && !self.path.is_empty() {
             write!(f, " (at {})", self.path)?;
         }
@@ -110,8 +126,9 @@ impl std::error::Error for Error {}
 pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
     let mut files = Vec::new();
     let mut problems = Vec::new();
+    let mut warnings = Vec::new();
     match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => collect_dir(path, &mut files, &mut problems),
+        Ok(meta) if meta.is_dir() => collect_dir(path, &mut files, &mut problems, &mut warnings),
         Ok(_) => files.push(path.to_path_buf()),
         Err(err) => problems.push(file_problem(
             &path.display().to_string(),
@@ -119,7 +136,6 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
         )),
     }
     let mut parsed = Vec::new();
-    let mut warnings = Vec::new();
     for file in &files {
         let name = file.display().to_string();
         match std::fs::read_to_string(file) {
@@ -267,7 +283,12 @@ fn write_name_replaces(out: &mut String, name: Option<&str>, replaces: &[Arc<str
 
 // === loading ===
 
-fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>, problems: &mut Vec<Problem>) {
+fn collect_dir(
+    dir: &Path,
+    files: &mut Vec<PathBuf>,
+    problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
+) {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(err) => {
@@ -292,16 +313,26 @@ fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>, problems: &mut Vec<Problem>
             continue;
         };
         if link_meta.is_dir() {
-            collect_dir(&path, files, problems);
+            collect_dir(&path, files, problems, warnings);
             continue;
         }
         let is_yaml = path
             .extension()
             .is_some_and(|ext| ext == "yaml" || ext == "yml");
-        // A dangling symlink is reported when read, like any unreadable file.
-        let is_file = std::fs::metadata(&path).map_or(link_meta.is_symlink(), |it| it.is_file());
-        if is_yaml && is_file {
-            files.push(path);
+        match std::fs::metadata(&path) {
+            Ok(meta) if is_yaml && meta.is_file() => files.push(path),
+            Ok(_) => {}
+            // A ConfigMap key being removed leaves its symlink dangling for
+            // a moment after `..data` moves on; the file is gone, not broken.
+            Err(_) if is_yaml && link_meta.is_symlink() => warnings.push(format!(
+                "{}: skipping a symlink whose target does not exist",
+                path.display()
+            )),
+            Err(err) if is_yaml => problems.push(file_problem(
+                &path.display().to_string(),
+                format!("error reading config file: {err}"),
+            )),
+            Err(_) => {}
         }
     }
 }
@@ -310,6 +341,8 @@ fn collect_dir(dir: &Path, files: &mut Vec<PathBuf>, problems: &mut Vec<Problem>
 struct FileRules {
     file: String,
     domain: Arc<str>,
+    /// Where `domain` is written, for a duplicate-domain message.
+    domain_location: Option<Location>,
     default_algorithm: Option<Algorithm>,
     nodes: Vec<Node>,
 }
@@ -319,6 +352,7 @@ fn file_problem(file: &str, message: String) -> Problem {
         file: file.to_owned(),
         message,
         path: String::new(),
+        location: None,
     }
 }
 
@@ -338,10 +372,14 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
             continue;
         };
         if !options.merge_domains {
-            problems.push(file_problem(
-                &file.file,
-                format!("duplicate domain '{}' in config file", file.domain),
-            ));
+            problems.push(Problem {
+                path: "domain".to_owned(),
+                location: file.domain_location,
+                ..file_problem(
+                    &file.file,
+                    format!("duplicate domain '{}' in config file", file.domain),
+                )
+            });
             continue;
         }
         match (*file_default, file.default_algorithm) {
@@ -352,6 +390,7 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
                     file.domain
                 ),
                 path: "default_algorithm".to_owned(),
+                location: None,
             }),
             (None, Some(now)) => {
                 *file_default = Some(now);
@@ -379,8 +418,8 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
     }
     let domains = domains
         .into_iter()
-        .map(|(name, (mut domain, _, _))| {
-            domain.index = LevelIndex::new(&domain.children);
+        .map(|(name, (domain, _, _))| {
+            let domain = Domain::new(domain.name, domain.default_algorithm, domain.children);
             (name, domain)
         })
         .collect();
@@ -434,10 +473,13 @@ fn parse_file(
     let mut root: Value = match serde_yaml_ng::from_str(text) {
         Ok(root) => root,
         Err(err) => {
-            problems.push(file_problem(
-                file,
-                format!("error loading config file: {err}"),
-            ));
+            problems.push(Problem {
+                location: err.location().map(|it| Location {
+                    line: it.line(),
+                    column: it.column(),
+                }),
+                ..file_problem(file, format!("error loading config file: {err}"))
+            });
             return None;
         }
     };
@@ -480,8 +522,18 @@ fn parse_file(
         walk.default_algorithm = algorithm;
     }
     let nodes = walk.nodes(get(top, "descriptors"), "", "descriptors");
-    (walk.problems.len() == before).then(|| FileRules {
+    if problems.len() != before {
+        // Positions cost a re-parse each, paid only on the error path.
+        for problem in &mut problems[before..] {
+            if !problem.path.is_empty() {
+                problem.location = position::locate(text, &problem.path);
+            }
+        }
+        return None;
+    }
+    Some(FileRules {
         file: file.to_owned(),
+        domain_location: position::locate(text, "domain"),
         domain: domain.into(),
         default_algorithm: file_default,
         nodes,
@@ -545,6 +597,7 @@ impl Walk<'_> {
             file: self.file.to_owned(),
             message,
             path: path.to_owned(),
+            location: None,
         });
     }
 
@@ -1016,6 +1069,156 @@ fn segment_len(node: &Node) -> usize {
         ValueMatcher::Any => node.key.len(),
         ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) => {
             node.key.len() + 1 + value.len()
+        }
+    }
+}
+
+/// Finds where a YAML path is written, by re-reading the file with a
+/// deserializer that fails on purpose at the path's deepest existing node:
+/// serde_yaml_ng stamps an error with the position of the node being read,
+/// and the generic tree has no positions of its own.
+mod position {
+    use std::fmt;
+
+    use serde::de::{
+        self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    };
+
+    use super::Location;
+
+    #[derive(Debug, Clone, Copy)]
+    enum Step<'p> {
+        Key(&'p str),
+        Index(usize),
+    }
+
+    /// Position of `path` (`a.b[2].c`), or of its deepest existing prefix.
+    pub(super) fn locate(text: &str, path: &str) -> Option<Location> {
+        let mut steps = Vec::new();
+        for part in path.split('.') {
+            let mut pieces = part.split('[');
+            if let Some(key) = pieces.next().filter(|it| !it.is_empty()) {
+                steps.push(Step::Key(key));
+            }
+            for index in pieces {
+                steps.push(Step::Index(index.trim_end_matches(']').parse().ok()?));
+            }
+        }
+        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+        match (Seek { steps: &steps }).deserialize(deserializer) {
+            Ok(()) => None,
+            Err(err) => err.location().map(|it| Location {
+                line: it.line(),
+                column: it.column(),
+            }),
+        }
+    }
+
+    /// Always fails: at the target, or where the path stops existing.
+    struct Seek<'s, 'p> {
+        steps: &'s [Step<'p>],
+    }
+
+    impl<'de> DeserializeSeed<'de> for Seek<'_, '_> {
+        type Value = ();
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_any(SeekVisitor { steps: self.steps })
+        }
+    }
+
+    struct SeekVisitor<'s, 'p> {
+        steps: &'s [Step<'p>],
+    }
+
+    fn here<E: de::Error>() -> E {
+        E::custom("here")
+    }
+
+    // Every `visit_*` left out fails with the node's position, which is the
+    // answer when the path ends there or goes on below a scalar.
+    impl<'de> Visitor<'de> for SeekVisitor<'_, '_> {
+        type Value = ();
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("the node at the path")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let Some((Step::Key(wanted), rest)) = self.steps.split_first() else {
+                return Err(here());
+            };
+            let at_key = rest.is_empty();
+            while let Some(found) = map.next_key_seed(KeySeed { wanted, at_key })? {
+                if found {
+                    return map.next_value_seed(Seek { steps: rest });
+                }
+                map.next_value::<IgnoredAny>()?;
+            }
+            Err(here())
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let Some((Step::Index(index), rest)) = self.steps.split_first() else {
+                return Err(here());
+            };
+            for _ in 0..*index {
+                if seq.next_element::<IgnoredAny>()?.is_none() {
+                    return Err(here());
+                }
+            }
+            seq.next_element_seed(Seek { steps: rest })?;
+            Err(here())
+        }
+    }
+
+    /// Reads a mapping key: `true` if it is the wanted one; fails on it
+    /// (at the key's position) when the key itself is the target.
+    struct KeySeed<'p> {
+        wanted: &'p str,
+        at_key: bool,
+    }
+
+    impl<'de> DeserializeSeed<'de> for KeySeed<'_> {
+        type Value = bool;
+
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<bool, D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for KeySeed<'_> {
+        type Value = bool;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a mapping key")
+        }
+
+        fn visit_str<E: de::Error>(self, key: &str) -> Result<bool, E> {
+            match (key == self.wanted, self.at_key) {
+                (true, true) => Err(here()),
+                (found, _) => Ok(found),
+            }
+        }
+
+        fn visit_bool<E: de::Error>(self, _: bool) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_u64<E: de::Error>(self, _: u64) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<bool, E> {
+            Ok(false)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<bool, E> {
+            Ok(false)
         }
     }
 }
