@@ -367,10 +367,9 @@ fn a_clock_moving_backwards_never_moves_stored_time_back() {
     }
 }
 
-/// What a state records that must never move back while the clock does: a
-/// bucket's last refill, GCRA's arrival time, a window's start; for the log,
-/// which keeps only relative times here, the units it holds (none can leave
-/// while the effective time stands still).
+/// What a state records that must never move back: a bucket's last refill,
+/// GCRA's arrival time, a window's start; for the log, whose timestamps are
+/// private, the units it holds, which cannot leave while the clock goes back.
 fn stored_time(state: &State) -> u64 {
     match state {
         State::SlidingWindowLog(it) => it.total(),
@@ -644,4 +643,393 @@ fn algorithm_names_round_trip() {
         assert_eq!(algorithm.to_string(), algorithm.name());
     }
     assert_eq!(Algorithm::from_name("leaky_bucket"), None);
+}
+
+// === reference models ===
+
+/// An independent model of one algorithm, written from its definition.
+trait Model {
+    fn step(&mut self, now: u64, cost: u64) -> Answer;
+}
+
+/// Sliding log: every unit's timestamp in a plain list.
+struct LogModel {
+    limit: u64,
+    window: u64,
+    units: Vec<u64>,
+}
+
+impl Model for LogModel {
+    fn step(&mut self, now: u64, cost: u64) -> Answer {
+        let window = self.window;
+        self.units.retain(|&ts| ts + window > now);
+        let need = cost.max(1);
+        let room = self.units.len() as u64 + need <= self.limit;
+        if room {
+            self.units.extend((0..cost).map(|_| now));
+        }
+        let held = self.units.len() as u64;
+        let reset = if room {
+            self.units.iter().max().map_or(0, |newest| newest + window - now)
+        } else if need > self.limit {
+            window
+        } else {
+            // The oldest units must leave until `need` fit.
+            let mut sorted = self.units.clone();
+            sorted.sort_unstable();
+            sorted[(held + need - self.limit - 1) as usize] + window - now
+        };
+        (room, self.limit - held, reset)
+    }
+}
+
+/// Token bucket (and GCRA): tokens as the exact fraction `scaled / window`,
+/// refilled continuously at `limit` per window, capped at the burst.
+struct BucketModel {
+    limit: u128,
+    window: u128,
+    burst: u128,
+    scaled: u128,
+    last: Option<u64>,
+}
+
+impl BucketModel {
+    fn new(limit: u64, window: u64, burst: Option<u64>) -> BucketModel {
+        let burst = if limit == 0 { 0 } else { burst.unwrap_or(limit) } as u128;
+        BucketModel {
+            limit: limit as u128,
+            window: window as u128,
+            burst,
+            scaled: burst * window as u128,
+            last: None,
+        }
+    }
+}
+
+impl Model for BucketModel {
+    fn step(&mut self, now: u64, cost: u64) -> Answer {
+        let full = self.burst * self.window;
+        let elapsed = (now - self.last.unwrap_or(now)) as u128;
+        self.scaled = (self.scaled + elapsed * self.limit).min(full);
+        self.last = Some(now);
+        let need = cost.max(1) as u128;
+        let room = need * self.window <= self.scaled;
+        if room {
+            self.scaled -= cost as u128 * self.window;
+        }
+        let reset = if room {
+            (full - self.scaled).div_ceil(self.limit.max(1))
+        } else if need > self.burst {
+            self.window
+        } else {
+            (need * self.window - self.scaled).div_ceil(self.limit)
+        };
+        (room, (self.scaled / self.window) as u64, reset as u64)
+    }
+}
+
+/// Fixed window: a count per epoch-aligned window.
+struct FixedModel {
+    limit: u64,
+    window: u64,
+    counts: HashMap<u64, u64>,
+}
+
+impl Model for FixedModel {
+    fn step(&mut self, now: u64, cost: u64) -> Answer {
+        let idx = now / self.window;
+        let count = self.counts.entry(idx).or_default();
+        let need = cost.max(1);
+        let room = *count + need <= self.limit;
+        if room {
+            *count += cost;
+        }
+        let end = (idx + 1) * self.window - now;
+        let reset = if room {
+            if *count > 0 { end } else { 0 }
+        } else if need > self.limit {
+            self.window
+        } else {
+            end
+        };
+        (room, self.limit - *count, reset)
+    }
+}
+
+/// Sliding-window counter: counts per aligned window and the estimate
+/// `current + floor(previous × (W − elapsed) / W)` in whole milliseconds.
+struct CounterModel {
+    limit: u64,
+    window: u64,
+    counts: HashMap<u64, u64>,
+}
+
+impl CounterModel {
+    fn count(&self, idx: u64) -> u64 {
+        self.counts.get(&idx).copied().unwrap_or(0)
+    }
+
+    fn estimate(&self, at: u64) -> u64 {
+        let idx = at / self.window;
+        let window_ms = self.window / 1_000;
+        let elapsed_ms = (at % self.window) / 1_000;
+        let previous = if idx == 0 { 0 } else { self.count(idx - 1) };
+        self.count(idx) + previous * (window_ms - elapsed_ms) / window_ms
+    }
+}
+
+impl Model for CounterModel {
+    fn step(&mut self, now: u64, cost: u64) -> Answer {
+        let idx = now / self.window;
+        let need = cost.max(1);
+        let room = self.estimate(now) + need <= self.limit;
+        if room {
+            *self.counts.entry(idx).or_default() += cost;
+        }
+        let reset = if room {
+            if self.count(idx) > 0 {
+                (idx + 2) * self.window - now
+            } else if idx > 0 && self.count(idx - 1) > 0 {
+                (idx + 1) * self.window - now
+            } else {
+                0
+            }
+        } else if need > self.limit {
+            self.window
+        } else {
+            // The estimate never rises as time passes without requests:
+            // binary-search the first whole millisecond (after `now`) that
+            // leaves room; two windows on, it is 0.
+            let passes = |at: u64| self.estimate(at) + need <= self.limit;
+            let first_ms = now / 1_000;
+            let at_step = |k: u64| (first_ms + k) * 1_000;
+            let (mut lo, mut hi) = (0, (idx + 2) * self.window / 1_000 - first_ms);
+            while hi - lo > 1 {
+                let mid = (lo + hi) / 2;
+                if passes(at_step(mid)) {
+                    hi = mid;
+                } else {
+                    lo = mid;
+                }
+            }
+            at_step(hi) - now
+        };
+        (room, self.limit.saturating_sub(self.estimate(now)), reset)
+    }
+}
+
+fn model_of(algorithm: Algorithm, limit: u64, window: u64, burst: Option<u64>) -> Box<dyn Model> {
+    match algorithm {
+        Algorithm::SlidingWindowLog => Box::new(LogModel {
+            limit,
+            window,
+            units: Vec::new(),
+        }),
+        Algorithm::TokenBucket | Algorithm::Gcra => Box::new(BucketModel::new(limit, window, burst)),
+        Algorithm::FixedWindow => Box::new(FixedModel {
+            limit,
+            window,
+            counts: HashMap::new(),
+        }),
+        Algorithm::SlidingWindowCounter => Box::new(CounterModel {
+            limit,
+            window,
+            counts: HashMap::new(),
+        }),
+    }
+}
+
+// === properties ===
+
+/// (µs since the previous request, cost): bursts in the same µs, small
+/// steps, and gaps of a few windows.
+fn arb_trace(max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    let delta = prop_oneof![
+        2 => Just(0u64),
+        3 => 0..2_000u64,
+        4 => 0..2 * SECOND,
+        1 => 0..8 * SECOND,
+    ];
+    prop::collection::vec((delta, 0..=max_cost), 1..=64)
+}
+
+/// Runs `trace` through `decide` and the model, step by step, and checks
+/// the answers agree, that each reset is exact (one µs earlier is not
+/// enough), and that admissions stay within the limit.
+fn run_against_model(
+    algorithm: Algorithm,
+    limit: u64,
+    window_s: u64,
+    burst: Option<u64>,
+    start: u64,
+    trace: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    let window = window_s * SECOND;
+    let params = params(algorithm, limit, window, burst);
+    let capacity = params.capacity();
+    let mut model = model_of(algorithm, limit, window, burst);
+    let mut state = None;
+    let mut now = T0 + start;
+    let mut admitted: Vec<(u64, u64)> = Vec::new();
+    for (idx, &(delta, cost)) in trace.iter().enumerate() {
+        now += delta;
+        let before = state.clone();
+        let got = step(&params, &mut state, now, cost);
+        prop_assert_eq!(got, model.step(now, cost), "step {} at {} cost {}", idx, now, cost);
+        let (allowed, remaining, reset_us) = got;
+        prop_assert!(remaining <= capacity);
+        if allowed && cost > 0 {
+            admitted.push((now, cost));
+        }
+        let need = cost.max(1);
+        if !allowed && need <= capacity {
+            // Exactly at `reset_us` the same request passes, not a µs before.
+            let mut early = before.clone();
+            prop_assert!(!step(&params, &mut early, now + reset_us - 1, cost).0);
+            let mut on_time = before;
+            prop_assert!(step(&params, &mut on_time, now + reset_us, cost).0);
+        }
+        if allowed {
+            // Fully replenished at `reset_us`; for the exact algorithms not
+            // a µs earlier (the counter's is an upper bound).
+            let mut later = state.clone();
+            prop_assert_eq!(step(&params, &mut later, now + reset_us, 0).1, capacity);
+            if reset_us > 0 && algorithm != Algorithm::SlidingWindowCounter {
+                let mut early = state.clone();
+                prop_assert!(step(&params, &mut early, now + reset_us - 1, 0).1 < capacity);
+            }
+        }
+    }
+    check_admissions(algorithm, limit, window, capacity, &admitted)
+}
+
+/// No window admits more than the algorithm promises.
+fn check_admissions(
+    algorithm: Algorithm,
+    limit: u64,
+    window: u64,
+    capacity: u64,
+    admitted: &[(u64, u64)],
+) -> Result<(), TestCaseError> {
+    match algorithm {
+        Algorithm::SlidingWindowLog => {
+            for &(end, _) in admitted {
+                let in_window: u64 = admitted
+                    .iter()
+                    .filter(|(at, _)| *at + window > end && *at <= end)
+                    .map(|(_, cost)| cost)
+                    .sum();
+                prop_assert!(in_window <= limit, "{} in the window ending {}", in_window, end);
+            }
+        }
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            // From any admission to any later one: the burst plus refill.
+            for (first_idx, &(first, _)) in admitted.iter().enumerate() {
+                let mut taken = 0;
+                for &(at, cost) in &admitted[first_idx..] {
+                    taken += cost;
+                    let made = (at - first) as u128 * limit as u128 / window as u128;
+                    prop_assert!(taken as u128 <= capacity as u128 + made);
+                }
+            }
+        }
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter => {
+            let mut per_window: HashMap<u64, u64> = HashMap::new();
+            for &(at, cost) in admitted {
+                *per_window.entry(at / window).or_default() += cost;
+            }
+            prop_assert!(per_window.values().all(|it| *it <= limit));
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn sliding_window_log_matches_its_model(
+        limit in 0..8u64,
+        window_s in 1..=3u64,
+        start in 0..10 * SECOND,
+        trace in arb_trace(9),
+    ) {
+        run_against_model(Algorithm::SlidingWindowLog, limit, window_s, None, start, &trace)?;
+    }
+
+    #[test]
+    fn token_bucket_matches_exact_rational_refill(
+        limit in 0..10u64,
+        window_s in prop::sample::select(vec![1u64, 3, 7, 60]),
+        burst in prop::option::of(1..12u64),
+        start in 0..10 * SECOND,
+        trace in arb_trace(12),
+    ) {
+        run_against_model(Algorithm::TokenBucket, limit, window_s, burst, start, &trace)?;
+    }
+
+    #[test]
+    fn gcra_decides_as_the_token_bucket_model(
+        limit in 0..10u64,
+        window_s in prop::sample::select(vec![1u64, 3, 7, 60]),
+        burst in prop::option::of(1..12u64),
+        start in 0..10 * SECOND,
+        trace in arb_trace(12),
+    ) {
+        run_against_model(Algorithm::Gcra, limit, window_s, burst, start, &trace)?;
+    }
+
+    #[test]
+    fn fixed_window_matches_a_count_per_aligned_window(
+        limit in 0..8u64,
+        window_s in 1..=3u64,
+        start in 0..10 * SECOND,
+        trace in arb_trace(9),
+    ) {
+        run_against_model(Algorithm::FixedWindow, limit, window_s, None, start, &trace)?;
+    }
+
+    #[test]
+    fn sliding_window_counter_matches_its_formula(
+        limit in 0..12u64,
+        window_s in 1..=3u64,
+        start in 0..10 * SECOND,
+        trace in arb_trace(13),
+    ) {
+        run_against_model(Algorithm::SlidingWindowCounter, limit, window_s, None, start, &trace)?;
+    }
+
+    /// With a clock that jumps back and forth, nothing panics, nothing
+    /// exceeds capacity, stored time never moves back, and resets stay exact.
+    #[test]
+    fn a_clock_jumping_backwards_is_harmless(
+        algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+        limit in 0..8u64,
+        burst in prop::option::of(1..10u64),
+        trace in prop::collection::vec((-5 * SECOND as i64..5 * SECOND as i64, 0..10u64), 1..=64),
+    ) {
+        let params = params(algorithm, limit, 2 * SECOND, burst);
+        let capacity = params.capacity();
+        let mut state: Option<State> = None;
+        let mut now = T0 + 100 * SECOND;
+        for (delta, cost) in trace {
+            now = now.checked_add_signed(delta).unwrap();
+            let stored = state.as_ref().map(stored_time);
+            let before = state.clone();
+            let (allowed, remaining, reset_us) = step(&params, &mut state, now, cost);
+            prop_assert!(remaining <= capacity);
+            // The log's measure is the units it holds, which may leave when
+            // the clock moves forward.
+            let forward = delta > 0 && algorithm == Algorithm::SlidingWindowLog;
+            if let (Some(stored), Some(state), false) = (stored, state.as_ref(), forward) {
+                prop_assert!(stored_time(state) >= stored, "stored time moved back");
+            }
+            if !allowed && cost.max(1) <= capacity {
+                let mut on_time = before.clone();
+                prop_assert!(step(&params, &mut on_time, now + reset_us, cost).0);
+                let mut early = before;
+                prop_assert!(!step(&params, &mut early, now + reset_us - 1, cost).0);
+            }
+        }
+    }
 }
