@@ -232,7 +232,10 @@ fn windows_are_aligned_to_the_unix_epoch() {
     // Minute windows start at whole minutes, wherever the first request falls.
     let mut state = None;
     let minute = params(Algorithm::FixedWindow, 1, MINUTE, None);
-    assert_eq!(step(&minute, &mut state, T0 + 59 * SECOND, 1), (true, 0, SECOND));
+    assert_eq!(
+        step(&minute, &mut state, T0 + 59 * SECOND, 1),
+        (true, 0, SECOND)
+    );
     assert_eq!(step(&minute, &mut state, T0 + MINUTE, 1), (true, 0, MINUTE));
 }
 
@@ -292,7 +295,11 @@ fn a_cost_zero_check_needs_one_unit_of_room_and_consumes_nothing() {
     for algorithm in Algorithm::ALL {
         let params = params(algorithm, 4, MINUTE, None);
         let mut state = None;
-        assert_eq!(step(&params, &mut state, T0, 0), (true, 4, 0), "{algorithm}");
+        assert_eq!(
+            step(&params, &mut state, T0, 0),
+            (true, 4, 0),
+            "{algorithm}"
+        );
         assert_eq!(state, None, "a check on a fresh key stores nothing");
 
         assert!(step(&params, &mut state, T0, 3).0);
@@ -389,7 +396,10 @@ fn a_reload_that_shrinks_the_burst_never_panics() {
         assert!(step(&wide, &mut state, T0, 10).0);
         let (allowed, remaining, reset_us) = step(&narrow, &mut state, T0, 1);
         assert_eq!((allowed, remaining), (false, 0), "{algorithm}");
-        assert!(reset_us > 0 && reset_us <= SECOND, "{algorithm}: {reset_us}");
+        assert!(
+            reset_us > 0 && reset_us <= SECOND,
+            "{algorithm}: {reset_us}"
+        );
         assert!(step(&narrow, &mut state, T0 + reset_us, 1).0, "{algorithm}");
         // A wider burst again: the level carries over, never above it.
         let (_, remaining, _) = step(&wide, &mut state, T0 + reset_us, 0);
@@ -421,7 +431,11 @@ fn an_idle_bucket_is_exactly_full_after_burst_times_the_interval() {
                 let (_, remaining, _) = step(&params, &mut state, now + refill_us - 1, 0);
                 assert_eq!(remaining, burst - 1, "{algorithm} cycle {cycle}");
                 let (_, remaining, reset_us) = step(&params, &mut state, now + refill_us, 0);
-                assert_eq!((remaining, reset_us), (burst, 0), "{algorithm} cycle {cycle}");
+                assert_eq!(
+                    (remaining, reset_us),
+                    (burst, 0),
+                    "{algorithm} cycle {cycle}"
+                );
                 assert_eq!(state, None, "{algorithm}: a full bucket is a fresh one");
                 // An odd idle time, so cycles start at every phase.
                 now += refill_us + (cycle as u64 % 7) * window + 777_777;
@@ -451,7 +465,10 @@ fn a_steady_stream_gets_exactly_the_rate_with_no_drift() {
                     admitted += 1;
                 }
                 let expected = burst + (at as u128 * limit as u128 / window as u128) as u64;
-                assert_eq!(admitted, expected, "{algorithm} {limit}/{window}µs at +{at} µs");
+                assert_eq!(
+                    admitted, expected,
+                    "{algorithm} {limit}/{window}µs at +{at} µs"
+                );
                 at += every;
             }
         }
@@ -467,10 +484,7 @@ fn a_denied_request_leaves_every_limit_untouched() {
             let a = params(first, 5, MINUTE, None);
             let b = params(second, 2, MINUTE, None);
             let mut states = [None, None];
-            let both = [
-                check_of(a, 1, Mode::Enforce),
-                check_of(b, 2, Mode::Enforce),
-            ];
+            let both = [check_of(a, 1, Mode::Enforce), check_of(b, 2, Mode::Enforce)];
             assert!(decide(&both, &mut states, T0).allowed);
             let before = states.clone();
             // B is now exhausted: [A, B] is denied and A keeps its 4.
@@ -505,7 +519,10 @@ fn shadow_limits_are_reported_but_never_deny() {
     ];
     let first = decide(&request, &mut states, T0);
     assert!(first.allowed);
-    assert!(first.outcomes[1].consumed, "a shadow limit with room counts");
+    assert!(
+        first.outcomes[1].consumed,
+        "a shadow limit with room counts"
+    );
     let second = decide(&request, &mut states, T0);
     assert!(second.allowed, "a shadow limit without room does not deny");
     assert!(!second.outcomes[1].has_room && !second.outcomes[1].consumed);
@@ -533,7 +550,10 @@ fn quota_limits_deny_only_when_all_of_them_are_out_of_room() {
     let one = params(Algorithm::Gcra, 1, MINUTE, None);
     let three = params(Algorithm::SlidingWindowCounter, 3, MINUTE, None);
     let mut states = [None, None];
-    let request = [check_of(one, 1, Mode::Quota), check_of(three, 1, Mode::Quota)];
+    let request = [
+        check_of(one, 1, Mode::Quota),
+        check_of(three, 1, Mode::Quota),
+    ];
     let remaining = |verdict: &Verdict| {
         (
             verdict.allowed,
@@ -556,7 +576,11 @@ fn quota_limits_deny_only_when_all_of_them_are_out_of_room() {
     let verdict = decide(
         &[
             check_of(three, 1, Mode::Quota),
-            check_of(params(Algorithm::TokenBucket, 0, MINUTE, None), 1, Mode::Enforce),
+            check_of(
+                params(Algorithm::TokenBucket, 0, MINUTE, None),
+                1,
+                Mode::Enforce,
+            ),
         ],
         &mut states,
         T0,
@@ -573,6 +597,9 @@ fn an_empty_request_is_allowed() {
 
 // === parameters ===
 
+/// (algorithm, limit, window µs, burst, the capacity or the refusal)
+type ParamsCase = (Algorithm, u64, u64, Option<u64>, Result<u64, ParamsError>);
+
 #[test]
 fn limit_params_refuse_what_cannot_be_exact() {
     use Algorithm::*;
@@ -584,11 +611,29 @@ fn limit_params_refuse_what_cannot_be_exact() {
             capacity,
         })
     };
-    let cases: [(Algorithm, u64, u64, Option<u64>, Result<u64, ParamsError>); 16] = [
+    let cases: [ParamsCase; 16] = [
         (SlidingWindowLog, 10, 0, None, Err(ParamsError::ZeroWindow)),
-        (FixedWindow, 10, SECOND - 1, None, Err(ParamsError::ZeroWindow)),
-        (TokenBucket, 10, SECOND + 500, None, Err(ParamsError::ZeroWindow)),
-        (TokenBucket, 10, SECOND, Some(0), Err(ParamsError::ZeroBurst)),
+        (
+            FixedWindow,
+            10,
+            SECOND - 1,
+            None,
+            Err(ParamsError::ZeroWindow),
+        ),
+        (
+            TokenBucket,
+            10,
+            SECOND + 500,
+            None,
+            Err(ParamsError::ZeroWindow),
+        ),
+        (
+            TokenBucket,
+            10,
+            SECOND,
+            Some(0),
+            Err(ParamsError::ZeroBurst),
+        ),
         (Gcra, 10, SECOND, Some(0), Err(ParamsError::ZeroBurst)),
         // Burst means nothing to the window algorithms.
         (FixedWindow, 10, SECOND, Some(0), Ok(10)),
@@ -598,7 +643,13 @@ fn limit_params_refuse_what_cannot_be_exact() {
         (TokenBucket, 0, SECOND, Some(5), Ok(0)),
         // 7 per year: a token is 31,536,000,000,000 scaled units.
         (TokenBucket, 7, YEAR, Some(285), Ok(285)),
-        (Gcra, 7, YEAR, Some(286), too_precise(Gcra, 7, 31_536_000, 286)),
+        (
+            Gcra,
+            7,
+            YEAR,
+            Some(286),
+            too_precise(Gcra, 7, 31_536_000, 286),
+        ),
         (SlidingWindowCounter, 285_615, YEAR, None, Ok(285_615)),
         (
             SlidingWindowCounter,
@@ -607,7 +658,13 @@ fn limit_params_refuse_what_cannot_be_exact() {
             None,
             too_precise(SlidingWindowCounter, 285_616, 31_536_000, 285_616),
         ),
-        (SlidingWindowLog, MAX_EXACT - 1, SECOND, None, Ok(MAX_EXACT - 1)),
+        (
+            SlidingWindowLog,
+            MAX_EXACT - 1,
+            SECOND,
+            None,
+            Ok(MAX_EXACT - 1),
+        ),
         (
             FixedWindow,
             MAX_EXACT,
@@ -618,22 +675,55 @@ fn limit_params_refuse_what_cannot_be_exact() {
     ];
     for (algorithm, limit, window_us, burst, expected) in cases {
         let got = LimitParams::new(algorithm, limit, window_us, burst).map(|it| it.capacity());
-        assert_eq!(got, expected, "{algorithm} {limit}/{window_us}µs burst {burst:?}");
+        assert_eq!(
+            got, expected,
+            "{algorithm} {limit}/{window_us}µs burst {burst:?}"
+        );
     }
     let message = LimitParams::new(Gcra, 7, YEAR, Some(286))
         .unwrap_err()
         .to_string();
-    assert!(message.starts_with("gcra with 7 per 31536000s"), "{message}");
-    assert_eq!(ParamsError::ZeroBurst.to_string(), "burst must be at least 1");
+    assert!(
+        message.starts_with("gcra with 7 per 31536000s"),
+        "{message}"
+    );
+    assert_eq!(
+        ParamsError::ZeroBurst.to_string(),
+        "burst must be at least 1"
+    );
 }
 
 #[test]
 fn rates_are_reduced_fractions() {
     let rate = |limit, window_us| params(Algorithm::TokenBucket, limit, window_us, None).rate();
-    assert_eq!(rate(3, SECOND), Rate { per_us: 3, scale: SECOND });
-    assert_eq!(rate(10, SECOND), Rate { per_us: 1, scale: 100_000 });
-    assert_eq!(rate(7, MINUTE), Rate { per_us: 7, scale: MINUTE });
-    assert_eq!(rate(0, MINUTE), Rate { per_us: 0, scale: 1 });
+    assert_eq!(
+        rate(3, SECOND),
+        Rate {
+            per_us: 3,
+            scale: SECOND
+        }
+    );
+    assert_eq!(
+        rate(10, SECOND),
+        Rate {
+            per_us: 1,
+            scale: 100_000
+        }
+    );
+    assert_eq!(
+        rate(7, MINUTE),
+        Rate {
+            per_us: 7,
+            scale: MINUTE
+        }
+    );
+    assert_eq!(
+        rate(0, MINUTE),
+        Rate {
+            per_us: 0,
+            scale: 1
+        }
+    );
 }
 
 #[test]
@@ -670,7 +760,10 @@ impl Model for LogModel {
         }
         let held = self.units.len() as u64;
         let reset = if room {
-            self.units.iter().max().map_or(0, |newest| newest + window - now)
+            self.units
+                .iter()
+                .max()
+                .map_or(0, |newest| newest + window - now)
         } else if need > self.limit {
             window
         } else {
@@ -695,7 +788,11 @@ struct BucketModel {
 
 impl BucketModel {
     fn new(limit: u64, window: u64, burst: Option<u64>) -> BucketModel {
-        let burst = if limit == 0 { 0 } else { burst.unwrap_or(limit) } as u128;
+        let burst = if limit == 0 {
+            0
+        } else {
+            burst.unwrap_or(limit)
+        } as u128;
         BucketModel {
             limit: limit as u128,
             window: window as u128,
@@ -825,7 +922,9 @@ fn model_of(algorithm: Algorithm, limit: u64, window: u64, burst: Option<u64>) -
             window,
             units: Vec::new(),
         }),
-        Algorithm::TokenBucket | Algorithm::Gcra => Box::new(BucketModel::new(limit, window, burst)),
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            Box::new(BucketModel::new(limit, window, burst))
+        }
         Algorithm::FixedWindow => Box::new(FixedModel {
             limit,
             window,
@@ -875,7 +974,14 @@ fn run_against_model(
         now += delta;
         let before = state.clone();
         let got = step(&params, &mut state, now, cost);
-        prop_assert_eq!(got, model.step(now, cost), "step {} at {} cost {}", idx, now, cost);
+        prop_assert_eq!(
+            got,
+            model.step(now, cost),
+            "step {} at {} cost {}",
+            idx,
+            now,
+            cost
+        );
         let (allowed, remaining, reset_us) = got;
         prop_assert!(remaining <= capacity);
         if allowed && cost > 0 {
@@ -919,7 +1025,12 @@ fn check_admissions(
                     .filter(|(at, _)| *at + window > end && *at <= end)
                     .map(|(_, cost)| cost)
                     .sum();
-                prop_assert!(in_window <= limit, "{} in the window ending {}", in_window, end);
+                prop_assert!(
+                    in_window <= limit,
+                    "{} in the window ending {}",
+                    in_window,
+                    end
+                );
             }
         }
         Algorithm::TokenBucket | Algorithm::Gcra => {
