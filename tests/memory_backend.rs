@@ -146,6 +146,23 @@ fn an_expired_entry_counts_as_absent_before_any_sweep() {
 }
 
 #[test]
+fn expiry_counts_from_the_stored_time_when_the_clock_went_back() {
+    let (backend, clock) = backend_at(T0 + 10 * SECOND);
+    let check = keyed(key("a", Algorithm::TokenBucket, 1), 3, 3);
+    assert!(decide(&backend, std::slice::from_ref(&check)).allowed);
+    // Asked from 10 s in the past: still empty, and still expiring one
+    // refill after the stored time, not after the caller's.
+    clock.set(T0);
+    assert_eq!(remaining(&backend, &check), 0);
+    clock.set(T0 + 10 * SECOND + SECOND / 2);
+    assert_eq!(backend.live_entries(), 1);
+    assert_eq!(backend.purge_expired(), 0);
+    assert_eq!(remaining(&backend, &check), 1);
+    clock.set(T0 + 11 * SECOND);
+    assert_eq!(backend.purge_expired(), 1);
+}
+
+#[test]
 fn cost_zero_checks_store_nothing() {
     let (backend, _clock) = backend_at(T0);
     for algorithm in Algorithm::ALL {
