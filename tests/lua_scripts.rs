@@ -77,11 +77,8 @@ async fn sha_matches_the_embedded_script() {
         .await
         .unwrap();
     assert_eq!(loaded, redis::Script::new(DECIDE_LUA).get_hash());
-    let backend = support::redis::backend(
-        &server,
-        throttlegate::backends::redis::ClockSource::Redis,
-    )
-    .await;
+    let backend =
+        support::redis::backend(&server, throttlegate::backends::redis::ClockSource::Redis).await;
     assert_eq!(backend.script_hash(), loaded);
 }
 
@@ -108,13 +105,23 @@ async fn boundary_of_the_window_holds() {
         assert_eq!(reply[0], 1, "request {idx}");
     }
     // Full: the oldest entry (T0) leaves at T0 + W exactly, not a µs before.
-    let denied = call(&mut conn, &["k"], Some(T0 + 999_999), &[log_limit(10, 1, 1)])
-        .await
-        .unwrap();
+    let denied = call(
+        &mut conn,
+        &["k"],
+        Some(T0 + 999_999),
+        &[log_limit(10, 1, 1)],
+    )
+    .await
+    .unwrap();
     assert_eq!(denied, vec![0, (T0 + 999_999) as i64, 0, 0, 0, 1]);
-    let allowed = call(&mut conn, &["k"], Some(T0 + 1_000_000), &[log_limit(10, 1, 1)])
-        .await
-        .unwrap();
+    let allowed = call(
+        &mut conn,
+        &["k"],
+        Some(T0 + 1_000_000),
+        &[log_limit(10, 1, 1)],
+    )
+    .await
+    .unwrap();
     assert_eq!(allowed[..5], [1, (T0 + 1_000_000) as i64, 1, 1, 0]);
 }
 
@@ -134,7 +141,10 @@ async fn injected_time_is_used_and_redis_time_otherwise() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(scores, vec![("42000000:1".to_owned(), "42000000".to_owned())]);
+    assert_eq!(
+        scores,
+        vec![("42000000:1".to_owned(), "42000000".to_owned())]
+    );
 
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let before = secs * 1_000_000 + micros;
@@ -168,8 +178,14 @@ async fn microsecond_timestamps_are_stored_exactly() {
     assert_eq!(
         members,
         vec![
-            ("1700000000000001:1".to_owned(), "1700000000000001".to_owned()),
-            ("1700000000000001:2".to_owned(), "1700000000000001".to_owned()),
+            (
+                "1700000000000001:1".to_owned(),
+                "1700000000000001".to_owned()
+            ),
+            (
+                "1700000000000001:2".to_owned(),
+                "1700000000000001".to_owned()
+            ),
         ]
     );
     // A token bucket of 3 per second (scale 1_000_000 / 1 … reduced: per_us
@@ -272,7 +288,11 @@ async fn bad_arguments_are_refused_before_any_write() {
     assert!(err.to_string().contains("bad parameters"), "{err}");
     let mut fractional = log_limit(5, 1, 1);
     fractional.window_us = 0;
-    assert!(call(&mut conn, &["k"], Some(T0), &[fractional]).await.is_err());
+    assert!(
+        call(&mut conn, &["k"], Some(T0), &[fractional])
+            .await
+            .is_err()
+    );
     let err = call(&mut conn, &["k"], Some(T0), &[]).await.unwrap_err();
     assert!(err.to_string().contains("arguments"), "{err}");
     let err = call(&mut conn, &["k"], Some(u64::MAX), &[log_limit(5, 1, 1)])

@@ -44,7 +44,12 @@ struct Slot {
     variants: Vec<LimitParams>,
 }
 
-fn random_params(rng: &mut Rng, algorithm: Algorithm, window_s: u64, reloads: bool) -> Vec<LimitParams> {
+fn random_params(
+    rng: &mut Rng,
+    algorithm: Algorithm,
+    window_s: u64,
+    reloads: bool,
+) -> Vec<LimitParams> {
     let n_variants = if reloads { 1 + rng.below(3) } else { 1 };
     // A GCRA whose burst is lowered below its debt makes the reference
     // underflow (see the report in docs/redis.md), so GCRA keeps burst = limit
@@ -147,7 +152,8 @@ async fn run_trace(server: &RedisServer, seed: u64, reloads: bool) {
     let mut now = T0 + rng.below(10_000_000_000);
     let clock = ManualClock::new(now);
     let memory = MemoryBackend::new(Arc::new(clock.clone()));
-    let mut settings = support::redis::settings(server, ClockSource::Local(Arc::new(clock.clone())));
+    let mut settings =
+        support::redis::settings(server, ClockSource::Local(Arc::new(clock.clone())));
     settings.key_prefix = format!("parity{seed}{}", if reloads { "r" } else { "" });
     // Keys expire by Redis's real clock while this trace's clock jumps
     // ahead and back; the grace keeps a key from expiring in real time
@@ -191,6 +197,9 @@ async fn memory_and_redis_agree_when_limits_are_reloaded() {
     }
 }
 
+/// A limit and an optional burst.
+type Variant = (u64, Option<u64>);
+
 /// Large numbers near the 53-bit bound exercise the exact division and
 /// multiplication helpers of the script.
 #[tokio::test]
@@ -198,21 +207,34 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
     let memory = MemoryBackend::new(Arc::new(clock.clone()));
-    let mut settings = support::redis::settings(&server, ClockSource::Local(Arc::new(clock.clone())));
+    let mut settings =
+        support::redis::settings(&server, ClockSource::Local(Arc::new(clock.clone())));
     settings.expiry_grace_ms = 3_600_000;
     let redis = RedisBackend::connect(settings).await.expect("connect");
     let year_s = 365 * 86_400;
     // (algorithm, window, the (limit, burst) variants a reload switches
     // between): switching exercises the exact rescaling of stored state.
-    let cases: [(Algorithm, u64, &[(u64, Option<u64>)]); 8] = [
+    let cases: [(Algorithm, u64, &[Variant]); 8] = [
         // per_us / scale = 7 / 31_536_000_000_000, burst near 2^53 / scale;
         // reloading to 285 per year rescales through a 2^96 product.
-        (Algorithm::TokenBucket, year_s, &[(7, Some(285)), (285, None)]),
+        (
+            Algorithm::TokenBucket,
+            year_s,
+            &[(7, Some(285)), (285, None)],
+        ),
         (Algorithm::Gcra, year_s, &[(7, Some(285))]),
-        (Algorithm::TokenBucket, 1, &[(1_000_003, Some(8_000_000_000))]),
+        (
+            Algorithm::TokenBucket,
+            1,
+            &[(1_000_003, Some(8_000_000_000))],
+        ),
         (Algorithm::Gcra, 3_600, &[(2_500_001, None)]),
         // The fraction's rescale: frac ~ 1e9 times per_us ~ 1e7.
-        (Algorithm::Gcra, 1, &[(999_999_937, None), (10_000_019, None)]),
+        (
+            Algorithm::Gcra,
+            1,
+            &[(999_999_937, None), (10_000_019, None)],
+        ),
         (Algorithm::SlidingWindowCounter, year_s, &[(285_000, None)]),
         (Algorithm::FixedWindow, 1, &[((1 << 53) - 1, None)]),
         (Algorithm::SlidingWindowLog, 1, &[(1_500, None)]),

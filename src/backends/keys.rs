@@ -135,21 +135,25 @@ mod tests {
     #[test]
     fn look_alike_descriptors_get_different_keys() {
         let pairs = [
-            (
-                key(&[("a:b", value("c"))]),
-                key(&[("a", value("b:c"))]),
-            ),
+            (key(&[("a:b", value("c"))]), key(&[("a", value("b:c"))])),
             (
                 key(&[("a", value("b")), ("c", value("d"))]),
                 key(&[("a", value("b:c=d"))]),
             ),
-            (key(&[("a", value("*"))]), key(&[("a", KeyValue::Shared(Arc::from("*")))])),
+            (
+                key(&[("a", value("*"))]),
+                key(&[("a", KeyValue::Shared(Arc::from("*")))]),
+            ),
             (key(&[("a", value(""))]), key(&[("a=", value(""))])),
             (key(&[("", value(""))]), key(&[])),
             (key(&[("a", value("%3A"))]), key(&[("a", value(":"))])),
         ];
         for (left, right) in pairs {
-            assert_ne!(encode("tg", &left), encode("tg", &right), "{left:?} vs {right:?}");
+            assert_ne!(
+                encode("tg", &left),
+                encode("tg", &right),
+                "{left:?} vs {right:?}"
+            );
         }
     }
 
@@ -247,16 +251,15 @@ mod tests {
     }
 
     fn counter_key() -> impl Strategy<Value = CounterKey> {
-        let entry = (hostile(), hostile(), any::<bool>()).prop_map(|(key, value, shared)| {
-            KeyEntry {
+        let entry =
+            (hostile(), hostile(), any::<bool>()).prop_map(|(key, value, shared)| KeyEntry {
                 key: Arc::from(key),
                 value: if shared {
                     KeyValue::Shared(Arc::from(value))
                 } else {
                     KeyValue::Value(value)
                 },
-            }
-        });
+            });
         (
             hostile(),
             hostile(),

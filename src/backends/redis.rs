@@ -119,7 +119,9 @@ impl RedisBackend {
             return Err(Error::Protocol("redis pool size must be at least 1".into()));
         }
         if settings.timeout_ms == 0 {
-            return Err(Error::Protocol("redis timeout must be at least 1 ms".into()));
+            return Err(Error::Protocol(
+                "redis timeout must be at least 1 ms".into(),
+            ));
         }
         let client = redis::Client::open(settings.url.as_str())
             .map_err(|err| Error::Protocol(format!("invalid redis url {redacted_url}: {err}")))?;
@@ -234,7 +236,10 @@ impl RedisBackend {
             };
         match res {
             Ok(pong) if pong == "PONG" => Ok(()),
-            Ok(other) => Err((Error::Protocol(format!("unexpected ping reply {other:?}")), false)),
+            Ok(other) => Err((
+                Error::Protocol(format!("unexpected ping reply {other:?}")),
+                false,
+            )),
             Err(err) => Err((self.fail(&conn, &err), is_broken(&err))),
         }
     }
@@ -308,13 +313,12 @@ impl Backend for RedisBackend {
         // after NOSCRIPT (EVALSHA → SCRIPT LOAD → EVALSHA), when the script
         // certainly did not run. Other errors are not retried either: a
         // dropped connection may have delivered the call.
-        let reply: Vec<i64> = match timeout_at(deadline, invocation.invoke_async(&mut conn.conn))
-            .await
-        {
-            Err(_) => return Err(Error::Timeout(self.timeout_ms)),
-            Ok(Err(err)) => return Err(self.fail(&conn, &err)),
-            Ok(Ok(reply)) => reply,
-        };
+        let reply: Vec<i64> =
+            match timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await {
+                Err(_) => return Err(Error::Timeout(self.timeout_ms)),
+                Ok(Err(err)) => return Err(self.fail(&conn, &err)),
+                Ok(Ok(reply)) => reply,
+            };
         parse_reply(&reply, checks.len())
     }
 

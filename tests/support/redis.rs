@@ -21,16 +21,24 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    extra_args: Vec<String>,
 }
 
 impl RedisServer {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line arguments, such as
+    /// `--requirepass secret`.
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("create a temporary directory");
         let mut server = RedisServer {
             port: 0,
             dir,
             child: None,
+            extra_args: extra_args.iter().map(|it| (*it).to_owned()).collect(),
         };
         // A port picked this way can be taken by another test before the
         // server binds it: try a few.
@@ -47,8 +55,39 @@ impl RedisServer {
         self.port
     }
 
+    /// The URL to reach it, with the password when started with one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        match self.password() {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
+    fn password(&self) -> Option<&str> {
+        let idx = self
+            .extra_args
+            .iter()
+            .position(|it| it == "--requirepass")?;
+        self.extra_args.get(idx + 1).map(String::as_str)
+    }
+
+    /// Stops the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
     }
 
     pub fn socket_path(&self) -> PathBuf {
@@ -107,6 +146,7 @@ impl RedisServer {
             .arg(&log)
             .arg("--unixsocket")
             .arg(self.socket_path())
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn();
