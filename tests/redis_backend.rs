@@ -4,6 +4,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::redis::{RedisServer, backend, check, counter_key, settings};
@@ -570,8 +571,24 @@ async fn rediss_against_a_plain_server_is_a_clean_error() {
     let mut it = settings(&server, ClockSource::Redis);
     it.url = format!("rediss://127.0.0.1:{}/#insecure", server.port());
     let backend = RedisBackend::connect(it).await.expect("a valid tls url");
-    let err = backend.probe().await.expect_err("plain server");
-    assert!(err.is_transient(), "{err:?}");
+    // Without a rustls crypto provider the connection task panicked (and
+    // tokio swallowed it): watch for panics raised inside rustls.
+    static RUSTLS_PANICKED: AtomicBool = AtomicBool::new(false);
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info
+            .location()
+            .is_some_and(|it| it.file().contains("rustls"))
+        {
+            RUSTLS_PANICKED.store(true, Ordering::SeqCst);
+        }
+        default_hook(info);
+    }));
+    for _ in 0..2 {
+        let err = backend.probe().await.expect_err("plain server");
+        assert!(err.is_transient(), "{err:?}");
+    }
+    assert!(!RUSTLS_PANICKED.load(Ordering::SeqCst), "rustls panicked");
 }
 
 #[tokio::test]
@@ -617,4 +634,19 @@ fn settings_for(url: &str) -> throttlegate::backends::redis::RedisSettings {
         clock: ClockSource::Redis,
         expiry_grace_ms: 0,
     }
+}
+
+#[tokio::test]
+async fn rediss_talks_tls_to_a_tls_server() {
+    let server = RedisServer::start_tls();
+    let backend = backend(&server, ClockSource::Redis).await;
+    backend.probe().await.expect("tls probe");
+    let checks = [check(
+        counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
+        2,
+        1,
+    )];
+    assert!(allowed(&backend, &checks).await);
+    assert!(allowed(&backend, &checks).await);
+    assert!(!allowed(&backend, &checks).await);
 }
