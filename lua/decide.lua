@@ -40,8 +40,10 @@ local function fmt(n)
   return string.format('%d', n)
 end
 
--- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53. The float quotient
--- can be off by one near an integer; fix it up with exact products.
+-- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53. Checked with exact
+-- products rather than trusting the rounded quotient: for these ranges a
+-- correctly rounded a / b never crosses an integer, but the guard costs two
+-- multiplications and keeps the result right if a caller strays.
 local function div(a, b)
   local q = math.floor(a / b)
   if q * b > a then
@@ -335,7 +337,9 @@ function gcra.until_full(c, s, at)
 end
 
 function gcra.until_available(c, s, key, at, need)
-  local over = gcra_debt(c, s, at) + need * c.scale - c.capacity * c.scale
+  -- debt + need * scale - capacity * scale, ordered so that no step
+  -- leaves 53 bits (need <= capacity here).
+  local over = gcra_debt(c, s, at) - (c.capacity - need) * c.scale
   return div_ceil(over, c.per_us)
 end
 

@@ -41,13 +41,26 @@ async fn call(
     now: Option<u64>,
     limits: &[Limit],
 ) -> redis::RedisResult<Vec<i64>> {
+    call_with_grace(conn, keys, now, 0, limits).await
+}
+
+/// `grace_ms` extends every TTL: tests that step an injected clock by
+/// microseconds while real milliseconds pass need keys to outlive the
+/// real-time expiry of a state that is almost fresh.
+async fn call_with_grace(
+    conn: &mut MultiplexedConnection,
+    keys: &[&str],
+    now: Option<u64>,
+    grace_ms: u64,
+    limits: &[Limit],
+) -> redis::RedisResult<Vec<i64>> {
     let script = redis::Script::new(DECIDE_LUA);
     let mut invocation = script.prepare_invoke();
     for key in keys {
         invocation.key(*key);
     }
     invocation.arg(now.map(|it| it.to_string()).unwrap_or_default());
-    invocation.arg(0);
+    invocation.arg(grace_ms);
     for it in limits {
         invocation
             .arg(it.algorithm)
@@ -99,25 +112,33 @@ async fn boundary_of_the_window_holds() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     for idx in 0..10 {
-        let reply = call(&mut conn, &["k"], Some(T0 + idx), &[log_limit(10, 1, 1)])
-            .await
-            .unwrap();
+        let reply = call_with_grace(
+            &mut conn,
+            &["k"],
+            Some(T0 + idx),
+            60_000,
+            &[log_limit(10, 1, 1)],
+        )
+        .await
+        .unwrap();
         assert_eq!(reply[0], 1, "request {idx}");
     }
     // Full: the oldest entry (T0) leaves at T0 + W exactly, not a µs before.
-    let denied = call(
+    let denied = call_with_grace(
         &mut conn,
         &["k"],
         Some(T0 + 999_999),
+        60_000,
         &[log_limit(10, 1, 1)],
     )
     .await
     .unwrap();
     assert_eq!(denied, vec![0, (T0 + 999_999) as i64, 0, 0, 0, 1]);
-    let allowed = call(
+    let allowed = call_with_grace(
         &mut conn,
         &["k"],
         Some(T0 + 1_000_000),
+        60_000,
         &[log_limit(10, 1, 1)],
     )
     .await

@@ -123,6 +123,10 @@ impl RedisBackend {
                 "redis timeout must be at least 1 ms".into(),
             ));
         }
+        // rustls needs a process-wide crypto provider for `rediss://`; without
+        // one it panics inside the connection task. Already installed (by us
+        // or the embedding program) is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = redis::Client::open(settings.url.as_str())
             .map_err(|err| Error::Protocol(format!("invalid redis url {redacted_url}: {err}")))?;
         let timeout = Duration::from_millis(settings.timeout_ms);
@@ -184,7 +188,7 @@ impl RedisBackend {
                         .lock()
                         .unwrap_or_else(|it| it.into_inner())
                         .clone()
-                        .unwrap_or_else(|| "pool exhausted".to_owned());
+                        .unwrap_or_else(|| "still connecting".to_owned());
                     Error::Unavailable(format!(
                         "no connection to {} within {} ms: {why}",
                         self.redacted_url, self.timeout_ms

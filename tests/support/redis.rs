@@ -21,23 +21,79 @@ pub struct RedisServer {
     port: u16,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    extra_args: Vec<String>,
+    /// Listens with TLS only (a self-signed certificate in `dir`).
+    tls: bool,
 }
 
 impl RedisServer {
     /// Starts a server and waits until it answers PING.
     pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line arguments, such as
+    /// `--requirepass secret`.
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
         let dir = tempfile::tempdir().expect("create a temporary directory");
         let mut server = RedisServer {
             port: 0,
             dir,
             child: None,
+            extra_args: extra_args.iter().map(|it| (*it).to_owned()).collect(),
+            tls: false,
         };
+        server.run_on_a_free_port();
+        server
+    }
+
+    /// Starts a server that speaks TLS only, with a fresh self-signed
+    /// certificate (made with the `openssl` command).
+    pub fn start_tls() -> RedisServer {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let status = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/CN=127.0.0.1"])
+            .arg("-keyout")
+            .arg(dir.path().join("key.pem"))
+            .arg("-out")
+            .arg(dir.path().join("cert.pem"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|err| panic!("cannot run openssl ({err}): apt-get install openssl"));
+        assert!(status.success(), "openssl could not make a certificate");
+        let cert = dir.path().join("cert.pem").display().to_string();
+        let key = dir.path().join("key.pem").display().to_string();
+        let mut server = RedisServer {
+            port: 0,
+            dir,
+            child: None,
+            extra_args: vec![
+                "--tls-cert-file".to_owned(),
+                cert.clone(),
+                "--tls-key-file".to_owned(),
+                key,
+                "--tls-ca-cert-file".to_owned(),
+                cert,
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ],
+            tls: true,
+        };
+        server.run_on_a_free_port();
+        server
+    }
+
+    fn run_on_a_free_port(&mut self) {
         // A port picked this way can be taken by another test before the
         // server binds it: try a few.
         for _ in 0..5 {
-            server.port = free_port();
-            if server.spawn() {
-                return server;
+            self.port = free_port();
+            if self.spawn() {
+                return;
             }
         }
         panic!("redis-server could not bind a free port after 5 attempts");
@@ -47,8 +103,43 @@ impl RedisServer {
         self.port
     }
 
+    /// The URL to reach it, with the password when started with one.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        if self.tls {
+            // The certificate is self-signed: skip verification.
+            return format!("rediss://127.0.0.1:{}/#insecure", self.port);
+        }
+        match self.password() {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
+    fn password(&self) -> Option<&str> {
+        let idx = self
+            .extra_args
+            .iter()
+            .position(|it| it == "--requirepass")?;
+        self.extra_args.get(idx + 1).map(String::as_str)
+    }
+
+    /// Stops the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
     }
 
     pub fn socket_path(&self) -> PathBuf {
@@ -95,8 +186,13 @@ impl RedisServer {
     fn spawn(&mut self) -> bool {
         let bin = server_binary();
         let log = self.dir.path().join("redis.log");
-        let child = Command::new(&bin)
-            .args(["--port", &self.port.to_string()])
+        let mut command = Command::new(&bin);
+        if self.tls {
+            command.args(["--port", "0", "--tls-port", &self.port.to_string()]);
+        } else {
+            command.args(["--port", &self.port.to_string()]);
+        }
+        let child = command
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
@@ -107,6 +203,7 @@ impl RedisServer {
             .arg(&log)
             .arg("--unixsocket")
             .arg(self.socket_path())
+            .args(&self.extra_args)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn();
