@@ -739,6 +739,10 @@ impl LogGate {
             .duration_since(UNIX_EPOCH)
             .map(|it| it.as_secs())
             .unwrap_or(0);
+        self.admit_at(now_s)
+    }
+
+    fn admit_at(&self, now_s: u64) -> Option<u64> {
         let last = self.last_s.load(Ordering::Relaxed);
         if now_s != last
             && self
@@ -1267,6 +1271,57 @@ mod tests {
             ],
         )
         .await;
+    }
+
+    #[tokio::test]
+    async fn an_unlimited_rule_replaces_too_and_can_be_replaced() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "api_key",
+                    vec![named(limit(1, Unit::Minute), "premium", &[])],
+                ),
+                node(
+                    "vip",
+                    ValueMatcher::Any,
+                    NodeLimits::Unlimited {
+                        name: Some(Arc::from("vip")),
+                        replaces: vec![Arc::from("premium")],
+                    },
+                ),
+                key_node(
+                    "boss",
+                    vec![named(limit(5, Unit::Minute), "boss", &["vip"])],
+                ),
+            ]),
+            options(),
+        );
+        let unlimited = (OK, u32::MAX, None, None);
+        let vip = || req(vec![desc(&[("api_key", "k")]), desc(&[("vip", "v")])]);
+        check(
+            &fixture,
+            &[
+                (vip(), OK, vec![ok_none(), unlimited.clone()]),
+                (vip(), OK, vec![ok_none(), unlimited]),
+                // A replaced unlimited rule is dropped like any other.
+                (
+                    req(vec![desc(&[("vip", "v")]), desc(&[("boss", "b")])]),
+                    OK,
+                    vec![ok_none(), lim(OK, 4, 60, 5, Unit::Minute, "boss")],
+                ),
+            ],
+        )
+        .await;
+    }
+
+    #[test]
+    fn log_gate_lets_one_line_through_per_second() {
+        let gate = LogGate::new();
+        let got: Vec<Option<u64>> = [100, 100, 100, 100, 101, 101, 105]
+            .into_iter()
+            .map(|at| gate.admit_at(at))
+            .collect();
+        assert_eq!(got, vec![Some(0), None, None, None, Some(3), None, Some(1)]);
     }
 
     #[tokio::test]
