@@ -124,6 +124,15 @@ impl Drop for Running {
 
 #[tokio::test]
 async fn serve_answers_then_stops_cleanly_on_sigterm() {
+    serve_answers_then_stops_cleanly_on("TERM").await;
+}
+
+#[tokio::test]
+async fn serve_stops_cleanly_on_sigint() {
+    serve_answers_then_stops_cleanly_on("INT").await;
+}
+
+async fn serve_answers_then_stops_cleanly_on(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "good.yaml", GOOD);
     let grpc = free_addr();
@@ -177,7 +186,10 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
     assert!(rlconfig.contains("domain api"), "{rlconfig}");
 
     let pid = child.0.id().to_string();
-    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(15);
     let exit = loop {
@@ -186,7 +198,7 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
         }
         assert!(
             Instant::now() < deadline,
-            "still running 15 s after SIGTERM"
+            "still running 15 s after SIG{signal}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -196,7 +208,7 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
         let _ = pipe.read_to_string(&mut stderr);
     }
     assert_eq!(exit.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("SIGTERM"), "{stderr}");
+    assert!(stderr.contains(&format!("SIG{signal}")), "{stderr}");
 }
 
 /// The binary binds after start-up: retry until it accepts.
