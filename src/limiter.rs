@@ -487,6 +487,11 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
     let mut checks: Vec<KeyedCheck> = Vec::new();
     let mut check_rules: Vec<Arc<str>> = Vec::new();
     let mut by_key: HashMap<CounterKey, usize> = HashMap::new();
+    // Checks on one counter become one check needing room for the sum of
+    // their costs. Equal keys mean equal params (config refuses two limits
+    // of a node sharing window and algorithm), except two overrides of one
+    // descriptor and unit with different numbers in the same request: the
+    // first one's number is enforced.
     let mut add = |key: CounterKey, check: Check, rule: Arc<str>| -> usize {
         if let Some(&idx) = by_key.get(&key) {
             checks[idx].check.cost += check.cost;
