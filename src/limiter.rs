@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 
-use crate::algorithms::{Check, LimitParams, Mode, Outcome};
+use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
 use crate::backends::{self, Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
 use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 
@@ -494,7 +494,8 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
     // first one's number is enforced.
     let mut add = |key: CounterKey, check: Check, rule: Arc<str>| -> usize {
         if let Some(&idx) = by_key.get(&key) {
-            checks[idx].check.cost += check.cost;
+            let sum = checks[idx].check.cost.saturating_add(check.cost);
+            checks[idx].check.cost = sum.min(MAX_EXACT);
             return idx;
         }
         by_key.insert(key.clone(), checks.len());
@@ -505,13 +506,19 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
 
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (idx, descriptor) in request.descriptors.iter().enumerate() {
-        let cost = descriptor.hits_addend.unwrap_or(request_cost);
+        // No capacity reaches 2^53 (exact in a Lua number), so a larger
+        // cost is denied either way; capping keeps every backend exact.
+        let cost = descriptor
+            .hits_addend
+            .unwrap_or(request_cost)
+            .min(MAX_EXACT);
         if let Some(limit_override) = &descriptor.limit {
             let unit = limit_override.unit.expect("validated");
             let algorithm = match levels[idx].last().map(|it| &it.limits) {
-                Some(NodeLimits::Limited(limits)) => limits[0].algorithm(),
-                _ => domain.default_algorithm,
-            };
+                Some(NodeLimits::Limited(limits)) => limits.first().map(|it| it.algorithm()),
+                _ => None,
+            }
+            .unwrap_or(domain.default_algorithm);
             let window_us = unit.seconds() * 1_000_000;
             let requests = u64::from(limit_override.requests_per_unit);
             let params = LimitParams::new(algorithm, requests, window_us, None).map_err(|err| {
@@ -1182,9 +1189,30 @@ mod tests {
             ],
         )
         .await;
-        // A cost larger than the capacity can never pass.
+        // A cost larger than the capacity can never pass, however large.
         fixture.clock.advance(60_000_000);
         check(&fixture, &[(with(6, None), OVER, vec![status(OVER, 0)])]).await;
+        let huge = Request {
+            hits_addend: 0,
+            ..req(vec![
+                Descriptor {
+                    hits_addend: Some(u64::MAX),
+                    ..desc(&[("k", "v")])
+                },
+                Descriptor {
+                    hits_addend: Some(u64::MAX),
+                    ..desc(&[("k", "v")])
+                },
+            ])
+        };
+        check(
+            &fixture,
+            &[
+                (huge, OVER, vec![status(OVER, 0), status(OVER, 0)]),
+                (with(1, None), OK, vec![status(OK, 4)]),
+            ],
+        )
+        .await;
     }
 
     #[tokio::test]
