@@ -175,7 +175,7 @@ async fn run_trace(server: &RedisServer, seed: u64, reloads: bool) {
     // The reference GCRA does not keep its effective time from moving
     // backwards (its `available` underflows on a lagging clock, reported in
     // docs/redis.md): traces that move the clock back leave GCRA out.
-    let backwards = seed % 2 == 0;
+    let backwards = seed.is_multiple_of(2);
     let algorithms: Vec<Algorithm> = Algorithm::ALL
         .into_iter()
         .filter(|it| !backwards || *it != Algorithm::Gcra)
