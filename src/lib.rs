@@ -2,11 +2,18 @@
 //!
 //! Crate map: `config` (YAML → `rules`), `rules` (descriptor matching),
 //! `algorithms` (pure rate-limit math), `backends` (memory, Redis),
-//! `clock`, `proto` (generated wire types), and the gRPC service.
+//! `clock`, `limiter` (the decision on a request), `proto` (generated wire
+//! types), `service` (gRPC <-> limiter) and `server` (the gRPC server).
 
 pub mod algorithms;
 pub mod backends;
 pub mod clock;
 pub mod config;
+pub mod http;
+pub mod limiter;
 pub mod proto;
 pub mod rules;
+pub mod server;
+pub mod service;
+
+pub use server::serve;

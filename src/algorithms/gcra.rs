@@ -21,11 +21,17 @@ impl Gcra {
 
     /// How far the arrival time is ahead of `at`, in scaled token units
     /// (`rate.per_us` per µs): the bucket's missing tokens × scale.
+    ///
+    /// It exceeds the capacity when `at` lags the time of the last
+    /// consumption (a clock moving backwards) or when a reload shrank the
+    /// burst: the arithmetic below saturates instead of underflowing.
     fn debt(&self, params: &LimitParams, at: u64) -> u64 {
         if self.tat_us < at {
             return 0;
         }
-        (self.tat_us - at) * params.rate().per_us + self.frac
+        (self.tat_us - at)
+            .saturating_mul(params.rate().per_us)
+            .saturating_add(self.frac)
     }
 
     pub(super) fn advance(&mut self, params: &LimitParams, now: u64) -> u64 {
@@ -50,7 +56,7 @@ impl Gcra {
 
     pub(super) fn available(&self, params: &LimitParams, at: u64) -> u64 {
         let rate = params.rate();
-        (params.capacity() * rate.scale - self.debt(params, at)) / rate.scale
+        (params.capacity() * rate.scale).saturating_sub(self.debt(params, at)) / rate.scale
     }
 
     pub(super) fn consume(&mut self, params: &LimitParams, at: u64, cost: u64) {
@@ -70,7 +76,9 @@ impl Gcra {
 
     pub(super) fn until_available(&self, params: &LimitParams, at: u64, need: u64) -> u64 {
         let rate = params.rate();
-        let over = self.debt(params, at) + need * rate.scale - params.capacity() * rate.scale;
+        // No room, so this is positive even when the debt saturated.
+        let over = self.debt(params, at).saturating_add(need * rate.scale)
+            - params.capacity() * rate.scale;
         div_ceil(over, rate.per_us)
     }
 }

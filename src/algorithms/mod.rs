@@ -110,7 +110,7 @@ impl LimitParams {
         window_us: u64,
         burst: Option<u64>,
     ) -> Result<LimitParams, ParamsError> {
-        if window_us < 1_000_000 || window_us % 1_000 != 0 {
+        if window_us < 1_000_000 || !window_us.is_multiple_of(1_000) {
             return Err(ParamsError::ZeroWindow);
         }
         let capacity = if limit == 0 {

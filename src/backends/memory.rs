@@ -1,46 +1,265 @@
-//! In-memory backend: the algorithms in process, per instance.
+//! In-memory backend: the algorithms in process, sharded, with expiry of idle keys.
+//!
+//! Counters are spread over a power-of-two number of shards, each a hash
+//! table behind its own lock. A request locks every shard it touches in
+//! ascending shard order (so two requests can never wait on each other in a
+//! cycle) and holds them all while [`algorithms::decide`] runs: the request
+//! is atomic across all its keys, exactly as one Redis script call is.
+//!
+//! Every entry carries the time at which its state becomes indistinguishable
+//! from a fresh one ([`State::until_full`]). An entry past that time is
+//! treated as absent, and is reclaimed by [`MemoryBackend::purge_expired`],
+//! by the background sweeper ([`MemoryBackend::spawn_sweeper`]), and by a
+//! shard itself when it has doubled in size since its last sweep, so memory
+//! stays proportional to the keys that are live even without a sweeper.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use hashbrown::HashTable;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, MissedTickBehavior};
 
 use super::{Backend, CounterKey, Error, KeyedCheck};
 use crate::algorithms::{self, Check, State, Verdict};
-use crate::clock::Clock;
+use crate::clock::{Clock, Micros};
+
+/// Shards of [`MemoryBackend::new`]: enough that 64 concurrent requests on
+/// distinct keys rarely share a lock, few enough that a sweep is cheap.
+pub const DEFAULT_SHARDS: usize = 64;
+
+/// Smallest shard length that triggers a sweep on insert; below it a shard
+/// is too small for expired entries to matter.
+const MIN_SWEEP_LEN: usize = 1024;
+
+/// Shortest sweeper period; a zero period would spin.
+const MIN_SWEEP_PERIOD: Duration = Duration::from_millis(1);
 
 /// Counters in this process's memory.
-#[derive(Debug)]
 pub struct MemoryBackend {
     clock: Arc<dyn Clock>,
-    // A std Mutex: held only for the synchronous decision, never across `.await`.
-    states: Mutex<HashMap<CounterKey, State>>,
+    /// Seeded per process: descriptor values come from clients, and a fixed
+    /// seed would let them aim every key at one bucket.
+    hasher: foldhash::fast::RandomState,
+    shards: Box<[Shard]>,
 }
+
+/// Stops the background sweeper when dropped.
+#[must_use = "dropping the guard stops the sweeper"]
+#[derive(Debug)]
+pub struct SweeperGuard {
+    task: JoinHandle<()>,
+}
+
+struct Shard {
+    // A std Mutex, not tokio's: it is held only for the synchronous decision
+    // over a request's few entries or a sweep of one shard, never across an
+    // `.await`, so a blocking lock is both correct and cheaper.
+    table: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    entries: HashTable<Entry>,
+    /// Length at which the next insert first sweeps this shard.
+    sweep_at: usize,
+}
+
+struct Entry {
+    /// The key's hash, kept so that growing the table never rehashes keys.
+    hash: u64,
+    key: CounterKey,
+    state: State,
+    /// From this time on the state equals a fresh one: treat it as absent.
+    expires_us: Micros,
+}
+
+// === impl MemoryBackend ===
 
 impl MemoryBackend {
     pub fn new(clock: Arc<dyn Clock>) -> Self {
+        Self::with_shards(clock, DEFAULT_SHARDS)
+    }
+
+    /// A backend with `shards` shards, rounded up to a power of two (at least 1).
+    pub fn with_shards(clock: Arc<dyn Clock>, shards: usize) -> Self {
+        let count = shards.max(1).next_power_of_two();
         Self {
             clock,
-            states: Mutex::new(HashMap::new()),
+            hasher: foldhash::fast::RandomState::default(),
+            shards: (0..count)
+                .map(|_| Shard {
+                    table: Mutex::new(Table::default()),
+                })
+                .collect(),
         }
+    }
+
+    /// Decides one request at the clock's current time; what
+    /// [`Backend::decide`] runs, callable without an executor.
+    pub fn decide_sync(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
+        let now = self.clock.now_us();
+        let hashes: Vec<u64> = checks
+            .iter()
+            .map(|it| self.hasher.hash_one(&it.key))
+            .collect();
+        // `decide` needs distinct keys; a repeated one would be read twice
+        // and written twice, losing one of the writes.
+        for (idx, hash) in hashes.iter().enumerate() {
+            let repeated =
+                (0..idx).any(|prev| hashes[prev] == *hash && checks[prev].key == checks[idx].key);
+            if repeated {
+                return Err(Error::Protocol(format!(
+                    "counter key repeated in one request: {:?}",
+                    checks[idx].key
+                )));
+            }
+        }
+        let shard_of: Vec<usize> = hashes.iter().map(|&it| self.shard_index(it)).collect();
+        let mut locked: Vec<usize> = shard_of.clone();
+        locked.sort_unstable();
+        locked.dedup();
+        // Ascending order: any two requests take their common shards in the
+        // same order, so they cannot deadlock.
+        let mut guards: Vec<MutexGuard<'_, Table>> =
+            locked.iter().map(|&idx| self.shards[idx].lock()).collect();
+        let guard_of: Vec<usize> = shard_of
+            .iter()
+            .map(|shard| locked.binary_search(shard).expect("every shard was locked"))
+            .collect();
+
+        let mut keys: Vec<Option<CounterKey>> = Vec::with_capacity(checks.len());
+        let mut states: Vec<Option<State>> = Vec::with_capacity(checks.len());
+        for (idx, it) in checks.iter().enumerate() {
+            let taken = guards[guard_of[idx]].take(hashes[idx], &it.key);
+            match taken {
+                Some(entry) => {
+                    let live = entry.expires_us > now;
+                    keys.push(Some(entry.key));
+                    states.push(live.then_some(entry.state));
+                }
+                None => {
+                    keys.push(None);
+                    states.push(None);
+                }
+            }
+        }
+
+        let plain: Vec<Check> = checks.iter().map(|it| it.check).collect();
+        let verdict = algorithms::decide(&plain, &mut states, now);
+
+        for (idx, state) in states.into_iter().enumerate() {
+            let Some(mut state) = state else { continue };
+            let params = &checks[idx].check.params;
+            // `decide` left the state advanced to its effective time; this
+            // advance changes nothing and returns that time, which can be
+            // later than `now` when the clock went backwards.
+            let at = state.advance(params, now);
+            let expires_us = at + state.until_full(params, at);
+            let key = keys[idx].take().unwrap_or_else(|| checks[idx].key.clone());
+            guards[guard_of[idx]].insert(
+                Entry {
+                    hash: hashes[idx],
+                    key,
+                    state,
+                    expires_us,
+                },
+                now,
+            );
+        }
+        Ok(verdict)
+    }
+
+    /// Removes every expired entry, locking one shard at a time; returns how
+    /// many were removed.
+    pub fn purge_expired(&self) -> usize {
+        (0..self.shards.len())
+            .map(|idx| self.purge_shard(idx))
+            .sum()
+    }
+
+    /// Entries whose state still differs from a fresh one.
+    pub fn live_entries(&self) -> usize {
+        let now = self.clock.now_us();
+        self.shards
+            .iter()
+            .map(|shard| {
+                let table = shard.lock();
+                table
+                    .entries
+                    .iter()
+                    .filter(|it| it.expires_us > now)
+                    .count()
+            })
+            .sum()
+    }
+
+    /// Entries held in memory, expired ones not yet swept included.
+    pub fn stored_entries(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| shard.lock().entries.len())
+            .sum()
+    }
+
+    /// Starts a task that purges expired entries every `every` (at least
+    /// 1 ms), one shard at a time, yielding between shards. The task holds
+    /// only a weak reference: it ends when the backend is dropped, or when
+    /// the guard is.
+    ///
+    /// Must be called within a Tokio runtime.
+    pub fn spawn_sweeper(self: &Arc<Self>, every: Duration) -> SweeperGuard {
+        let every = every.max(MIN_SWEEP_PERIOD);
+        let backend = Arc::downgrade(self);
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval_at(Instant::now() + every, every);
+            ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                ticks.tick().await;
+                let Some(backend) = backend.upgrade() else {
+                    return;
+                };
+                let mut removed = 0;
+                for idx in 0..backend.shards.len() {
+                    removed += backend.purge_shard(idx);
+                    tokio::task::yield_now().await;
+                }
+                tracing::debug!(removed, "swept expired counters");
+            }
+        });
+        SweeperGuard { task }
+    }
+
+    fn purge_shard(&self, idx: usize) -> usize {
+        let now = self.clock.now_us();
+        self.shards[idx].lock().purge(now)
+    }
+
+    /// Takes the shard from bits of the hash that the shard's own table
+    /// does not use: hashbrown indexes buckets with the low bits and tags
+    /// them with the top 7, so bits 32.. stay independent of both.
+    fn shard_index(&self, hash: u64) -> usize {
+        ((hash >> 32) as usize) & (self.shards.len() - 1)
+    }
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the entries: there can be millions.
+        f.debug_struct("MemoryBackend")
+            .field("clock", &self.clock)
+            .field("shards", &self.shards.len())
+            .finish_non_exhaustive()
     }
 }
 
 #[async_trait]
 impl Backend for MemoryBackend {
     async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
-        let now = self.clock.now_us();
-        let mut states = self.states.lock().unwrap_or_else(|it| it.into_inner());
-        let plain: Vec<Check> = checks.iter().map(|it| it.check).collect();
-        let mut slots: Vec<Option<State>> =
-            checks.iter().map(|it| states.remove(&it.key)).collect();
-        let verdict = algorithms::decide(&plain, &mut slots, now);
-        for (it, slot) in checks.iter().zip(slots) {
-            if let Some(state) = slot {
-                states.insert(it.key.clone(), state);
-            }
-        }
-        Ok(verdict)
+        self.decide_sync(checks)
     }
 
     async fn probe(&self) -> Result<(), Error> {
@@ -49,5 +268,62 @@ impl Backend for MemoryBackend {
 
     fn name(&self) -> &'static str {
         "memory"
+    }
+}
+
+// === impl SweeperGuard ===
+
+impl SweeperGuard {
+    /// Whether the sweeper task still runs: false once its backend is gone.
+    pub fn is_running(&self) -> bool {
+        !self.task.is_finished()
+    }
+}
+
+impl Drop for SweeperGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+// === impl Shard ===
+
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // A panic while locked can only have happened between taking a
+        // request's states and putting them back: those keys start fresh,
+        // and the table itself is intact, so serving on is safe.
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+// === impl Table ===
+
+impl Table {
+    /// Removes and returns the entry of `key`, expired or not.
+    fn take(&mut self, hash: u64, key: &CounterKey) -> Option<Entry> {
+        let found = self.entries.find_entry(hash, |it| it.key == *key).ok()?;
+        Some(found.remove().0)
+    }
+
+    /// Inserts an entry whose key is absent, sweeping first when the shard
+    /// has doubled since its last sweep (amortised O(1) per insert).
+    fn insert(&mut self, entry: Entry, now: Micros) {
+        if self.entries.len() >= self.sweep_at {
+            self.purge(now);
+            self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP_LEN);
+        }
+        self.entries.insert_unique(entry.hash, entry, |it| it.hash);
+    }
+
+    fn purge(&mut self, now: Micros) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|it| it.expires_us > now);
+        let after = self.entries.len();
+        // Give memory back after a wave of distinct keys has passed.
+        if self.entries.capacity() > MIN_SWEEP_LEN && after * 4 < self.entries.capacity() {
+            self.entries.shrink_to(after * 2, |it| it.hash);
+        }
+        before - after
     }
 }

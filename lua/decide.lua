@@ -1,0 +1,652 @@
+-- decide.lua: decides one rate-limit request over all of its limits.
+--
+-- Why a script: the request must be decided atomically. Every limit is
+-- read and checked first, and only then are costs consumed, all or
+-- nothing; Redis runs a script without interleaving other commands, so no
+-- other replica can consume between our check and our write, and no key can
+-- expire half-way through. A denied request consumes nothing anywhere.
+--
+-- This is src/algorithms/*.rs ported line for line; both backends must give
+-- the same answers for the same clock. Lua numbers are IEEE doubles: every
+-- value kept here is an integer below 2^53 (LimitParams::new guarantees the
+-- ranges), divisions go through `div`, and integers are formatted with
+-- `fmt` (concatenating a number would use %.14g and mangle µs timestamps).
+--
+-- KEYS[i]: the counter key of limit i (i = 1..n), all distinct
+-- ARGV[1]: now in µs since the Unix epoch (decimal integer), or "" to use
+--          the server's TIME so that replicas with skewed clocks agree
+-- ARGV[2]: extra expiry in ms added to every key's TTL (0 = expire exactly
+--          when the state becomes equal to a fresh one)
+-- ARGV[3 + 8(i-1)] .. ARGV[10 + 8(i-1)]: limit i as algorithm name, limit,
+--          window_us, capacity, rate per_us, rate scale, cost, mode
+--          (enforce | shadow | quota)
+-- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
+--          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
+--
+-- State per key (a key that would equal a fresh state is deleted):
+--   sliding_window_log      sorted set, one member "<µs>:<seq>" per unit of
+--                           cost, score = µs; seq continues the members at
+--                           that score, so equal timestamps never collide
+--   token_bucket            string "<scaled tokens>:<last µs>:<scale>"
+--   gcra                    string "<tat µs>:<frac>:<per_us>"
+--   sliding_window_counter  string "<window start µs>:<current>:<previous>"
+--   fixed_window            string "<window start µs>:<count>"
+
+local TWO53 = 9007199254740992
+local PER_LIMIT = 8
+local ZADD_CHUNK = 500
+
+local function fmt(n)
+  return string.format('%d', n)
+end
+
+-- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53. Checked with exact
+-- products rather than trusting the rounded quotient: for these ranges a
+-- correctly rounded a / b never crosses an integer, but the guard costs two
+-- multiplications and keeps the result right if a caller strays.
+local function div(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- ceil(a / b), same ranges.
+local function div_ceil(a, b)
+  local q = div(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- floor(a * b / c) for integers below 2^53 even when a * b is not: long
+-- multiplication over the bits of b keeping the remainder below c. A result
+-- of 2^53 or more is only guaranteed to come back as >= 2^53.
+local function mul_div(a, b, c)
+  local p = a * b
+  if p < TWO53 then
+    return div(p, c)
+  end
+  local q = div(a, c) * b
+  local x = a - div(a, c) * c
+  local bits = {}
+  local rest = b
+  while rest > 0 do
+    local half = div(rest, 2)
+    bits[#bits + 1] = rest - half * 2
+    rest = half
+  end
+  local hi, r = 0, 0
+  for idx = #bits, 1, -1 do
+    -- (hi, r) = 2 * (hi, r), with r kept below c without forming 2r >= 2^53
+    hi = hi * 2
+    if r >= c - r then
+      r = r - (c - r)
+      hi = hi + 1
+    else
+      r = r + r
+    end
+    if bits[idx] == 1 then
+      if r >= c - x then
+        r = r - (c - x)
+        hi = hi + 1
+      else
+        r = r + x
+      end
+    end
+  end
+  return q + hi
+end
+
+local function parts(raw, count, key)
+  local out = {}
+  for piece in string.gmatch(raw, '[^:]+') do
+    local n = tonumber(piece)
+    if n == nil then
+      return nil
+    end
+    out[#out + 1] = n
+  end
+  if #out ~= count then
+    return nil
+  end
+  return out
+end
+
+local function load_string(key, count)
+  local raw = redis.call('GET', key)
+  if not raw then
+    return nil
+  end
+  local it = parts(raw, count)
+  if not it then
+    error('throttlegate: unreadable state at ' .. key)
+  end
+  return it
+end
+
+local function store_string(key, value, ttl_ms)
+  redis.call('SET', key, value, 'PX', fmt(ttl_ms))
+end
+
+-- === sliding_window_log ===
+
+local log = {}
+
+function log.load(c, key)
+  return { total = 0, newest = nil }
+end
+
+function log.advance(c, s, key, now)
+  local back = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  local at = now
+  if back[2] then
+    local newest = tonumber(back[2])
+    if newest > now then
+      at = newest
+    end
+    s.newest = newest
+  end
+  -- An entry at `ts` counts while `ts > at - W`.
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
+  s.total = redis.call('ZCARD', key)
+  if s.total == 0 then
+    s.newest = nil
+  end
+  return at
+end
+
+function log.available(c, s, at)
+  if c.limit > s.total then
+    return c.limit - s.total
+  end
+  return 0
+end
+
+function log.consume(c, s, key, at, cost)
+  local seq = redis.call('ZCOUNT', key, fmt(at), fmt(at))
+  local score = fmt(at)
+  local args = {}
+  for unit = 1, cost do
+    args[#args + 1] = score
+    args[#args + 1] = score .. ':' .. fmt(seq + unit)
+    if #args >= 2 * ZADD_CHUNK or unit == cost then
+      redis.call('ZADD', key, unpack(args))
+      args = {}
+    end
+  end
+  s.total = s.total + cost
+  s.newest = at
+end
+
+function log.until_full(c, s, at)
+  if s.newest == nil then
+    return 0
+  end
+  return s.newest + c.window_us - at
+end
+
+function log.until_available(c, s, key, at, need)
+  -- The `expire`-th oldest unit must leave the window.
+  local expire = s.total + need - c.limit
+  local it = redis.call('ZRANGE', key, fmt(expire - 1), fmt(expire - 1), 'WITHSCORES')
+  return tonumber(it[2]) + c.window_us - at
+end
+
+function log.store(c, s, key, ttl_ms)
+  if ttl_ms == nil then
+    redis.call('DEL', key)
+  else
+    redis.call('PEXPIRE', key, fmt(ttl_ms))
+  end
+end
+
+-- === token_bucket ===
+
+local bucket = {}
+
+local function bucket_full(c)
+  return c.capacity * c.scale
+end
+
+function bucket.load(c, key, now)
+  local it = load_string(key, 3)
+  if not it then
+    return { scaled = bucket_full(c), last_us = now, scale = c.scale }
+  end
+  return { scaled = it[1], last_us = it[2], scale = it[3] }
+end
+
+function bucket.advance(c, s, key, now)
+  local at = now
+  if s.last_us > at then
+    at = s.last_us
+  end
+  local full = bucket_full(c)
+  if s.scale ~= c.scale then
+    s.scaled = mul_div(s.scaled, c.scale, s.scale)
+    s.scale = c.scale
+  end
+  -- min(scaled + elapsed * per_us, full) without forming a product that
+  -- could exceed 2^53.
+  local missing = full - s.scaled
+  if missing <= 0 then
+    s.scaled = full
+  elseif c.per_us > 0 then
+    local elapsed = at - s.last_us
+    if elapsed >= div_ceil(missing, c.per_us) then
+      s.scaled = full
+    else
+      s.scaled = s.scaled + elapsed * c.per_us
+    end
+  end
+  s.last_us = at
+  return at
+end
+
+function bucket.available(c, s, at)
+  return div(s.scaled, c.scale)
+end
+
+function bucket.consume(c, s, key, at, cost)
+  s.scaled = s.scaled - cost * c.scale
+end
+
+function bucket.until_full(c, s, at)
+  local missing = bucket_full(c) - s.scaled
+  if missing == 0 then
+    return 0
+  end
+  return div_ceil(missing, c.per_us)
+end
+
+function bucket.until_available(c, s, key, at, need)
+  return div_ceil(need * c.scale - s.scaled, c.per_us)
+end
+
+function bucket.store(c, s, key, ttl_ms)
+  if ttl_ms == nil then
+    redis.call('DEL', key)
+  else
+    store_string(key, fmt(s.scaled) .. ':' .. fmt(s.last_us) .. ':' .. fmt(s.scale), ttl_ms)
+  end
+end
+
+-- === gcra ===
+
+local gcra = {}
+
+-- How far the arrival time is ahead of `at`, in scaled token units.
+local function gcra_debt(c, s, at)
+  if s.tat_us < at then
+    return 0
+  end
+  return (s.tat_us - at) * c.per_us + s.frac
+end
+
+function gcra.load(c, key, now)
+  local it = load_string(key, 3)
+  if not it then
+    return { tat_us = 0, frac = 0, per_us = 0 }
+  end
+  return { tat_us = it[1], frac = it[2], per_us = it[3] }
+end
+
+function gcra.advance(c, s, key, now)
+  if s.per_us ~= c.per_us then
+    if s.per_us == 0 then
+      s.frac = 0
+    else
+      s.frac = mul_div(s.frac, c.per_us, s.per_us)
+    end
+    s.per_us = c.per_us
+  end
+  if gcra_debt(c, s, now) == 0 then
+    s.tat_us = 0
+    s.frac = 0
+  end
+  return now
+end
+
+function gcra.available(c, s, at)
+  local room = c.capacity * c.scale - gcra_debt(c, s, at)
+  if room <= 0 then
+    -- Only after a reload lowered the burst below the debt.
+    return 0
+  end
+  return div(room, c.scale)
+end
+
+function gcra.consume(c, s, key, at, cost)
+  local debt = gcra_debt(c, s, at) + cost * c.scale
+  local whole = div(debt, c.per_us)
+  s.tat_us = at + whole
+  s.frac = debt - whole * c.per_us
+end
+
+function gcra.until_full(c, s, at)
+  local debt = gcra_debt(c, s, at)
+  if debt == 0 then
+    return 0
+  end
+  return div_ceil(debt, c.per_us)
+end
+
+function gcra.until_available(c, s, key, at, need)
+  -- debt + need * scale - capacity * scale, ordered so that no step
+  -- leaves 53 bits (need <= capacity here).
+  local over = gcra_debt(c, s, at) - (c.capacity - need) * c.scale
+  return div_ceil(over, c.per_us)
+end
+
+function gcra.store(c, s, key, ttl_ms)
+  if ttl_ms == nil then
+    redis.call('DEL', key)
+  else
+    store_string(key, fmt(s.tat_us) .. ':' .. fmt(s.frac) .. ':' .. fmt(s.per_us), ttl_ms)
+  end
+end
+
+-- === sliding_window_counter ===
+
+local counter = {}
+
+-- floor(count * part / whole); count * part < 2^53 by LimitParams::new.
+local function weighted(count, part, whole)
+  return mul_div(count, part, whole)
+end
+
+-- Smallest elapsed ms e in [0, W] with floor(count * (W - e) / W) <= room.
+local function first_elapsed_ms(count, room, window_ms)
+  if count == 0 then
+    return 0
+  end
+  local max_part = div((room + 1) * window_ms - 1, count)
+  if max_part > window_ms then
+    max_part = window_ms
+  end
+  return window_ms - max_part
+end
+
+function counter.load(c, key, now)
+  local it = load_string(key, 3)
+  if not it then
+    return { window_start = 0, current = 0, previous = 0 }
+  end
+  return { window_start = it[1], current = it[2], previous = it[3] }
+end
+
+function counter.advance(c, s, key, now)
+  local window = c.window_us
+  local start = now - (now - div(now, window) * window)
+  if start > s.window_start then
+    if start == s.window_start + window then
+      s.previous = s.current
+    else
+      s.previous = 0
+    end
+    s.current = 0
+    s.window_start = start
+  end
+  if s.window_start > now then
+    return s.window_start
+  end
+  return now
+end
+
+local function counter_estimate(c, s, at)
+  local window_ms = div(c.window_us, 1000)
+  local elapsed_ms = div(at - s.window_start, 1000)
+  return s.current + weighted(s.previous, window_ms - elapsed_ms, window_ms)
+end
+
+function counter.available(c, s, at)
+  local estimate = counter_estimate(c, s, at)
+  if c.limit > estimate then
+    return c.limit - estimate
+  end
+  return 0
+end
+
+function counter.consume(c, s, key, at, cost)
+  s.current = s.current + cost
+end
+
+function counter.until_full(c, s, at)
+  local window = c.window_us
+  if s.current > 0 then
+    return s.window_start + 2 * window - at
+  elseif s.previous > 0 then
+    return s.window_start + window - at
+  end
+  return 0
+end
+
+function counter.until_available(c, s, key, at, need)
+  local window = c.window_us
+  local window_ms = div(window, 1000)
+  local limit = c.limit
+  -- Within this window the estimate only falls as the previous window's
+  -- weight shrinks; otherwise wait for the next window, where this
+  -- window's count becomes the weighted one.
+  local start, weighed, room
+  if s.current + need <= limit then
+    start, weighed, room = s.window_start, s.previous, limit - need - s.current
+  else
+    start, weighed, room = s.window_start + window, s.current, limit - need
+  end
+  local target = start + first_elapsed_ms(weighed, room, window_ms) * 1000
+  if target > at then
+    return target - at
+  end
+  return 0
+end
+
+function counter.store(c, s, key, ttl_ms)
+  if ttl_ms == nil then
+    redis.call('DEL', key)
+  else
+    store_string(
+      key,
+      fmt(s.window_start) .. ':' .. fmt(s.current) .. ':' .. fmt(s.previous),
+      ttl_ms
+    )
+  end
+end
+
+-- === fixed_window ===
+
+local fixed = {}
+
+function fixed.load(c, key, now)
+  local it = load_string(key, 2)
+  if not it then
+    return { window_start = 0, count = 0 }
+  end
+  return { window_start = it[1], count = it[2] }
+end
+
+function fixed.advance(c, s, key, now)
+  local start = now - (now - div(now, c.window_us) * c.window_us)
+  if start > s.window_start then
+    s.window_start = start
+    s.count = 0
+  end
+  if s.window_start > now then
+    return s.window_start
+  end
+  return now
+end
+
+function fixed.available(c, s, at)
+  if c.limit > s.count then
+    return c.limit - s.count
+  end
+  return 0
+end
+
+function fixed.consume(c, s, key, at, cost)
+  s.count = s.count + cost
+end
+
+function fixed.until_full(c, s, at)
+  if s.count == 0 then
+    return 0
+  end
+  return s.window_start + c.window_us - at
+end
+
+function fixed.until_available(c, s, key, at, need)
+  -- need <= limit, so the next window always has room.
+  return s.window_start + c.window_us - at
+end
+
+function fixed.store(c, s, key, ttl_ms)
+  if ttl_ms == nil then
+    redis.call('DEL', key)
+  else
+    store_string(key, fmt(s.window_start) .. ':' .. fmt(s.count), ttl_ms)
+  end
+end
+
+-- === the request ===
+
+local ALGORITHMS = {
+  sliding_window_log = log,
+  token_bucket = bucket,
+  gcra = gcra,
+  sliding_window_counter = counter,
+  fixed_window = fixed,
+}
+local MODES = { enforce = true, shadow = true, quota = true }
+
+local function integer(raw)
+  local n = tonumber(raw)
+  if n == nil or n < 0 or n >= TWO53 or n ~= math.floor(n) then
+    return nil
+  end
+  return n
+end
+
+-- Validates every argument before anything is read or written.
+local function parse_checks()
+  local n = #KEYS
+  if #ARGV ~= 2 + PER_LIMIT * n then
+    return nil, 'ERR throttlegate: expected ' .. fmt(2 + PER_LIMIT * n) .. ' arguments'
+  end
+  local checks = {}
+  for idx = 1, n do
+    local base = 2 + PER_LIMIT * (idx - 1)
+    local c = {
+      algorithm = ALGORITHMS[ARGV[base + 1]],
+      limit = integer(ARGV[base + 2]),
+      window_us = integer(ARGV[base + 3]),
+      capacity = integer(ARGV[base + 4]),
+      per_us = integer(ARGV[base + 5]),
+      scale = integer(ARGV[base + 6]),
+      cost = integer(ARGV[base + 7]),
+      mode = ARGV[base + 8],
+    }
+    if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
+      or c.per_us == nil or c.scale == nil or c.cost == nil or not MODES[c.mode]
+      or c.window_us == 0 or c.scale == 0 then
+      return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx)
+    end
+    checks[idx] = c
+  end
+  return checks
+end
+
+local checks, problem = parse_checks()
+if not checks then
+  return redis.error_reply(problem)
+end
+local grace_ms = integer(ARGV[2])
+if grace_ms == nil then
+  return redis.error_reply('ERR throttlegate: bad expiry grace')
+end
+
+local now
+if ARGV[1] == '' then
+  -- Effects replication lets writes follow TIME on Redis < 7 (a no-op on 7).
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+else
+  now = integer(ARGV[1])
+  if now == nil then
+    return redis.error_reply('ERR throttlegate: bad time')
+  end
+end
+
+-- Check every limit first.
+local has_room, effective_now, states = {}, {}, {}
+for idx, c in ipairs(checks) do
+  local key = KEYS[idx]
+  local s = c.algorithm.load(c, key, now)
+  local at = c.algorithm.advance(c, s, key, now)
+  local need = c.cost
+  if need < 1 then
+    need = 1
+  end
+  states[idx] = s
+  effective_now[idx] = at
+  has_room[idx] = need <= c.algorithm.available(c, s, at)
+end
+
+local enforced_ok, quota_seen, quota_ok = true, false, false
+for idx, c in ipairs(checks) do
+  if c.mode == 'enforce' and not has_room[idx] then
+    enforced_ok = false
+  elseif c.mode == 'quota' then
+    quota_seen = true
+    if has_room[idx] then
+      quota_ok = true
+    end
+  end
+end
+local allowed = enforced_ok and (quota_ok or not quota_seen)
+
+-- Then consume all or nothing, and answer.
+local reply = { allowed and 1 or 0, now }
+for idx, c in ipairs(checks) do
+  local key, s, at, room = KEYS[idx], states[idx], effective_now[idx], has_room[idx]
+  local impl = c.algorithm
+  local consumed = allowed and room and c.cost > 0
+  if consumed then
+    impl.consume(c, s, key, at, c.cost)
+  end
+  local need = c.cost
+  if need < 1 then
+    need = 1
+  end
+  -- Durations count from the effective time; a request whose clock lags
+  -- the stored state waits that much longer.
+  local reset_us
+  if room then
+    reset_us = impl.until_full(c, s, at)
+  elseif need > c.capacity then
+    reset_us = c.window_us
+  else
+    reset_us = impl.until_available(c, s, key, at, need)
+  end
+  reset_us = reset_us + (at - now)
+  local remaining = impl.available(c, s, at)
+  local full_in = impl.until_full(c, s, at)
+  if full_in == 0 then
+    impl.store(c, s, key, nil)
+  else
+    impl.store(c, s, key, div_ceil(full_in, 1000) + grace_ms)
+  end
+  reply[#reply + 1] = room and 1 or 0
+  reply[#reply + 1] = consumed and 1 or 0
+  reply[#reply + 1] = remaining
+  reply[#reply + 1] = reset_us
+end
+return reply

@@ -1,0 +1,487 @@
+//! The HTTP side: `/healthcheck`, `/json` (the decision over JSON) and `/rlconfig`.
+//!
+//! `/json` reads and writes the proto3 JSON form of the rate-limit messages
+//! (camelCase names, enum names; snake_case names are accepted too), like
+//! envoyproxy/ratelimit's endpoint, for curl-based debugging.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::State;
+use axum::extract::rejection::JsonRejection;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Deserializer, Serialize};
+
+use crate::limiter::{self, Limiter};
+use crate::rules::Unit;
+
+/// A probe slower than this makes `/healthcheck` answer 503.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The HTTP routes over `limiter`.
+pub fn router(limiter: Arc<Limiter>) -> Router {
+    Router::new()
+        .route("/healthcheck", get(healthcheck))
+        .route("/json", post(json))
+        .route("/rlconfig", get(rlconfig))
+        // The same bound as a gRPC message.
+        .layer(DefaultBodyLimit::max(crate::server::MAX_MESSAGE_BYTES))
+        .with_state(limiter)
+}
+
+/// Serves HTTP on `listener` until `shutdown` completes, then lets
+/// in-flight requests finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    limiter: Arc<Limiter>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(limiter))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> Response {
+    let backend = limiter.backend();
+    match tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await {
+        Ok(Ok(())) => (StatusCode::OK, "OK\n").into_response(),
+        Ok(Err(err)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{} backend did not answer in time\n", backend.name()),
+        )
+            .into_response(),
+    }
+}
+
+async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> String {
+    crate::config::describe(&limiter.rules().load())
+}
+
+/// 200 with the decision, 429 when it is OVER_LIMIT (as envoyproxy/ratelimit
+/// answers), 400 for a bad request, 503 when the backend failed.
+async fn json(
+    State(limiter): State<Arc<Limiter>>,
+    body: Result<axum::Json<JsonRequest>, JsonRejection>,
+) -> Response {
+    let request = match body {
+        Ok(axum::Json(it)) => it.into_request(),
+        Err(rejection) => {
+            // Mistyped JSON is a bad request like malformed JSON, as for
+            // gRPC; a missing content type (415) or an oversized body (413)
+            // keep their own status.
+            let status = match rejection {
+                JsonRejection::JsonDataError(_) => StatusCode::BAD_REQUEST,
+                _ => rejection.status(),
+            };
+            return (status, rejection.body_text()).into_response();
+        }
+    };
+    match limiter.decide(&request).await {
+        Ok(decision) => {
+            let status = match decision.overall {
+                limiter::Code::Ok => StatusCode::OK,
+                limiter::Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+            };
+            (status, axum::Json(JsonResponse::from(decision))).into_response()
+        }
+        Err(limiter::Error::InvalidArgument(message)) => {
+            (StatusCode::BAD_REQUEST, message).into_response()
+        }
+        Err(limiter::Error::Backend(err)) => {
+            (StatusCode::SERVICE_UNAVAILABLE, err.to_string()).into_response()
+        }
+    }
+}
+
+// === request JSON ===
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JsonRequest {
+    #[serde(default)]
+    domain: String,
+    #[serde(default)]
+    descriptors: Vec<JsonDescriptor>,
+    #[serde(default, alias = "hits_addend", deserialize_with = "number")]
+    hits_addend: u32,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JsonDescriptor {
+    #[serde(default)]
+    entries: Vec<JsonEntry>,
+    #[serde(default)]
+    limit: Option<JsonOverride>,
+    #[serde(default, alias = "hits_addend", deserialize_with = "optional_number")]
+    hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JsonEntry {
+    #[serde(default)]
+    key: String,
+    #[serde(default)]
+    value: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JsonOverride {
+    #[serde(default, alias = "requests_per_unit", deserialize_with = "number")]
+    requests_per_unit: u32,
+    #[serde(default)]
+    unit: JsonUnit,
+}
+
+/// An override unit by name (`"MINUTE"`) or number (`2`).
+#[derive(Debug, Default)]
+struct JsonUnit(Option<Unit>);
+
+impl<'de> Deserialize<'de> for JsonUnit {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Name(String),
+            Number(u64),
+        }
+        // envoy.type.v3.RateLimitUnit: no WEEK.
+        const NAMES: [(&str, Option<Unit>); 7] = [
+            ("UNKNOWN", None),
+            ("SECOND", Some(Unit::Second)),
+            ("MINUTE", Some(Unit::Minute)),
+            ("HOUR", Some(Unit::Hour)),
+            ("DAY", Some(Unit::Day)),
+            ("MONTH", Some(Unit::Month)),
+            ("YEAR", Some(Unit::Year)),
+        ];
+        let unit = match Raw::deserialize(deserializer)? {
+            Raw::Name(name) => NAMES
+                .iter()
+                .find(|(it, _)| *it == name)
+                .map(|(_, unit)| *unit)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown unit '{name}'")))?,
+            Raw::Number(n) => usize::try_from(n)
+                .ok()
+                .and_then(|idx| NAMES.get(idx))
+                .map(|(_, unit)| *unit)
+                .ok_or_else(|| serde::de::Error::custom(format!("unknown unit {n}")))?,
+        };
+        Ok(JsonUnit(unit))
+    }
+}
+
+/// proto3 JSON writes 64-bit integers as strings and accepts both forms.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum JsonNumber {
+    Number(u64),
+    Text(String),
+}
+
+impl JsonNumber {
+    fn value<E: serde::de::Error>(self) -> Result<u64, E> {
+        match self {
+            JsonNumber::Number(n) => Ok(n),
+            JsonNumber::Text(text) => text
+                .parse()
+                .map_err(|_| E::custom(format!("not an unsigned integer: '{text}'"))),
+        }
+    }
+}
+
+fn number<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: TryFrom<u64>,
+{
+    let n = JsonNumber::deserialize(deserializer)?.value()?;
+    T::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} is out of range")))
+}
+
+fn optional_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+    match Option::<JsonNumber>::deserialize(deserializer)? {
+        Some(n) => Ok(Some(n.value()?)),
+        None => Ok(None),
+    }
+}
+
+impl JsonRequest {
+    fn into_request(self) -> limiter::Request {
+        limiter::Request {
+            domain: self.domain,
+            hits_addend: self.hits_addend,
+            descriptors: self
+                .descriptors
+                .into_iter()
+                .map(|it| limiter::Descriptor {
+                    entries: it
+                        .entries
+                        .into_iter()
+                        .map(|entry| limiter::Entry {
+                            key: entry.key,
+                            value: entry.value,
+                        })
+                        .collect(),
+                    limit: it.limit.map(|limit| limiter::LimitOverride {
+                        requests_per_unit: limit.requests_per_unit,
+                        unit: limit.unit.0,
+                    }),
+                    hits_addend: it.hits_addend,
+                })
+                .collect(),
+        }
+    }
+}
+
+// === response JSON ===
+
+/// Fields at their default value are omitted, as proto3 JSON does.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonResponse {
+    overall_code: &'static str,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    statuses: Vec<JsonStatus>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    response_headers_to_add: Vec<JsonHeader>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonStatus {
+    code: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    current_limit: Option<JsonLimit>,
+    #[serde(skip_serializing_if = "is_zero")]
+    limit_remaining: u32,
+    /// A proto3 JSON Duration: `"60s"`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duration_until_reset: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct JsonLimit {
+    #[serde(skip_serializing_if = "is_zero")]
+    requests_per_unit: u32,
+    unit: &'static str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    name: String,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonHeader {
+    key: String,
+    value: String,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+fn code_name(code: limiter::Code) -> &'static str {
+    match code {
+        limiter::Code::Ok => "OK",
+        limiter::Code::OverLimit => "OVER_LIMIT",
+    }
+}
+
+fn unit_name(unit: Unit) -> &'static str {
+    match unit {
+        Unit::Second => "SECOND",
+        Unit::Minute => "MINUTE",
+        Unit::Hour => "HOUR",
+        Unit::Day => "DAY",
+        Unit::Week => "WEEK",
+        Unit::Month => "MONTH",
+        Unit::Year => "YEAR",
+    }
+}
+
+impl From<limiter::Decision> for JsonResponse {
+    fn from(decision: limiter::Decision) -> Self {
+        JsonResponse {
+            overall_code: code_name(decision.overall),
+            statuses: decision
+                .statuses
+                .into_iter()
+                .map(|it| JsonStatus {
+                    code: code_name(it.code),
+                    current_limit: it.current_limit.map(|limit| JsonLimit {
+                        requests_per_unit: limit.requests_per_unit,
+                        unit: unit_name(limit.unit),
+                        name: limit.name.to_string(),
+                    }),
+                    limit_remaining: it.limit_remaining,
+                    duration_until_reset: it.duration_until_reset_s.map(|s| format!("{s}s")),
+                })
+                .collect(),
+            response_headers_to_add: decision
+                .headers
+                .into_iter()
+                .map(|(key, value)| JsonHeader { key, value })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use arc_swap::ArcSwap;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::algorithms::Algorithm;
+    use crate::backends::memory::MemoryBackend;
+    use crate::clock::ManualClock;
+    use crate::config::{self, LoadOptions};
+    use crate::limiter::{FailureMode, HeaderNames, Options};
+
+    const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
+
+    fn limiter() -> Arc<Limiter> {
+        let options = LoadOptions {
+            merge_domains: false,
+            default_algorithm: Algorithm::SlidingWindowLog,
+        };
+        let rules = config::parse_str("api.yaml", CONFIG, &options)
+            .unwrap()
+            .rules;
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        Arc::new(Limiter::new(
+            Arc::new(ArcSwap::from_pointee(rules)),
+            Arc::new(MemoryBackend::new(Arc::new(clock))),
+            Options {
+                shadow_mode: false,
+                response_headers: Some(HeaderNames::standard()),
+                failure_mode: FailureMode::Error,
+            },
+        ))
+    }
+
+    async fn send(router: &Router, request: Request<Body>) -> (StatusCode, String) {
+        let res = router.clone().oneshot(request).await.unwrap();
+        let status = res.status();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap())
+    }
+
+    fn post_json(body: &str) -> Request<Body> {
+        Request::post("/json")
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn json_decides_in_camel_case_and_accepts_snake_case() {
+        let router = router(limiter());
+        let camel = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}],"hitsAddend":1}"#;
+        let (status, body) = send(&router, post_json(camel)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let value: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "overallCode": "OK",
+                "statuses": [{
+                    "code": "OK",
+                    "currentLimit": {"requestsPerUnit": 2, "unit": "MINUTE", "name": "per_user"},
+                    "limitRemaining": 1,
+                    "durationUntilReset": "60s",
+                }],
+                "responseHeadersToAdd": [
+                    {"key": "RateLimit-Limit", "value": "2"},
+                    {"key": "RateLimit-Remaining", "value": "1"},
+                    {"key": "RateLimit-Reset", "value": "60"},
+                ],
+            })
+        );
+        // snake_case, and a 64-bit number written as a string.
+        let snake = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}],"hits_addend":"1"}],"hits_addend":5}"#;
+        let (status, body) = send(&router, post_json(snake)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains(r#""code":"OK""#), "{body}");
+        // Now exhausted: 429 with the OVER_LIMIT answer.
+        let (status, body) = send(&router, post_json(camel)).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert!(body.contains(r#""overallCode":"OVER_LIMIT""#), "{body}");
+        assert!(
+            body.contains(r#"{"key":"Retry-After","value":"60"}"#),
+            "{body}"
+        );
+    }
+
+    #[tokio::test]
+    async fn json_override_by_unit_name_and_bad_requests() {
+        let router = router(limiter());
+        let with_override = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"b"}],"limit":{"requestsPerUnit":7,"unit":"HOUR"}}]}"#;
+        let (status, body) = send(&router, post_json(with_override)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            body.contains(r#""currentLimit":{"requestsPerUnit":7,"unit":"HOUR"}"#),
+            "{body}"
+        );
+        let cases = [
+            (r#"{"domain":"","descriptors":[]}"#, "empty domain"),
+            (r#"{"domain":"api"}"#, "no descriptors"),
+            (
+                r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"b"}],"limit":{"requests_per_unit":7,"unit":"UNKNOWN"}}]}"#,
+                "unit UNKNOWN",
+            ),
+            (r#"{"domain":"api","descriptor":[]}"#, "unknown field"),
+            (r#"{"domain":"api","#, ""),
+        ];
+        for (body, reason) in cases {
+            let (status, text) = send(&router, post_json(body)).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
+            assert!(text.contains(reason), "{body}: {text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn json_body_over_64_kib_is_refused() {
+        let router = router(limiter());
+        let huge = format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
+            "v".repeat(70 * 1024)
+        );
+        let (status, _) = send(&router, post_json(&huge)).await;
+        assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+        let small = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+        let (status, body) = send(&router, post_json(small)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    #[tokio::test]
+    async fn healthcheck_and_rlconfig() {
+        let router = router(limiter());
+        let (status, body) = send(
+            &router,
+            Request::get("/healthcheck").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "OK\n"));
+        let (status, body) = send(
+            &router,
+            Request::get("/rlconfig").body(Body::empty()).unwrap(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK);
+        assert!(body.contains("domain api"), "{body}");
+        assert!(body.contains("2/minute"), "{body}");
+    }
+}

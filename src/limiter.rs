@@ -1,0 +1,1714 @@
+//! The decision on one request: bounds, matching, one atomic backend call, answers.
+//!
+//! Transport-neutral: the gRPC service (and the HTTP `/json` endpoint) turn
+//! wire messages into a [`Request`] and a [`Decision`] back into wire
+//! messages; no prost type is seen here.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use arc_swap::ArcSwap;
+
+use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
+use crate::backends::{self, Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
+use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
+
+/// Most descriptors in one request.
+pub const MAX_DESCRIPTORS: usize = 64;
+/// Most entries in one descriptor.
+pub const MAX_ENTRIES: usize = 32;
+/// Longest key or value, in bytes.
+pub const MAX_TEXT_BYTES: usize = 1024;
+
+/// One request, as the transports hand it over.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    pub domain: String,
+    pub descriptors: Vec<Descriptor>,
+    /// The request's cost; 0 means 1.
+    pub hits_addend: u32,
+}
+
+/// One descriptor of a request.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    pub entries: Vec<Entry>,
+    /// A per-request limit enforced instead of the config tree.
+    pub limit: Option<LimitOverride>,
+    /// When present (even 0) it wins over the request's cost; 0 checks
+    /// without consuming.
+    pub hits_addend: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Entry {
+    pub key: String,
+    pub value: String,
+}
+
+/// A RateLimitOverride.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitOverride {
+    pub requests_per_unit: u32,
+    /// `None`: the wire said UNKNOWN, which is refused.
+    pub unit: Option<Unit>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// The limit a status reports: the configured unit and number (a
+/// `unit_multiplier` cannot be expressed on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// The rule's `name`; empty for an override or an unnamed rule.
+    pub name: Arc<str>,
+}
+
+/// The answer for one request descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    pub current_limit: Option<CurrentLimit>,
+    pub limit_remaining: u32,
+    /// Whole seconds, rounded up; `None` when no limit applies.
+    pub duration_until_reset_s: Option<u64>,
+}
+
+/// The answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub overall: Code,
+    /// One per request descriptor, in request order.
+    pub statuses: Vec<Status>,
+    /// Response headers to add, `(name, value)`.
+    pub headers: Vec<(String, String)>,
+}
+
+/// What to answer when the backend fails.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureMode {
+    /// Fail the call: the gRPC service answers UNAVAILABLE and Envoy's own
+    /// `failure_mode_deny` decides.
+    Error,
+    /// Answer OK.
+    Allow,
+    /// Answer OVER_LIMIT.
+    Deny,
+}
+
+/// Names of the response headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderNames {
+    pub limit: String,
+    pub remaining: String,
+    pub reset: String,
+    pub retry_after: String,
+}
+
+impl HeaderNames {
+    /// `RateLimit-Limit`, `RateLimit-Remaining`, `RateLimit-Reset`, `Retry-After`.
+    pub fn standard() -> HeaderNames {
+        HeaderNames {
+            limit: "RateLimit-Limit".to_owned(),
+            remaining: "RateLimit-Remaining".to_owned(),
+            reset: "RateLimit-Reset".to_owned(),
+            retry_after: "Retry-After".to_owned(),
+        }
+    }
+}
+
+/// Service-wide behaviour of the limiter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Report an OVER_LIMIT overall code as OK (statuses unchanged).
+    pub shadow_mode: bool,
+    /// `None`: no response headers.
+    pub response_headers: Option<HeaderNames>,
+    pub failure_mode: FailureMode,
+}
+
+/// Why a request got no decision.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(transparent)]
+    Backend(backends::Error),
+}
+
+/// Decides requests against the current rules and a backend.
+#[derive(Debug)]
+pub struct Limiter {
+    rules: Arc<ArcSwap<RuleSet>>,
+    backend: Arc<dyn Backend>,
+    options: Options,
+    backend_errors: LogGate,
+}
+
+// === impl Limiter ===
+
+impl Limiter {
+    pub fn new(rules: Arc<ArcSwap<RuleSet>>, backend: Arc<dyn Backend>, options: Options) -> Self {
+        Self {
+            rules,
+            backend,
+            options,
+            backend_errors: LogGate::new(),
+        }
+    }
+
+    /// The rules in force; a reload stores a new set here.
+    pub fn rules(&self) -> &Arc<ArcSwap<RuleSet>> {
+        &self.rules
+    }
+
+    pub fn backend(&self) -> &Arc<dyn Backend> {
+        &self.backend
+    }
+
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// Decides one request: at most one backend call, none when no
+    /// descriptor needs a counter.
+    pub async fn decide(&self, request: &Request) -> Result<Decision, Error> {
+        validate(request)?;
+        // One snapshot per request: a reload mid-request cannot mix rule sets.
+        let rules = self.rules.load_full();
+        let Some(domain) = rules.domain(&request.domain) else {
+            return Ok(Decision {
+                overall: Code::Ok,
+                statuses: vec![Status::ok_without_limit(); request.descriptors.len()],
+                headers: Vec::new(),
+            });
+        };
+        let plan = plan(domain, request)?;
+        if plan.checks.is_empty() {
+            return Ok(self.answer(&plan, None));
+        }
+        for (check, rule) in plan.checks.iter().zip(&plan.check_rules) {
+            if check.check.cost > check.check.params.capacity() {
+                tracing::warn!(
+                    domain = %request.domain,
+                    rule = %rule,
+                    cost = check.check.cost,
+                    capacity = check.check.params.capacity(),
+                    "cost exceeds the limit's capacity: this request can never pass"
+                );
+            }
+        }
+        match self.backend.decide(&plan.checks).await {
+            Ok(verdict) => {
+                if verdict.outcomes.len() != plan.checks.len() {
+                    let error = backends::Error::Protocol(format!(
+                        "{} outcomes for {} checks",
+                        verdict.outcomes.len(),
+                        plan.checks.len()
+                    ));
+                    return self.on_backend_error(&plan, error);
+                }
+                Ok(self.answer(&plan, Some((verdict.allowed, &verdict.outcomes))))
+            }
+            Err(error) => self.on_backend_error(&plan, error),
+        }
+    }
+
+    fn on_backend_error(&self, plan: &Plan, error: backends::Error) -> Result<Decision, Error> {
+        if let Some(suppressed) = self.backend_errors.admit() {
+            tracing::error!(
+                backend = self.backend.name(),
+                failure_mode = ?self.options.failure_mode,
+                suppressed,
+                "backend failed: {error}"
+            );
+        }
+        let code = match self.options.failure_mode {
+            FailureMode::Error => return Err(Error::Backend(error)),
+            FailureMode::Allow => Code::Ok,
+            FailureMode::Deny => Code::OverLimit,
+        };
+        let statuses = plan
+            .descriptors
+            .iter()
+            .map(|it| match it {
+                DescriptorPlan::Limits(_) => Status {
+                    code,
+                    current_limit: None,
+                    limit_remaining: 0,
+                    duration_until_reset_s: None,
+                },
+                other => other.status_without_counter(),
+            })
+            .collect();
+        Ok(Decision {
+            overall: self.shadowed(code),
+            statuses,
+            headers: Vec::new(),
+        })
+    }
+
+    fn shadowed(&self, code: Code) -> Code {
+        if self.options.shadow_mode {
+            Code::Ok
+        } else {
+            code
+        }
+    }
+
+    /// Builds the answer from the plan and, when counters were involved,
+    /// the backend's verdict `(allowed, outcomes)`.
+    fn answer(&self, plan: &Plan, verdict: Option<(bool, &[Outcome])>) -> Decision {
+        let allowed = verdict.is_none_or(|(allowed, _)| allowed);
+        let outcomes = verdict.map(|(_, it)| it).unwrap_or_default();
+        let mut statuses = Vec::with_capacity(plan.descriptors.len());
+        // The most restrictive limit of each status, for the headers.
+        let mut reported: Vec<Candidate> = Vec::new();
+        for descriptor in &plan.descriptors {
+            let DescriptorPlan::Limits(limits) = descriptor else {
+                statuses.push(descriptor.status_without_counter());
+                continue;
+            };
+            let candidates: Vec<Candidate> = limits
+                .iter()
+                .map(|it| Candidate::new(it, &outcomes[it.check]))
+                .collect();
+            let over = candidates.iter().any(|it| it.denied);
+            let chosen = most_restrictive(&candidates).clone();
+            let remaining = if over { 0 } else { chosen.remaining };
+            statuses.push(Status {
+                code: if over { Code::OverLimit } else { Code::Ok },
+                current_limit: Some(chosen.limit.reported.clone()),
+                limit_remaining: clamp_u32(remaining),
+                duration_until_reset_s: Some(ceil_seconds(chosen.reset_us)),
+            });
+            reported.push(Candidate {
+                remaining,
+                ..chosen
+            });
+        }
+        let overall = if allowed { Code::Ok } else { Code::OverLimit };
+        let headers = match (&self.options.response_headers, reported.is_empty()) {
+            (Some(names), false) => {
+                let chosen = most_restrictive(&reported);
+                let reset = ceil_seconds(chosen.reset_us).to_string();
+                let mut headers = vec![
+                    (names.limit.clone(), chosen.limit.limit.to_string()),
+                    (names.remaining.clone(), chosen.remaining.to_string()),
+                    (names.reset.clone(), reset.clone()),
+                ];
+                if overall == Code::OverLimit && !self.options.shadow_mode {
+                    headers.push((names.retry_after.clone(), reset));
+                }
+                headers
+            }
+            _ => Vec::new(),
+        };
+        Decision {
+            overall: self.shadowed(overall),
+            statuses,
+            headers,
+        }
+    }
+}
+
+impl Status {
+    fn ok_without_limit() -> Status {
+        Status {
+            code: Code::Ok,
+            current_limit: None,
+            limit_remaining: 0,
+            duration_until_reset_s: None,
+        }
+    }
+}
+
+// === planning ===
+
+/// Everything decided before the backend call.
+#[derive(Debug)]
+struct Plan {
+    descriptors: Vec<DescriptorPlan>,
+    /// Distinct counters; checks reaching the same counter are merged.
+    checks: Vec<KeyedCheck>,
+    /// `check_rules[i]`: a label of `checks[i]`'s rule, for logs.
+    check_rules: Vec<Arc<str>>,
+}
+
+#[derive(Debug)]
+enum DescriptorPlan {
+    /// No rule, or every matched limit was replaced.
+    NoLimit,
+    Unlimited,
+    Limits(Vec<PlannedLimit>),
+}
+
+impl DescriptorPlan {
+    fn status_without_counter(&self) -> Status {
+        match self {
+            DescriptorPlan::Unlimited => Status {
+                limit_remaining: u32::MAX,
+                ..Status::ok_without_limit()
+            },
+            _ => Status::ok_without_limit(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct PlannedLimit {
+    /// Index into `Plan::checks`.
+    check: usize,
+    mode: Mode,
+    reported: CurrentLimit,
+    /// The real window, for ties and for the headers.
+    window_us: u64,
+    /// The real number per window, for `RateLimit-Limit`.
+    limit: u64,
+}
+
+/// A limit considered while choosing the most restrictive one.
+#[derive(Debug, Clone)]
+struct Candidate {
+    limit: PlannedLimit,
+    /// Could deny: no room, and not a shadow limit.
+    denied: bool,
+    remaining: u64,
+    reset_us: u64,
+}
+
+impl Candidate {
+    fn new(limit: &PlannedLimit, outcome: &Outcome) -> Candidate {
+        Candidate {
+            limit: limit.clone(),
+            denied: !outcome.has_room && limit.mode != Mode::Shadow,
+            remaining: outcome.remaining,
+            reset_us: outcome.reset_us,
+        }
+    }
+}
+
+/// The one that denied (the latest to free up if several), else the one
+/// with the least remaining (ties: the longer window, then the first).
+fn most_restrictive(candidates: &[Candidate]) -> &Candidate {
+    let mut best = &candidates[0];
+    for it in &candidates[1..] {
+        let better = match (it.denied, best.denied) {
+            (true, false) => true,
+            (false, true) => false,
+            (true, true) => it.reset_us > best.reset_us,
+            (false, false) => {
+                it.remaining < best.remaining
+                    || (it.remaining == best.remaining && it.limit.window_us > best.limit.window_us)
+            }
+        };
+        if better {
+            best = it;
+        }
+    }
+    best
+}
+
+/// What a descriptor reached in the tree (overrides aside).
+enum Found<'a> {
+    Nothing,
+    Unlimited {
+        name: Option<&'a str>,
+        replaces: &'a [Arc<str>],
+    },
+    Limits(Vec<Matched<'a>>),
+}
+
+impl Found<'_> {
+    /// Names this descriptor's limits replace.
+    fn replaces(&self) -> Vec<&str> {
+        match self {
+            Found::Nothing => Vec::new(),
+            Found::Unlimited { replaces, .. } => replaces.iter().map(|it| &**it).collect(),
+            Found::Limits(limits) => limits
+                .iter()
+                .flat_map(|it| it.limit.replaces.iter().map(|name| &**name))
+                .collect(),
+        }
+    }
+}
+
+/// A limit a descriptor matched, before `replaces` and merging.
+struct Matched<'a> {
+    node: &'a Node,
+    limit: &'a crate::rules::RateLimit,
+}
+
+fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
+    let request_cost = u64::from(request.hits_addend.max(1));
+    // First pass: what each descriptor matched, so that `replaces` can look
+    // at every matched limit of the request.
+    let mut matched: Vec<Found<'_>> = Vec::with_capacity(request.descriptors.len());
+    let mut levels: Vec<Vec<&Node>> = Vec::with_capacity(request.descriptors.len());
+    for descriptor in &request.descriptors {
+        let entries: Vec<(&str, &str)> = descriptor
+            .entries
+            .iter()
+            .map(|it| (it.key.as_str(), it.value.as_str()))
+            .collect();
+        let found = domain.find(&entries);
+        let nodes = found.map(|it| it.levels).unwrap_or_default();
+        let res = if descriptor.limit.is_some() {
+            // An override ignores the tree's limits (and `replaces`).
+            Found::Nothing
+        } else {
+            match nodes.last() {
+                None => Found::Nothing,
+                Some(node) => match &node.limits {
+                    NodeLimits::None => Found::Nothing,
+                    NodeLimits::Unlimited { name, replaces } => Found::Unlimited {
+                        name: name.as_deref(),
+                        replaces,
+                    },
+                    NodeLimits::Limited(limits) => {
+                        Found::Limits(limits.iter().map(|limit| Matched { node, limit }).collect())
+                    }
+                },
+            }
+        };
+        matched.push(res);
+        levels.push(nodes);
+    }
+    let replaced: HashSet<&str> = matched.iter().flat_map(Found::replaces).collect();
+
+    let mut checks: Vec<KeyedCheck> = Vec::new();
+    let mut check_rules: Vec<Arc<str>> = Vec::new();
+    let mut by_key: HashMap<CounterKey, usize> = HashMap::new();
+    // Checks on one counter become one check needing room for the sum of
+    // their costs. Equal keys mean equal params (config refuses two limits
+    // of a node sharing window and algorithm), except two overrides of one
+    // descriptor and unit with different numbers in the same request: the
+    // first one's number is enforced.
+    let mut add = |key: CounterKey, check: Check, rule: Arc<str>| -> usize {
+        if let Some(&idx) = by_key.get(&key) {
+            let sum = checks[idx].check.cost.saturating_add(check.cost);
+            checks[idx].check.cost = sum.min(MAX_EXACT);
+            return idx;
+        }
+        by_key.insert(key.clone(), checks.len());
+        checks.push(KeyedCheck { key, check });
+        check_rules.push(rule);
+        checks.len() - 1
+    };
+
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (idx, descriptor) in request.descriptors.iter().enumerate() {
+        // No capacity reaches 2^53 (exact in a Lua number), so a larger
+        // cost is denied either way; capping keeps every backend exact.
+        let cost = descriptor
+            .hits_addend
+            .unwrap_or(request_cost)
+            .min(MAX_EXACT);
+        if let Some(limit_override) = &descriptor.limit {
+            let unit = limit_override.unit.expect("validated");
+            let algorithm = match levels[idx].last().map(|it| &it.limits) {
+                Some(NodeLimits::Limited(limits)) => limits.first().map(|it| it.algorithm()),
+                _ => None,
+            }
+            .unwrap_or(domain.default_algorithm);
+            let window_us = unit.seconds() * 1_000_000;
+            let requests = u64::from(limit_override.requests_per_unit);
+            let params = LimitParams::new(algorithm, requests, window_us, None).map_err(|err| {
+                Error::InvalidArgument(format!(
+                    "descriptor {idx}: override of {requests} per {} cannot be enforced: {err}",
+                    unit.name()
+                ))
+            })?;
+            let keys: Vec<&str> = descriptor
+                .entries
+                .iter()
+                .map(|it| it.key.as_str())
+                .collect();
+            let rule: Arc<str> = Arc::from(keys.join("."));
+            let key = CounterKey {
+                domain: domain.name.clone(),
+                rule: rule.clone(),
+                algorithm,
+                // The override's unit, not its number: raising the number
+                // mid-window keeps the counter and gives the extra room at once.
+                window_s: unit.seconds(),
+                is_override: true,
+                entries: descriptor
+                    .entries
+                    .iter()
+                    .map(|it| KeyEntry {
+                        key: Arc::from(it.key.as_str()),
+                        value: KeyValue::Value(it.value.clone()),
+                    })
+                    .collect(),
+            };
+            let check = Check {
+                params,
+                cost,
+                mode: Mode::Enforce,
+            };
+            let check_idx = add(key, check, rule);
+            descriptors.push(DescriptorPlan::Limits(vec![PlannedLimit {
+                check: check_idx,
+                mode: Mode::Enforce,
+                reported: CurrentLimit {
+                    requests_per_unit: limit_override.requests_per_unit,
+                    unit,
+                    name: Arc::from(""),
+                },
+                window_us,
+                limit: requests,
+            }]));
+            continue;
+        }
+        let limits = match &matched[idx] {
+            Found::Nothing => {
+                descriptors.push(DescriptorPlan::NoLimit);
+                continue;
+            }
+            Found::Unlimited { name, .. } => {
+                // A replaced unlimited rule is dropped like any other.
+                descriptors.push(if name.is_some_and(|it| replaced.contains(it)) {
+                    DescriptorPlan::NoLimit
+                } else {
+                    DescriptorPlan::Unlimited
+                });
+                continue;
+            }
+            Found::Limits(limits) => limits,
+        };
+        let mut planned = Vec::with_capacity(limits.len());
+        for Matched { node, limit } in limits {
+            if limit
+                .name
+                .as_deref()
+                .is_some_and(|name| replaced.contains(name))
+            {
+                continue;
+            }
+            let mode = if node.shadow_mode {
+                Mode::Shadow
+            } else if node.quota_mode {
+                Mode::Quota
+            } else {
+                Mode::Enforce
+            };
+            let key = CounterKey {
+                domain: domain.name.clone(),
+                rule: node.path.clone(),
+                algorithm: limit.algorithm(),
+                window_s: limit.window_seconds(),
+                is_override: false,
+                entries: descriptor
+                    .entries
+                    .iter()
+                    .zip(&levels[idx])
+                    .map(|(entry, level)| KeyEntry {
+                        key: Arc::from(entry.key.as_str()),
+                        value: match &level.value {
+                            ValueMatcher::Wildcard(pattern) if level.share_threshold => {
+                                KeyValue::Shared(pattern.clone())
+                            }
+                            _ => KeyValue::Value(entry.value.clone()),
+                        },
+                    })
+                    .collect(),
+            };
+            let check = Check {
+                params: limit.params,
+                cost,
+                mode,
+            };
+            let rule_label: Arc<str> = match &limit.name {
+                Some(name) => Arc::from(format!("{} ({name})", node.path)),
+                None => node.path.clone(),
+            };
+            let check_idx = add(key, check, rule_label);
+            planned.push(PlannedLimit {
+                check: check_idx,
+                mode,
+                reported: CurrentLimit {
+                    requests_per_unit: limit.requests_per_unit,
+                    unit: limit.unit,
+                    name: limit.name.clone().unwrap_or_else(|| Arc::from("")),
+                },
+                window_us: limit.params.window_us(),
+                limit: limit.params.limit(),
+            });
+        }
+        descriptors.push(if planned.is_empty() {
+            DescriptorPlan::NoLimit
+        } else {
+            DescriptorPlan::Limits(planned)
+        });
+    }
+    Ok(Plan {
+        descriptors,
+        checks,
+        check_rules,
+    })
+}
+
+// === bounds ===
+
+fn validate(request: &Request) -> Result<(), Error> {
+    let invalid = |message: String| Err(Error::InvalidArgument(message));
+    if request.domain.is_empty() {
+        return invalid("empty domain".to_owned());
+    }
+    if request.domain.len() > MAX_TEXT_BYTES {
+        return invalid(format!(
+            "domain is {} bytes, at most {MAX_TEXT_BYTES}",
+            request.domain.len()
+        ));
+    }
+    if request.descriptors.is_empty() {
+        return invalid("no descriptors".to_owned());
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return invalid(format!(
+            "too many descriptors: {}, at most {MAX_DESCRIPTORS}",
+            request.descriptors.len()
+        ));
+    }
+    for (idx, descriptor) in request.descriptors.iter().enumerate() {
+        if descriptor.entries.is_empty() {
+            return invalid(format!("descriptor {idx} has no entries"));
+        }
+        if descriptor.entries.len() > MAX_ENTRIES {
+            return invalid(format!(
+                "descriptor {idx} has too many entries: {}, at most {MAX_ENTRIES}",
+                descriptor.entries.len()
+            ));
+        }
+        for (entry_idx, entry) in descriptor.entries.iter().enumerate() {
+            if entry.key.is_empty() {
+                return invalid(format!(
+                    "descriptor {idx}, entry {entry_idx}: empty entry key"
+                ));
+            }
+            if entry.key.len() > MAX_TEXT_BYTES {
+                return invalid(format!(
+                    "descriptor {idx}, entry {entry_idx}: key is {} bytes, at most {MAX_TEXT_BYTES}",
+                    entry.key.len()
+                ));
+            }
+            if entry.value.len() > MAX_TEXT_BYTES {
+                return invalid(format!(
+                    "descriptor {idx}, entry {entry_idx}: value is {} bytes, at most {MAX_TEXT_BYTES}",
+                    entry.value.len()
+                ));
+            }
+        }
+        if descriptor
+            .limit
+            .as_ref()
+            .is_some_and(|it| it.unit.is_none())
+        {
+            return invalid(format!("descriptor {idx}: override with unit UNKNOWN"));
+        }
+    }
+    Ok(())
+}
+
+// === helpers ===
+
+fn ceil_seconds(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+fn clamp_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Lets one log line through per second and counts the ones it held back,
+/// so a backend outage does not flood the logs.
+#[derive(Debug)]
+struct LogGate {
+    last_s: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl LogGate {
+    fn new() -> Self {
+        Self {
+            last_s: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(lines suppressed since the last one)` when this line may be logged.
+    fn admit(&self) -> Option<u64> {
+        let now_s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|it| it.as_secs())
+            .unwrap_or(0);
+        self.admit_at(now_s)
+    }
+
+    fn admit_at(&self, now_s: u64) -> Option<u64> {
+        let last = self.last_s.load(Ordering::Relaxed);
+        if now_s != last
+            && self
+                .last_s
+                .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            return Some(self.suppressed.swap(0, Ordering::Relaxed));
+        }
+        self.suppressed.fetch_add(1, Ordering::Relaxed);
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::Algorithm;
+    use crate::backends::memory::MemoryBackend;
+    use crate::clock::ManualClock;
+    use crate::rules::{LevelIndex, RateLimit, ValueMatcher};
+
+    const T0: u64 = 1_700_000_000_000_000;
+
+    // === rule builders ===
+
+    fn limit(requests_per_unit: u32, unit: Unit) -> RateLimit {
+        limit_with(requests_per_unit, unit, 1, Algorithm::SlidingWindowLog)
+    }
+
+    fn limit_with(
+        requests_per_unit: u32,
+        unit: Unit,
+        unit_multiplier: u32,
+        algorithm: Algorithm,
+    ) -> RateLimit {
+        let window_us = unit.seconds() * u64::from(unit_multiplier) * 1_000_000;
+        RateLimit {
+            unit,
+            unit_multiplier,
+            requests_per_unit,
+            name: None,
+            replaces: Vec::new(),
+            params: LimitParams::new(algorithm, u64::from(requests_per_unit), window_us, None)
+                .unwrap(),
+        }
+    }
+
+    fn named(mut it: RateLimit, name: &str, replaces: &[&str]) -> RateLimit {
+        it.name = Some(Arc::from(name));
+        it.replaces = replaces.iter().map(|it| Arc::from(*it)).collect();
+        it
+    }
+
+    fn node(key: &str, value: ValueMatcher, limits: NodeLimits) -> Node {
+        let path = match &value {
+            ValueMatcher::Any => key.to_owned(),
+            ValueMatcher::Exact(it) | ValueMatcher::Wildcard(it) => format!("{key}_{it}"),
+        };
+        Node {
+            key: Arc::from(key),
+            value,
+            limits,
+            shadow_mode: false,
+            quota_mode: false,
+            share_threshold: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            path: Arc::from(path),
+            children: Vec::new(),
+            index: LevelIndex::default(),
+        }
+    }
+
+    fn with_children(mut parent: Node, children: Vec<Node>) -> Node {
+        parent.index = LevelIndex::new(&children);
+        parent.children = children;
+        parent
+    }
+
+    fn unlimited() -> NodeLimits {
+        NodeLimits::Unlimited {
+            name: None,
+            replaces: Vec::new(),
+        }
+    }
+
+    fn key_node(key: &str, limits: Vec<RateLimit>) -> Node {
+        node(key, ValueMatcher::Any, NodeLimits::Limited(limits))
+    }
+
+    fn rules(nodes: Vec<Node>) -> RuleSet {
+        let domain = Domain {
+            name: Arc::from("test"),
+            default_algorithm: Algorithm::SlidingWindowLog,
+            index: LevelIndex::new(&nodes),
+            children: nodes,
+        };
+        RuleSet {
+            domains: HashMap::from([(domain.name.clone(), domain)]),
+        }
+    }
+
+    // === request builders ===
+
+    fn desc(entries: &[(&str, &str)]) -> Descriptor {
+        Descriptor {
+            entries: entries
+                .iter()
+                .map(|(key, value)| Entry {
+                    key: (*key).to_owned(),
+                    value: (*value).to_owned(),
+                })
+                .collect(),
+            limit: None,
+            hits_addend: None,
+        }
+    }
+
+    fn req(descriptors: Vec<Descriptor>) -> Request {
+        Request {
+            domain: "test".to_owned(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+
+    fn options() -> Options {
+        Options {
+            shadow_mode: false,
+            response_headers: Some(HeaderNames::standard()),
+            failure_mode: FailureMode::Error,
+        }
+    }
+
+    struct Fixture {
+        limiter: Limiter,
+        clock: ManualClock,
+    }
+
+    fn fixture(rules: RuleSet, options: Options) -> Fixture {
+        let clock = ManualClock::new(T0);
+        let backend = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
+        Fixture {
+            limiter: Limiter::new(Arc::new(ArcSwap::from_pointee(rules)), backend, options),
+            clock,
+        }
+    }
+
+    /// A backend that is always down.
+    #[derive(Debug)]
+    struct DownBackend;
+
+    #[async_trait::async_trait]
+    impl Backend for DownBackend {
+        async fn decide(
+            &self,
+            _checks: &[KeyedCheck],
+        ) -> Result<crate::algorithms::Verdict, backends::Error> {
+            Err(backends::Error::Unavailable(
+                "connection refused".to_owned(),
+            ))
+        }
+
+        async fn probe(&self) -> Result<(), backends::Error> {
+            Err(backends::Error::Unavailable(
+                "connection refused".to_owned(),
+            ))
+        }
+
+        fn name(&self) -> &'static str {
+            "down"
+        }
+    }
+
+    fn down(rules: RuleSet, failure_mode: FailureMode) -> Limiter {
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(rules)),
+            Arc::new(DownBackend),
+            Options {
+                failure_mode,
+                ..options()
+            },
+        )
+    }
+
+    /// `(code, remaining, reset seconds, (requests_per_unit, unit, name))`
+    /// of a status: what the table rows compare.
+    type Brief = (Code, u32, Option<u64>, Option<(u32, Unit, String)>);
+
+    fn brief(status: &Status) -> Brief {
+        (
+            status.code,
+            status.limit_remaining,
+            status.duration_until_reset_s,
+            status
+                .current_limit
+                .as_ref()
+                .map(|it| (it.requests_per_unit, it.unit, it.name.to_string())),
+        )
+    }
+
+    fn ok_none() -> Brief {
+        (Code::Ok, 0, None, None)
+    }
+
+    fn lim(code: Code, remaining: u32, reset: u64, rpu: u32, unit: Unit, name: &str) -> Brief {
+        (
+            code,
+            remaining,
+            Some(reset),
+            Some((rpu, unit, name.to_owned())),
+        )
+    }
+
+    /// Runs `steps` in order, each `(request, overall, statuses)`.
+    async fn check(fixture: &Fixture, steps: &[(Request, Code, Vec<Brief>)]) {
+        for (idx, (request, overall, statuses)) in steps.iter().enumerate() {
+            let decision = fixture.limiter.decide(request).await.unwrap();
+            let got: Vec<Brief> = decision.statuses.iter().map(brief).collect();
+            assert_eq!(
+                (decision.overall, &got),
+                (*overall, statuses),
+                "step {idx}: {request:?}"
+            );
+        }
+    }
+
+    fn header<'a>(decision: &'a Decision, name: &str) -> Option<&'a str> {
+        decision
+            .headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    use Code::{Ok as OK, OverLimit as OVER};
+
+    // === tests ===
+
+    #[tokio::test]
+    async fn bounds_are_invalid_argument_with_a_reason() {
+        let long = "x".repeat(MAX_TEXT_BYTES + 1);
+        let many_entries: Vec<(&str, &str)> = vec![("k", "v"); MAX_ENTRIES + 1];
+        let cases: Vec<(Request, &str)> = vec![
+            (
+                Request {
+                    domain: String::new(),
+                    ..req(vec![desc(&[("k", "v")])])
+                },
+                "empty domain",
+            ),
+            (req(vec![]), "no descriptors"),
+            (req(vec![desc(&[])]), "descriptor 0 has no entries"),
+            (
+                req(vec![desc(&[("k", "v")]), desc(&[("", "v")])]),
+                "descriptor 1, entry 0: empty entry key",
+            ),
+            (
+                req(vec![desc(&[("k", "v")]); MAX_DESCRIPTORS + 1]),
+                "too many descriptors: 65, at most 64",
+            ),
+            (
+                req(vec![desc(&many_entries)]),
+                "descriptor 0 has too many entries: 33, at most 32",
+            ),
+            (
+                req(vec![desc(&[("k", &long)])]),
+                "descriptor 0, entry 0: value is 1025 bytes, at most 1024",
+            ),
+            (
+                req(vec![desc(&[(&long, "v")])]),
+                "descriptor 0, entry 0: key is 1025 bytes, at most 1024",
+            ),
+            (
+                req(vec![Descriptor {
+                    limit: Some(LimitOverride {
+                        requests_per_unit: 5,
+                        unit: None,
+                    }),
+                    ..desc(&[("k", "v")])
+                }]),
+                "descriptor 0: override with unit UNKNOWN",
+            ),
+        ];
+        let fixture = fixture(rules(vec![]), options());
+        for (request, expected) in cases {
+            match fixture.limiter.decide(&request).await {
+                Err(Error::InvalidArgument(message)) => assert_eq!(message, expected),
+                other => panic!("{expected}: got {other:?}"),
+            }
+        }
+        // At the bounds exactly: accepted.
+        let exact = "x".repeat(MAX_TEXT_BYTES);
+        let entries: Vec<(&str, &str)> = vec![(&exact, &exact); MAX_ENTRIES];
+        let request = req(vec![desc(&entries); MAX_DESCRIPTORS]);
+        assert!(fixture.limiter.decide(&request).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn requests_without_counters_never_reach_the_backend() {
+        let tree = rules(vec![
+            key_node("limited", vec![limit(1, Unit::Minute)]),
+            node("health", ValueMatcher::Any, unlimited()),
+            with_children(
+                node("parent", ValueMatcher::Any, NodeLimits::None),
+                vec![key_node("child", vec![limit(1, Unit::Minute)])],
+            ),
+        ]);
+        let limiter = down(tree, FailureMode::Error);
+        let unlimited = (OK, u32::MAX, None, None);
+        let cases: Vec<(Request, Vec<Brief>)> = vec![
+            (
+                Request {
+                    domain: "unknown".to_owned(),
+                    ..req(vec![desc(&[("limited", "a")]), desc(&[("x", "y")])])
+                },
+                vec![ok_none(), ok_none()],
+            ),
+            (req(vec![desc(&[("nothing", "a")])]), vec![ok_none()]),
+            (req(vec![desc(&[("health", "a")])]), vec![unlimited.clone()]),
+            // The node reached by the last entry has no limit: depth must match.
+            (req(vec![desc(&[("parent", "a")])]), vec![ok_none()]),
+            (
+                req(vec![desc(&[("limited", "a"), ("deeper", "b")])]),
+                vec![ok_none()],
+            ),
+            (
+                req(vec![desc(&[("health", "a")]), desc(&[("nothing", "b")])]),
+                vec![unlimited, ok_none()],
+            ),
+        ];
+        for (request, expected) in cases {
+            let decision = limiter.decide(&request).await.unwrap();
+            let got: Vec<Brief> = decision.statuses.iter().map(brief).collect();
+            assert_eq!((decision.overall, got), (OK, expected), "{request:?}");
+            assert!(decision.headers.is_empty());
+        }
+        // The same limiter does call the backend for a limited descriptor.
+        let res = limiter.decide(&req(vec![desc(&[("limited", "a")])])).await;
+        assert!(matches!(res, Err(Error::Backend(_))), "{res:?}");
+    }
+
+    #[tokio::test]
+    async fn over_limit_after_n_with_remaining_and_reset() {
+        let fixture = fixture(
+            rules(vec![key_node(
+                "user",
+                vec![named(limit(3, Unit::Minute), "per_user", &[])],
+            )]),
+            options(),
+        );
+        let one = || req(vec![desc(&[("user", "alice")])]);
+        let status =
+            |code, remaining, reset| lim(code, remaining, reset, 3, Unit::Minute, "per_user");
+        check(
+            &fixture,
+            &[
+                (one(), OK, vec![status(OK, 2, 60)]),
+                (one(), OK, vec![status(OK, 1, 60)]),
+                (one(), OK, vec![status(OK, 0, 60)]),
+                (one(), OVER, vec![status(OVER, 0, 60)]),
+                // Another value has its own counter.
+                (
+                    req(vec![desc(&[("user", "bob")])]),
+                    OK,
+                    vec![status(OK, 2, 60)],
+                ),
+            ],
+        )
+        .await;
+        // 20.5 s later the window still holds all three: 39.5 s → 40 s.
+        fixture.clock.advance(20_500_000);
+        check(&fixture, &[(one(), OVER, vec![status(OVER, 0, 40)])]).await;
+        fixture.clock.advance(40_000_000);
+        check(&fixture, &[(one(), OK, vec![status(OK, 2, 60)])]).await;
+    }
+
+    #[tokio::test]
+    async fn denied_request_consumes_nothing_anywhere() {
+        let fixture = fixture(
+            rules(vec![
+                key_node("a", vec![limit(5, Unit::Minute)]),
+                key_node("b", vec![limit(1, Unit::Minute)]),
+            ]),
+            options(),
+        );
+        let both = || req(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]);
+        let a = |code, remaining| lim(code, remaining, 60, 5, Unit::Minute, "");
+        let b = |code, remaining| lim(code, remaining, 60, 1, Unit::Minute, "");
+        check(
+            &fixture,
+            &[
+                (both(), OK, vec![a(OK, 4), b(OK, 0)]),
+                // A had room and reports its current remaining: nothing taken.
+                (both(), OVER, vec![a(OK, 4), b(OVER, 0)]),
+                (both(), OVER, vec![a(OK, 4), b(OVER, 0)]),
+                (req(vec![desc(&[("a", "1")])]), OK, vec![a(OK, 3)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn costs_from_request_and_descriptor_hits_addend() {
+        let fixture = fixture(
+            rules(vec![key_node("k", vec![limit(5, Unit::Minute)])]),
+            options(),
+        );
+        let status = |code, remaining| lim(code, remaining, 60, 5, Unit::Minute, "");
+        let with = |request_hits: u32, descriptor_hits: Option<u64>| Request {
+            hits_addend: request_hits,
+            ..req(vec![Descriptor {
+                hits_addend: descriptor_hits,
+                ..desc(&[("k", "v")])
+            }])
+        };
+        check(
+            &fixture,
+            &[
+                // 0 means 1.
+                (with(0, None), OK, vec![status(OK, 4)]),
+                (with(2, None), OK, vec![status(OK, 2)]),
+                // The descriptor's own value wins, even 0 (a check).
+                (with(9, Some(0)), OK, vec![status(OK, 2)]),
+                (with(9, Some(1)), OK, vec![status(OK, 1)]),
+                // More than is left: denied, nothing consumed.
+                (with(2, None), OVER, vec![status(OVER, 0)]),
+                (with(1, None), OK, vec![status(OK, 0)]),
+                // A check with nothing left is OVER_LIMIT.
+                (with(0, Some(0)), OVER, vec![status(OVER, 0)]),
+            ],
+        )
+        .await;
+        // A cost larger than the capacity can never pass, however large.
+        fixture.clock.advance(60_000_000);
+        check(&fixture, &[(with(6, None), OVER, vec![status(OVER, 0)])]).await;
+        let huge = Request {
+            hits_addend: 0,
+            ..req(vec![
+                Descriptor {
+                    hits_addend: Some(u64::MAX),
+                    ..desc(&[("k", "v")])
+                },
+                Descriptor {
+                    hits_addend: Some(u64::MAX),
+                    ..desc(&[("k", "v")])
+                },
+            ])
+        };
+        check(
+            &fixture,
+            &[
+                (huge, OVER, vec![status(OVER, 0), status(OVER, 0)]),
+                (with(1, None), OK, vec![status(OK, 4)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn descriptors_reaching_one_counter_add_their_costs() {
+        let fixture = fixture(
+            rules(vec![key_node("k", vec![limit(3, Unit::Minute)])]),
+            options(),
+        );
+        let status = |code, remaining| lim(code, remaining, 60, 3, Unit::Minute, "");
+        let twice = || req(vec![desc(&[("k", "v")]), desc(&[("k", "v")])]);
+        check(
+            &fixture,
+            &[
+                (twice(), OK, vec![status(OK, 1), status(OK, 1)]),
+                // Needs 2, has 1.
+                (twice(), OVER, vec![status(OVER, 0), status(OVER, 0)]),
+                (req(vec![desc(&[("k", "v")])]), OK, vec![status(OK, 0)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn share_threshold_values_share_one_counter() {
+        let mut shared = node(
+            "path",
+            ValueMatcher::Wildcard(Arc::from("/files/*")),
+            NodeLimits::Limited(vec![limit(2, Unit::Hour)]),
+        );
+        shared.share_threshold = true;
+        let mut own = node(
+            "path",
+            ValueMatcher::Wildcard(Arc::from("/own/*")),
+            NodeLimits::Limited(vec![limit(2, Unit::Hour)]),
+        );
+        own.share_threshold = false;
+        let fixture = fixture(rules(vec![shared, own]), options());
+        let status = |code, remaining| lim(code, remaining, 3600, 2, Unit::Hour, "");
+        let path = |value: &str| req(vec![desc(&[("path", value)])]);
+        check(
+            &fixture,
+            &[
+                (path("/files/a"), OK, vec![status(OK, 1)]),
+                (path("/files/b"), OK, vec![status(OK, 0)]),
+                (path("/files/c"), OVER, vec![status(OVER, 0)]),
+                (path("/own/a"), OK, vec![status(OK, 1)]),
+                (path("/own/b"), OK, vec![status(OK, 1)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn replaced_limits_are_dropped_and_not_counted() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "api_key",
+                    vec![named(limit(1, Unit::Minute), "premium", &[])],
+                ),
+                key_node(
+                    "path",
+                    vec![named(limit(10, Unit::Minute), "expensive", &["premium"])],
+                ),
+            ]),
+            options(),
+        );
+        let premium = |code, remaining| lim(code, remaining, 60, 1, Unit::Minute, "premium");
+        let expensive = |remaining| lim(OK, remaining, 60, 10, Unit::Minute, "expensive");
+        let both = || req(vec![desc(&[("api_key", "k")]), desc(&[("path", "/x")])]);
+        check(
+            &fixture,
+            &[
+                (both(), OK, vec![ok_none(), expensive(9)]),
+                (both(), OK, vec![ok_none(), expensive(8)]),
+                // premium was never counted above.
+                (
+                    req(vec![desc(&[("api_key", "k")])]),
+                    OK,
+                    vec![premium(OK, 0)],
+                ),
+                (
+                    req(vec![desc(&[("api_key", "k")])]),
+                    OVER,
+                    vec![premium(OVER, 0)],
+                ),
+                // Replaced even while exhausted: the replacing limit decides.
+                (both(), OK, vec![ok_none(), expensive(7)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn an_unlimited_rule_replaces_too_and_can_be_replaced() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "api_key",
+                    vec![named(limit(1, Unit::Minute), "premium", &[])],
+                ),
+                node(
+                    "vip",
+                    ValueMatcher::Any,
+                    NodeLimits::Unlimited {
+                        name: Some(Arc::from("vip")),
+                        replaces: vec![Arc::from("premium")],
+                    },
+                ),
+                key_node(
+                    "boss",
+                    vec![named(limit(5, Unit::Minute), "boss", &["vip"])],
+                ),
+            ]),
+            options(),
+        );
+        let unlimited = (OK, u32::MAX, None, None);
+        let vip = || req(vec![desc(&[("api_key", "k")]), desc(&[("vip", "v")])]);
+        check(
+            &fixture,
+            &[
+                (vip(), OK, vec![ok_none(), unlimited.clone()]),
+                (vip(), OK, vec![ok_none(), unlimited]),
+                // A replaced unlimited rule is dropped like any other.
+                (
+                    req(vec![desc(&[("vip", "v")]), desc(&[("boss", "b")])]),
+                    OK,
+                    vec![ok_none(), lim(OK, 4, 60, 5, Unit::Minute, "boss")],
+                ),
+            ],
+        )
+        .await;
+    }
+
+    #[test]
+    fn log_gate_lets_one_line_through_per_second() {
+        let gate = LogGate::new();
+        let got: Vec<Option<u64>> = [100, 100, 100, 100, 101, 101, 105]
+            .into_iter()
+            .map(|at| gate.admit_at(at))
+            .collect();
+        assert_eq!(got, vec![Some(0), None, None, None, Some(3), None, Some(1)]);
+    }
+
+    #[tokio::test]
+    async fn override_uses_its_own_counter_and_reports_no_name() {
+        let fixture = fixture(
+            rules(vec![key_node(
+                "k",
+                vec![named(
+                    limit_with(100, Unit::Minute, 1, Algorithm::TokenBucket),
+                    "rule",
+                    &[],
+                )],
+            )]),
+            options(),
+        );
+        let with_override = |requests_per_unit| {
+            req(vec![Descriptor {
+                limit: Some(LimitOverride {
+                    requests_per_unit,
+                    unit: Some(Unit::Second),
+                }),
+                ..desc(&[("k", "v")])
+            }])
+        };
+        // Token bucket (the rule's algorithm): 2 per second refills one
+        // token per 500 ms.
+        let status =
+            |rpu, code, remaining, reset| lim(code, remaining, reset, rpu, Unit::Second, "");
+        check(
+            &fixture,
+            &[
+                (with_override(2), OK, vec![status(2, OK, 1, 1)]),
+                (with_override(2), OK, vec![status(2, OK, 0, 1)]),
+                (with_override(2), OVER, vec![status(2, OVER, 0, 1)]),
+                // The rule's own counter is untouched.
+                (
+                    req(vec![desc(&[("k", "v")])]),
+                    OK,
+                    vec![lim(OK, 99, 1, 100, Unit::Minute, "rule")],
+                ),
+                // An override for a descriptor no rule matches is enforced too.
+                (
+                    req(vec![Descriptor {
+                        limit: Some(LimitOverride {
+                            requests_per_unit: 0,
+                            unit: Some(Unit::Minute),
+                        }),
+                        ..desc(&[("nothing", "v")])
+                    }]),
+                    OVER,
+                    vec![lim(OVER, 0, 60, 0, Unit::Minute, "")],
+                ),
+            ],
+        )
+        .await;
+        // The rule's algorithm: half a second refills one token (a sliding
+        // log would still be full).
+        fixture.clock.advance(500_000);
+        check(
+            &fixture,
+            &[(with_override(2), OK, vec![status(2, OK, 0, 1)])],
+        )
+        .await;
+
+        // No rule: the domain's default (sliding log). Same unit, bigger
+        // number: the same counter, and the extra room at once.
+        let other = |requests_per_unit| {
+            req(vec![Descriptor {
+                limit: Some(LimitOverride {
+                    requests_per_unit,
+                    unit: Some(Unit::Hour),
+                }),
+                ..desc(&[("other", "v")])
+            }])
+        };
+        let hourly = |rpu, code, remaining| lim(code, remaining, 3600, rpu, Unit::Hour, "");
+        check(
+            &fixture,
+            &[
+                (other(1), OK, vec![hourly(1, OK, 0)]),
+                (other(1), OVER, vec![hourly(1, OVER, 0)]),
+                (other(2), OK, vec![hourly(2, OK, 0)]),
+            ],
+        )
+        .await;
+
+        // In an unknown domain the override is not enforced.
+        let unknown = Request {
+            domain: "unknown".to_owned(),
+            ..with_override(0)
+        };
+        check(&fixture, &[(unknown, OK, vec![ok_none()])]).await;
+    }
+
+    #[tokio::test]
+    async fn shadow_and_quota_modes() {
+        let mut shadow = key_node("shadow", vec![limit(1, Unit::Minute)]);
+        shadow.shadow_mode = true;
+        let mut quota_small = key_node("q1", vec![limit(1, Unit::Minute)]);
+        quota_small.quota_mode = true;
+        let mut quota_big = key_node("q2", vec![limit(3, Unit::Minute)]);
+        quota_big.quota_mode = true;
+        let fixture = fixture(rules(vec![shadow, quota_small, quota_big]), options());
+        let status = |rpu, code, remaining| lim(code, remaining, 60, rpu, Unit::Minute, "");
+        let shadow = || req(vec![desc(&[("shadow", "s")])]);
+        let quotas = || req(vec![desc(&[("q1", "x")]), desc(&[("q2", "x")])]);
+        check(
+            &fixture,
+            &[
+                (shadow(), OK, vec![status(1, OK, 0)]),
+                // Out of room, but a shadow rule never denies.
+                (shadow(), OK, vec![status(1, OK, 0)]),
+                (quotas(), OK, vec![status(1, OK, 0), status(3, OK, 2)]),
+                // q1 is out, q2 has room: allowed, q1 reports OVER_LIMIT.
+                (quotas(), OK, vec![status(1, OVER, 0), status(3, OK, 1)]),
+                (quotas(), OK, vec![status(1, OVER, 0), status(3, OK, 0)]),
+                // Every quota limit is out: denied.
+                (quotas(), OVER, vec![status(1, OVER, 0), status(3, OVER, 0)]),
+            ],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn most_restrictive_limit_of_a_node() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "least",
+                    vec![limit(10, Unit::Second), limit(5, Unit::Minute)],
+                ),
+                key_node("tie", vec![limit(5, Unit::Second), limit(5, Unit::Minute)]),
+                key_node(
+                    "denied",
+                    vec![limit(1, Unit::Second), limit(1, Unit::Minute)],
+                ),
+            ]),
+            options(),
+        );
+        let one = |key: &str| req(vec![desc(&[(key, "v")])]);
+        check(
+            &fixture,
+            &[
+                // Least remaining after the request.
+                (one("least"), OK, vec![lim(OK, 4, 60, 5, Unit::Minute, "")]),
+                // Equal remaining: the longer window.
+                (one("tie"), OK, vec![lim(OK, 4, 60, 5, Unit::Minute, "")]),
+                (one("denied"), OK, vec![lim(OK, 0, 60, 1, Unit::Minute, "")]),
+            ],
+        )
+        .await;
+        // Both deny; the minute limit frees up last.
+        fixture.clock.advance(500_000);
+        check(
+            &fixture,
+            &[(
+                one("denied"),
+                OVER,
+                vec![lim(OVER, 0, 60, 1, Unit::Minute, "")],
+            )],
+        )
+        .await;
+        // Only the minute limit denies now.
+        fixture.clock.advance(1_000_000);
+        check(
+            &fixture,
+            &[(
+                one("denied"),
+                OVER,
+                vec![lim(OVER, 0, 59, 1, Unit::Minute, "")],
+            )],
+        )
+        .await;
+    }
+
+    #[tokio::test]
+    async fn unit_multiplier_reports_configured_unit_and_exact_headers() {
+        let fixture = fixture(
+            rules(vec![key_node(
+                "k",
+                vec![limit_with(10, Unit::Minute, 5, Algorithm::FixedWindow)],
+            )]),
+            options(),
+        );
+        let decision = fixture
+            .limiter
+            .decide(&req(vec![desc(&[("k", "v")])]))
+            .await
+            .unwrap();
+        let status = &decision.statuses[0];
+        let current = status.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (current.requests_per_unit, current.unit),
+            (10, Unit::Minute)
+        );
+        // T0 is 1_700_000_000 s: 200 s into its aligned 300 s window.
+        assert_eq!(T0 / 1_000_000 % 300, 200);
+        assert_eq!(status.duration_until_reset_s, Some(100));
+        assert_eq!(header(&decision, "RateLimit-Limit"), Some("10"));
+        assert_eq!(header(&decision, "RateLimit-Remaining"), Some("9"));
+        assert_eq!(header(&decision, "RateLimit-Reset"), Some("100"));
+    }
+
+    #[tokio::test]
+    async fn headers_of_the_most_restrictive_status() {
+        let tree = || {
+            rules(vec![
+                key_node("a", vec![limit(10, Unit::Minute)]),
+                key_node("b", vec![limit(2, Unit::Hour)]),
+            ])
+        };
+        let fixture = fixture(tree(), options());
+        let both = || req(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]);
+        let expect = |decision: &Decision, expected: &[(&str, &str)]| {
+            let got: Vec<(&str, &str)> = decision
+                .headers
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.as_str()))
+                .collect();
+            assert_eq!(got, expected);
+        };
+        let decision = fixture.limiter.decide(&both()).await.unwrap();
+        expect(
+            &decision,
+            &[
+                ("RateLimit-Limit", "2"),
+                ("RateLimit-Remaining", "1"),
+                ("RateLimit-Reset", "3600"),
+            ],
+        );
+        fixture.limiter.decide(&both()).await.unwrap();
+        fixture.clock.advance(1_000_000);
+        let decision = fixture.limiter.decide(&both()).await.unwrap();
+        assert_eq!(decision.overall, OVER);
+        expect(
+            &decision,
+            &[
+                ("RateLimit-Limit", "2"),
+                ("RateLimit-Remaining", "0"),
+                ("RateLimit-Reset", "3599"),
+                ("Retry-After", "3599"),
+            ],
+        );
+        // No rule matched: no headers.
+        let decision = fixture
+            .limiter
+            .decide(&req(vec![desc(&[("nothing", "1")])]))
+            .await
+            .unwrap();
+        expect(&decision, &[]);
+
+        // Off: never any headers; custom names are used.
+        let off = self::fixture(
+            tree(),
+            Options {
+                response_headers: None,
+                ..options()
+            },
+        );
+        assert!(
+            off.limiter
+                .decide(&both())
+                .await
+                .unwrap()
+                .headers
+                .is_empty()
+        );
+        let custom = self::fixture(
+            tree(),
+            Options {
+                response_headers: Some(HeaderNames {
+                    limit: "X-L".to_owned(),
+                    remaining: "X-R".to_owned(),
+                    reset: "X-Reset".to_owned(),
+                    retry_after: "X-Retry".to_owned(),
+                }),
+                ..options()
+            },
+        );
+        let decision = custom.limiter.decide(&both()).await.unwrap();
+        expect(
+            &decision,
+            &[("X-L", "2"), ("X-R", "1"), ("X-Reset", "3600")],
+        );
+    }
+
+    #[tokio::test]
+    async fn global_shadow_mode_reports_ok_without_retry_after() {
+        let fixture = fixture(
+            rules(vec![key_node("k", vec![limit(1, Unit::Minute)])]),
+            Options {
+                shadow_mode: true,
+                ..options()
+            },
+        );
+        let one = || req(vec![desc(&[("k", "v")])]);
+        let status = |code| lim(code, 0, 60, 1, Unit::Minute, "");
+        check(
+            &fixture,
+            &[
+                (one(), OK, vec![status(OK)]),
+                (one(), OK, vec![status(OVER)]),
+            ],
+        )
+        .await;
+        let decision = fixture.limiter.decide(&one()).await.unwrap();
+        assert_eq!(header(&decision, "Retry-After"), None);
+        assert_eq!(header(&decision, "RateLimit-Remaining"), Some("0"));
+    }
+
+    #[tokio::test]
+    async fn backend_failure_follows_the_failure_mode() {
+        let tree = || {
+            rules(vec![
+                key_node("k", vec![limit(1, Unit::Minute)]),
+                node("u", ValueMatcher::Any, unlimited()),
+            ])
+        };
+        let request = || req(vec![desc(&[("k", "v")]), desc(&[("u", "v")])]);
+        let res = down(tree(), FailureMode::Error).decide(&request()).await;
+        assert!(
+            matches!(res, Err(Error::Backend(backends::Error::Unavailable(_)))),
+            "{res:?}"
+        );
+        let unlimited = (OK, u32::MAX, None, None);
+        let cases = [
+            (FailureMode::Allow, OK, (OK, 0, None, None)),
+            (FailureMode::Deny, OVER, (OVER, 0, None, None)),
+        ];
+        for (mode, overall, status) in cases {
+            let decision = down(tree(), mode).decide(&request()).await.unwrap();
+            let got: Vec<Brief> = decision.statuses.iter().map(brief).collect();
+            assert_eq!(
+                (decision.overall, got),
+                (overall, vec![status, unlimited.clone()]),
+                "{mode:?}"
+            );
+            assert!(decision.headers.is_empty());
+        }
+    }
+
+    #[tokio::test]
+    async fn a_rule_swap_applies_to_the_next_request() {
+        let fixture = fixture(rules(vec![]), options());
+        let one = || req(vec![desc(&[("k", "v")])]);
+        check(&fixture, &[(one(), OK, vec![ok_none()])]).await;
+        fixture.limiter.rules().store(Arc::new(rules(vec![key_node(
+            "k",
+            vec![limit(1, Unit::Minute)],
+        )])));
+        check(
+            &fixture,
+            &[(one(), OK, vec![lim(OK, 0, 60, 1, Unit::Minute, "")])],
+        )
+        .await;
+    }
+}

@@ -1,0 +1,179 @@
+//! The gRPC server: rate-limit service, health, reflection, graceful shutdown.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tonic::codegen::http;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use crate::backends::Backend;
+use crate::limiter::Limiter;
+use crate::service::RateLimitService;
+
+/// Largest gRPC message accepted; bigger ones are refused before decoding.
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Names reported by `grpc.health.v1.Health`: the whole server, the name
+/// envoyproxy/ratelimit uses, and the fully qualified service.
+pub const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
+
+/// How often the backend is probed for health.
+const PROBE_INTERVAL: Duration = Duration::from_secs(1);
+/// A probe slower than this counts as a failure.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the server runs.
+#[derive(Debug, Clone)]
+pub struct App {
+    pub limiter: Arc<Limiter>,
+    /// How long in-flight RPCs may take to finish after the shutdown signal.
+    pub drain_timeout: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("grpc server failed: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Serves gRPC on `listener` until `shutdown` completes, then reports
+/// NOT_SERVING, stops accepting and drains in-flight RPCs for at most
+/// `app.drain_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    app: App,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let backend = app.limiter.backend().clone();
+    // The first answer is known before the first connection is accepted.
+    let healthy = probe(&*backend).await;
+    set_health(&reporter, healthy).await;
+    let monitor = HealthMonitor::spawn(backend, reporter.clone(), healthy);
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(crate::proto::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the embedded descriptor set is valid");
+    let rate_limit = RateLimitService::new(app.limiter.clone())
+        .into_server()
+        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            oversized_is_resource_exhausted,
+        ))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(rate_limit)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+            let _ = stop_rx.await;
+        });
+    tokio::pin!(server);
+    tokio::select! {
+        res = &mut server => return res.map_err(Error::from),
+        () = shutdown => {}
+    }
+    // Order matters: load balancers see NOT_SERVING before connections close.
+    drop(monitor);
+    set_health(&reporter, false).await;
+    let _ = stop_tx.send(());
+    match tokio::time::timeout(app.drain_timeout, &mut server).await {
+        Ok(res) => res.map_err(Error::from),
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms = app.drain_timeout.as_millis() as u64,
+                "in-flight requests still running at the drain deadline; stopping anyway"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Probes the backend, for health.
+async fn probe(backend: &dyn Backend) -> bool {
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await,
+        Ok(Ok(()))
+    )
+}
+
+async fn set_health(reporter: &HealthReporter, serving: bool) {
+    let status = if serving {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    for name in HEALTH_SERVICES {
+        reporter.set_service_status(name, status).await;
+    }
+}
+
+/// Probes the backend every second and keeps health in step; the task
+/// stops when this guard is dropped, so it never outlives the server.
+struct HealthMonitor {
+    task: JoinHandle<()>,
+}
+
+impl HealthMonitor {
+    fn spawn(backend: Arc<dyn Backend>, reporter: HealthReporter, mut healthy: bool) -> Self {
+        let task = tokio::spawn(async move {
+            let mut ticks = tokio::time::interval(PROBE_INTERVAL);
+            ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // The first tick completes at once; the initial probe was just made.
+            ticks.tick().await;
+            loop {
+                ticks.tick().await;
+                let now_healthy = probe(&*backend).await;
+                if now_healthy != healthy {
+                    if now_healthy {
+                        tracing::info!(backend = backend.name(), "backend recovered: serving");
+                    } else {
+                        tracing::warn!(
+                            backend = backend.name(),
+                            "backend probe failed: not serving"
+                        );
+                    }
+                    set_health(&reporter, now_healthy).await;
+                    healthy = now_healthy;
+                }
+            }
+        });
+        Self { task }
+    }
+}
+
+impl Drop for HealthMonitor {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// tonic refuses an oversized message with OUT_OF_RANGE; Envoy operators
+/// expect RESOURCE_EXHAUSTED for "too big". Nothing else in this server
+/// answers OUT_OF_RANGE, and decode errors are sent as trailers-only
+/// responses, so the status is in the headers.
+fn oversized_is_resource_exhausted<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+    if headers
+        .get("grpc-status")
+        .is_some_and(|it| it.as_bytes() == out_of_range.as_bytes())
+    {
+        headers.insert(
+            "grpc-status",
+            http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
+        );
+    }
+    response
+}

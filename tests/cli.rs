@@ -1,0 +1,306 @@
+//! The built binary: `check-config` and `serve`, exit codes and signals.
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
+
+const GOOD: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
+const BAD: &str = "domain: api\ndescriptors:\n  - key: user\n    ratelimit: {unit: minute, requests_per_unit: 2}\n";
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write config");
+    path.to_str().expect("utf-8 path").to_owned()
+}
+
+/// The binary with a clean environment for its own variables.
+fn command() -> Command {
+    let mut command = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+fn run(args: &[&str]) -> Output {
+    command().args(args).output().expect("run the binary")
+}
+
+#[test]
+fn check_config_prints_the_summary_of_a_good_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let out = run(&["check-config", &path]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(stdout.contains("domain api"), "{stdout}");
+    assert!(stdout.contains("user"), "{stdout}");
+    assert!(stdout.contains("2/minute"), "{stdout}");
+}
+
+#[test]
+fn check_config_names_the_file_and_the_reason_of_a_bad_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "bad.yaml", BAD);
+    let out = run(&["check-config", &path]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    // `<file>: <message>`, the file possibly followed by `:line:column`.
+    let (file, message) = stderr.split_once(": ").expect("file: message");
+    assert!(
+        file == path || file.starts_with(&format!("{path}:")),
+        "{stderr}"
+    );
+    assert!(
+        message.starts_with("config error, unknown key 'ratelimit'"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_with_a_bad_config_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "bad.yaml", BAD);
+    let grpc = free_addr().to_string();
+    for args in [
+        vec!["serve", "--config", &path, "--grpc-addr", &grpc],
+        // `serve` is the default subcommand.
+        vec!["--config", &path, "--grpc-addr", &grpc],
+    ] {
+        let out = run(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("unknown key 'ratelimit'"), "{stderr}");
+    }
+    // A missing file too, through the environment variable.
+    let out = command()
+        .env("THROTTLEGATE_CONFIG", dir.path().join("missing.yaml"))
+        .args(["--grpc-addr", &grpc])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+#[test]
+fn serve_refuses_what_it_cannot_do_yet_with_exit_2() {
+    let grpc = free_addr().to_string();
+    let out = run(&[
+        "serve",
+        "--grpc-addr",
+        &grpc,
+        "--redis-sentinel-master",
+        "mymaster",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported yet"));
+}
+
+/// A port that was free a moment ago.
+fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// Kills the child if a test fails before it exits.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test]
+async fn serve_answers_then_stops_cleanly_on_sigterm() {
+    serve_answers_then_stops_cleanly_on("TERM").await;
+}
+
+#[tokio::test]
+async fn serve_stops_cleanly_on_sigint() {
+    serve_answers_then_stops_cleanly_on("INT").await;
+}
+
+async fn serve_answers_then_stops_cleanly_on(signal: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let grpc = free_addr();
+    let http = free_addr();
+    let child = command()
+        .args(["serve", "--config", &path])
+        .args([
+            "--grpc-addr",
+            &grpc.to_string(),
+            "--http-addr",
+            &http.to_string(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the binary");
+    let mut child = Running(child);
+
+    let channel = connect_with_retry(grpc, &mut child).await;
+    let mut client = RateLimitServiceClient::new(channel);
+    let request = alice;
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let res = client
+            .should_rate_limit(request())
+            .await
+            .expect("rpc")
+            .into_inner();
+        codes.push(res.overall_code);
+    }
+    assert_eq!(
+        codes,
+        vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+
+    let health = http_get(http, "/healthcheck");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    assert!(health.ends_with("\r\n\r\nOK\n"), "{health}");
+    let rlconfig = http_get(http, "/rlconfig");
+    assert!(rlconfig.contains("domain api"), "{rlconfig}");
+
+    let pid = child.0.id().to_string();
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let exit = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still running 15 s after SIG{signal}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.0.stderr.take() {
+        use std::io::Read;
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    assert_eq!(exit.code(), Some(0), "{stderr}");
+    assert!(stderr.contains(&format!("SIG{signal}")), "{stderr}");
+}
+
+/// The binary binds after start-up: retry until it accepts.
+async fn connect_with_retry(addr: SocketAddr, child: &mut Running) -> tonic::transport::Channel {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            panic!("the server exited early: {exit}");
+        }
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
+        match endpoint.connect().await {
+            Ok(channel) => return channel,
+            Err(err) if Instant::now() < deadline => {
+                let _ = err;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("cannot connect to {addr}: {err}"),
+        }
+    }
+}
+
+/// A plain HTTP/1.1 GET, the whole response as text.
+fn http_get(addr: SocketAddr, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).expect("connect to http");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .expect("read http response");
+    response
+}
+
+fn alice() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "api".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".to_owned(),
+                value: "alice".to_owned(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Starts `serve` with `config` and `extra` flags on free ports.
+fn spawn_serve(config: &str, extra: &[&str]) -> (Running, SocketAddr) {
+    let grpc = free_addr();
+    let http = free_addr();
+    let child = command()
+        .args(["serve", "--config", config])
+        .args(["--grpc-addr", &grpc.to_string()])
+        .args(["--http-addr", &http.to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the binary");
+    (Running(child), grpc)
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_the_limit() {
+    let redis = support::redis::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // 2 per minute for alice, whichever instance she reaches.
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let url = redis.url();
+    let flags = ["--redis-url", &url, "--redis-key-prefix", "clitest"];
+    let (mut first, first_addr) = spawn_serve(&path, &flags);
+    let (mut second, second_addr) = spawn_serve(&path, &flags);
+    let mut first_client =
+        RateLimitServiceClient::new(connect_with_retry(first_addr, &mut first).await);
+    let mut second_client =
+        RateLimitServiceClient::new(connect_with_retry(second_addr, &mut second).await);
+    let mut codes = Vec::new();
+    for use_first in [true, false, true] {
+        let client = if use_first {
+            &mut first_client
+        } else {
+            &mut second_client
+        };
+        let res = client
+            .should_rate_limit(alice())
+            .await
+            .expect("rpc")
+            .into_inner();
+        codes.push(res.overall_code);
+    }
+    assert_eq!(
+        codes,
+        vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+}

@@ -1,0 +1,66 @@
+//! Many clients racing on one key through the real gRPC server.
+
+mod support;
+
+use support::service::{default_options, memory_backend, start_with_config};
+use throttlegate::algorithms::Algorithm;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const LIMIT: usize = 100;
+const TASKS: usize = 64;
+const PER_TASK: usize = 5;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_the_limit_is_allowed_under_contention() {
+    for algorithm in Algorithm::ALL {
+        let config = format!(
+            "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: {algorithm}}}\n"
+        );
+        // The manual clock stands still: nothing refills during the race.
+        let (backend, _clock) = memory_backend();
+        let service = start_with_config(&config, backend, default_options()).await;
+        let mut tasks = Vec::with_capacity(TASKS);
+        for _ in 0..TASKS {
+            // Separate clients, one shared HTTP/2 connection per task.
+            let channel = support::service::connect(service.addr).await;
+            let mut client =
+                throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+            tasks.push(tokio::spawn(async move {
+                let mut allowed = 0;
+                for _ in 0..PER_TASK {
+                    let request = RateLimitRequest {
+                        domain: "race".to_owned(),
+                        descriptors: vec![RateLimitDescriptor {
+                            entries: vec![Entry {
+                                key: "k".to_owned(),
+                                value: "same".to_owned(),
+                            }],
+                            limit: None,
+                            hits_addend: None,
+                        }],
+                        hits_addend: 0,
+                    };
+                    let res = client
+                        .should_rate_limit(request)
+                        .await
+                        .expect("rpc")
+                        .into_inner();
+                    if res.overall_code == Code::Ok as i32 {
+                        allowed += 1;
+                    } else {
+                        assert_eq!(res.overall_code, Code::OverLimit as i32);
+                    }
+                }
+                allowed
+            }));
+        }
+        let mut allowed = 0;
+        for task in tasks {
+            allowed += task.await.expect("client task");
+        }
+        assert_eq!(allowed, LIMIT, "{algorithm}: {} requests", TASKS * PER_TASK);
+    }
+}

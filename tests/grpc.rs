@@ -1,0 +1,634 @@
+//! The real gRPC server on an ephemeral port, driven by a tonic client.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use support::service::{TestService, default_options, memory_backend, start_with_config};
+use throttlegate::backends::{self, Backend, KeyedCheck};
+use throttlegate::limiter::Options;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use throttlegate::proto::envoy::r#type::v3::RateLimitUnit;
+
+const CONFIG: &str = r#"
+domain: test
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 3, name: per_user}
+  - key: health
+    rate_limit: {unlimited: true}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: api_key
+    rate_limit: {unit: minute, requests_per_unit: 1, name: premium}
+  - key: path
+    rate_limit: {unit: minute, requests_per_unit: 10, name: expensive, replaces: [{name: premium}]}
+  - key: cost
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: parent
+    descriptors:
+      - key: child
+        rate_limit: {unit: hour, requests_per_unit: 2}
+"#;
+
+async fn start() -> TestService {
+    start_with(default_options()).await
+}
+
+async fn start_with(options: Options) -> TestService {
+    let (backend, _clock) = memory_backend();
+    start_with_config(CONFIG, backend, options).await
+}
+
+fn entry(key: &str, value: &str) -> Entry {
+    Entry {
+        key: key.to_owned(),
+        value: value.to_owned(),
+    }
+}
+
+fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| entry(k, v)).collect(),
+        limit: None,
+        hits_addend: None,
+    }
+}
+
+fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "test".to_owned(),
+        descriptors,
+        hits_addend: 0,
+    }
+}
+
+async fn call(service: &TestService, request: RateLimitRequest) -> RateLimitResponse {
+    service
+        .client()
+        .should_rate_limit(request)
+        .await
+        .unwrap_or_else(|status| panic!("rpc failed: {status:?}"))
+        .into_inner()
+}
+
+fn limited(
+    code: Code,
+    remaining: u32,
+    reset_s: i64,
+    rpu: u32,
+    unit: Unit,
+    name: &str,
+) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(RateLimit {
+            requests_per_unit: rpu,
+            unit: unit as i32,
+            name: name.to_owned(),
+        }),
+        limit_remaining: remaining,
+        duration_until_reset: Some(prost_types::Duration {
+            seconds: reset_s,
+            nanos: 0,
+        }),
+    }
+}
+
+fn ok_without_limit() -> DescriptorStatus {
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        ..Default::default()
+    }
+}
+
+fn headers(response: &RateLimitResponse) -> Vec<(&str, &str)> {
+    response
+        .response_headers_to_add
+        .iter()
+        .map(|it| (it.key.as_str(), it.value.as_str()))
+        .collect()
+}
+
+#[tokio::test]
+async fn ok_then_over_limit_after_n() {
+    let service = start().await;
+    let user = || request(vec![desc(&[("user", "alice")])]);
+    for remaining in [2, 1, 0] {
+        let res = call(&service, user()).await;
+        assert_eq!(res.overall_code, Code::Ok as i32);
+        assert_eq!(
+            res.statuses,
+            vec![limited(
+                Code::Ok,
+                remaining,
+                60,
+                3,
+                Unit::Minute,
+                "per_user"
+            )]
+        );
+    }
+    let res = call(&service, user()).await;
+    assert_eq!(res.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::OverLimit, 0, 60, 3, Unit::Minute, "per_user")]
+    );
+    assert_eq!(
+        headers(&res),
+        vec![
+            ("RateLimit-Limit", "3"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "60"),
+            ("Retry-After", "60"),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn unknown_domain_no_rule_and_unlimited_are_ok() {
+    let service = start().await;
+    let unknown = RateLimitRequest {
+        domain: "nope".to_owned(),
+        ..request(vec![desc(&[("user", "alice")]), desc(&[("x", "y")])])
+    };
+    let res = call(&service, unknown).await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    assert_eq!(res.statuses, vec![ok_without_limit(), ok_without_limit()]);
+    assert!(res.response_headers_to_add.is_empty());
+
+    // No rule: nothing at this key, and a node above the rule's depth.
+    let res = call(
+        &service,
+        request(vec![desc(&[("nothing", "1")]), desc(&[("parent", "p")])]),
+    )
+    .await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    assert_eq!(res.statuses, vec![ok_without_limit(), ok_without_limit()]);
+    assert!(res.response_headers_to_add.is_empty());
+
+    let res = call(&service, request(vec![desc(&[("health", "x")])])).await;
+    assert_eq!(
+        res.statuses,
+        vec![DescriptorStatus {
+            limit_remaining: u32::MAX,
+            ..ok_without_limit()
+        }]
+    );
+    assert!(res.response_headers_to_add.is_empty());
+
+    // A nested rule matches a descriptor of the right depth.
+    let res = call(
+        &service,
+        request(vec![desc(&[("parent", "p"), ("child", "c")])]),
+    )
+    .await;
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::Ok, 1, 3600, 2, Unit::Hour, "")]
+    );
+}
+
+#[tokio::test]
+async fn invalid_requests_are_invalid_argument() {
+    let service = start().await;
+    let long = "v".repeat(1025);
+    let many: Vec<(&str, &str)> = vec![("user", "x"); 33];
+    let with_unknown_unit = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit: 5,
+            unit: RateLimitUnit::Unknown as i32,
+        }),
+        ..desc(&[("user", "x")])
+    };
+    let cases: Vec<(RateLimitRequest, &str)> = vec![
+        (
+            RateLimitRequest {
+                domain: String::new(),
+                ..request(vec![desc(&[("user", "x")])])
+            },
+            "empty domain",
+        ),
+        (request(vec![]), "no descriptors"),
+        (request(vec![desc(&[])]), "no entries"),
+        (request(vec![desc(&[("", "x")])]), "empty entry key"),
+        (
+            request(vec![desc(&[("user", "x")]); 65]),
+            "too many descriptors",
+        ),
+        (request(vec![desc(&many)]), "too many entries"),
+        (
+            request(vec![desc(&[("user", &long)])]),
+            "value is 1025 bytes",
+        ),
+        (request(vec![with_unknown_unit]), "unit UNKNOWN"),
+    ];
+    for (request, reason) in cases {
+        let status = service
+            .client()
+            .should_rate_limit(request)
+            .await
+            .expect_err(reason);
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "{reason}: {status:?}"
+        );
+        assert!(status.message().contains(reason), "{reason}: {status:?}");
+    }
+    // Nothing was counted by the refused requests.
+    let res = call(&service, request(vec![desc(&[("user", "x")])])).await;
+    assert_eq!(res.statuses[0].limit_remaining, 2);
+}
+
+#[tokio::test]
+async fn oversized_message_is_refused_and_the_server_carries_on() {
+    let service = start().await;
+    let huge = "v".repeat(70 * 1024);
+    let status = service
+        .client()
+        .should_rate_limit(request(vec![desc(&[("user", &huge)])]))
+        .await
+        .expect_err("a message over 64 KiB");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    let res = call(&service, request(vec![desc(&[("user", "alice")])])).await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    assert_eq!(res.statuses[0].limit_remaining, 2);
+}
+
+#[tokio::test]
+async fn health_is_serving_for_every_service_name() {
+    let service = start().await;
+    for name in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        assert_eq!(
+            service.health(name).await.unwrap(),
+            ServingStatus::Serving,
+            "{name:?}"
+        );
+    }
+}
+
+/// A backend whose health can be switched, to watch health follow it.
+#[derive(Debug, Default)]
+struct FlakyBackend {
+    down: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Backend for FlakyBackend {
+    async fn decide(
+        &self,
+        _checks: &[KeyedCheck],
+    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
+        Err(backends::Error::Unavailable(
+            "connection refused".to_owned(),
+        ))
+    }
+
+    async fn probe(&self) -> Result<(), backends::Error> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(backends::Error::Unavailable(
+                "connection refused".to_owned(),
+            ))
+        } else {
+            Ok(())
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        "flaky"
+    }
+}
+
+#[tokio::test]
+async fn health_follows_the_backend_and_failures_are_unavailable() {
+    let backend = Arc::new(FlakyBackend::default());
+    let service = start_with_config(CONFIG, backend.clone(), default_options()).await;
+    let names = [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ];
+    for name in names {
+        assert_eq!(service.health(name).await.unwrap(), ServingStatus::Serving);
+    }
+    backend
+        .down
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for name in names {
+        service
+            .wait_for_health(name, ServingStatus::NotServing, Duration::from_secs(5))
+            .await;
+    }
+    // A backend failure is UNAVAILABLE (never UNKNOWN, which Envoy allows)...
+    let status = service
+        .client()
+        .should_rate_limit(request(vec![desc(&[("user", "alice")])]))
+        .await
+        .expect_err("backend is down");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    // ...while descriptors that need no counter are still answered.
+    let res = call(
+        &service,
+        request(vec![desc(&[("health", "x")]), desc(&[("x", "y")])]),
+    )
+    .await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+
+    backend
+        .down
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    for name in names {
+        service
+            .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
+            .await;
+    }
+}
+
+#[tokio::test]
+async fn response_headers_on_and_off() {
+    let on = start().await;
+    let res = call(&on, request(vec![desc(&[("a", "1")]), desc(&[("b", "1")])])).await;
+    assert_eq!(
+        headers(&res),
+        vec![
+            ("RateLimit-Limit", "1"),
+            ("RateLimit-Remaining", "0"),
+            ("RateLimit-Reset", "60"),
+        ]
+    );
+    let off = start_with(Options {
+        response_headers: None,
+        ..default_options()
+    })
+    .await;
+    let res = call(
+        &off,
+        request(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]),
+    )
+    .await;
+    assert_eq!(res.statuses.len(), 2);
+    assert!(res.response_headers_to_add.is_empty(), "{res:?}");
+}
+
+#[tokio::test]
+async fn all_or_nothing_across_descriptors() {
+    let service = start().await;
+    let both = || request(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]);
+    let res = call(&service, both()).await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    // B is exhausted now: the request is denied and A keeps its quota.
+    for _ in 0..3 {
+        let res = call(&service, both()).await;
+        assert_eq!(res.overall_code, Code::OverLimit as i32);
+        assert_eq!(
+            res.statuses,
+            vec![
+                limited(Code::Ok, 4, 60, 5, Unit::Minute, ""),
+                limited(Code::OverLimit, 0, 60, 1, Unit::Minute, ""),
+            ]
+        );
+    }
+    let res = call(&service, request(vec![desc(&[("a", "1")])])).await;
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::Ok, 3, 60, 5, Unit::Minute, "")]
+    );
+}
+
+#[tokio::test]
+async fn hits_addend_of_request_and_descriptor() {
+    let service = start().await;
+    let with = |request_hits: u32, descriptor_hits: Option<u64>| RateLimitRequest {
+        hits_addend: request_hits,
+        ..request(vec![RateLimitDescriptor {
+            hits_addend: descriptor_hits,
+            ..desc(&[("cost", "c")])
+        }])
+    };
+    let cases = [
+        (with(3, None), Code::Ok, 2),
+        // Present, even 0, the descriptor's value wins: a check.
+        (with(3, Some(0)), Code::Ok, 2),
+        (with(3, Some(2)), Code::Ok, 0),
+        (with(0, Some(0)), Code::OverLimit, 0),
+        (with(1, None), Code::OverLimit, 0),
+    ];
+    for (idx, (request, code, remaining)) in cases.into_iter().enumerate() {
+        let res = call(&service, request).await;
+        assert_eq!(res.overall_code, code as i32, "case {idx}");
+        assert_eq!(
+            res.statuses,
+            vec![limited(code, remaining, 60, 5, Unit::Minute, "")],
+            "case {idx}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn replaced_limit_is_dropped() {
+    let service = start().await;
+    let both = || request(vec![desc(&[("api_key", "k")]), desc(&[("path", "/x")])]);
+    for remaining in [9, 8] {
+        let res = call(&service, both()).await;
+        assert_eq!(res.overall_code, Code::Ok as i32);
+        assert_eq!(
+            res.statuses,
+            vec![
+                ok_without_limit(),
+                limited(Code::Ok, remaining, 60, 10, Unit::Minute, "expensive"),
+            ]
+        );
+    }
+    // premium (1 per minute) was never counted above.
+    let res = call(&service, request(vec![desc(&[("api_key", "k")])])).await;
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::Ok, 0, 60, 1, Unit::Minute, "premium")]
+    );
+}
+
+#[tokio::test]
+async fn override_replaces_the_tree_for_its_descriptor() {
+    let service = start().await;
+    let overridden = || {
+        request(vec![RateLimitDescriptor {
+            limit: Some(RateLimitOverride {
+                requests_per_unit: 1,
+                unit: RateLimitUnit::Hour as i32,
+            }),
+            ..desc(&[("user", "alice")])
+        }])
+    };
+    let res = call(&service, overridden()).await;
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::Ok, 0, 3600, 1, Unit::Hour, "")]
+    );
+    let res = call(&service, overridden()).await;
+    assert_eq!(res.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::OverLimit, 0, 3600, 1, Unit::Hour, "")]
+    );
+    // The configured rule's counter was not touched.
+    let res = call(&service, request(vec![desc(&[("user", "alice")])])).await;
+    assert_eq!(
+        res.statuses,
+        vec![limited(Code::Ok, 2, 60, 3, Unit::Minute, "per_user")]
+    );
+}
+
+#[tokio::test]
+async fn reflection_lists_the_service() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let service = start().await;
+    let mut client = ServerReflectionClient::new(service.channel.clone());
+    let requests = [
+        MessageRequest::ListServices(String::new()),
+        MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+        ),
+        // grpcurl resolves imports by file name.
+        MessageRequest::FileByFilename("google/protobuf/duration.proto".to_owned()),
+    ];
+    let outbound = tokio_stream::iter(requests.into_iter().map(|it| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(it),
+    }));
+    let mut inbound = client
+        .server_reflection_info(outbound)
+        .await
+        .expect("reflection call")
+        .into_inner();
+    let first = inbound
+        .message()
+        .await
+        .unwrap()
+        .unwrap()
+        .message_response
+        .unwrap();
+    let MessageResponse::ListServicesResponse(list) = first else {
+        panic!("{first:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
+    assert!(
+        names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_owned()),
+        "{names:?}"
+    );
+    for what in ["service", "google/protobuf/duration.proto"] {
+        let res = inbound
+            .message()
+            .await
+            .unwrap()
+            .unwrap()
+            .message_response
+            .unwrap();
+        assert!(
+            matches!(&res, MessageResponse::FileDescriptorResponse(it) if !it.file_descriptor_proto.is_empty()),
+            "{what}: {res:?}"
+        );
+    }
+}
+
+/// Delays every decision, to have requests in flight at shutdown.
+#[derive(Debug)]
+struct SlowBackend {
+    inner: Arc<dyn Backend>,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Backend for SlowBackend {
+    async fn decide(
+        &self,
+        checks: &[KeyedCheck],
+    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.decide(checks).await
+    }
+
+    async fn probe(&self) -> Result<(), backends::Error> {
+        self.inner.probe().await
+    }
+
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+}
+
+#[tokio::test]
+async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
+    let (inner, _clock) = memory_backend();
+    let backend = Arc::new(SlowBackend {
+        inner,
+        delay: Duration::from_millis(500),
+    });
+    let service = start_with_config(CONFIG, backend, default_options()).await;
+    let addr = service.addr;
+
+    let mut health = tonic_health::pb::health_client::HealthClient::new(service.channel.clone());
+    let mut watch = health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: "ratelimit".to_owned(),
+        })
+        .await
+        .expect("watch health")
+        .into_inner();
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+
+    let mut client = service.client();
+    let in_flight = tokio::spawn(async move {
+        client
+            .should_rate_limit(request(vec![desc(&[("user", "a")])]))
+            .await
+    });
+    // Let the request reach the backend before the signal.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let stopping = tokio::spawn(service.stop());
+
+    let next = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("health changes at the signal")
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.status(), ServingStatus::NotServing);
+    // The watch stream is itself in flight: end it so draining can finish.
+    drop(watch);
+
+    let res = in_flight
+        .await
+        .unwrap()
+        .expect("the in-flight request completes");
+    assert_eq!(res.into_inner().overall_code, Code::Ok as i32);
+    tokio::time::timeout(Duration::from_secs(10), stopping)
+        .await
+        .expect("drains within its deadline")
+        .unwrap()
+        .expect("clean stop");
+    // Nothing listens any more.
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+}

@@ -1,0 +1,652 @@
+//! The Redis backend against a real redis-server: exactness under
+//! concurrency and across instances, key hygiene, failures and recovery.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use support::redis::{RedisServer, backend, check, counter_key, settings};
+use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
+use throttlegate::backends::redis::{ClockSource, RedisBackend};
+use throttlegate::backends::{Backend, CounterKey, Error, KeyedCheck};
+use throttlegate::clock::ManualClock;
+
+const T0: u64 = 1_700_000_000_000_000;
+
+fn manual(at: u64) -> (ManualClock, ClockSource) {
+    let clock = ManualClock::new(at);
+    (clock.clone(), ClockSource::Local(Arc::new(clock)))
+}
+
+async fn allowed(backend: &dyn Backend, checks: &[KeyedCheck]) -> bool {
+    backend.decide(checks).await.expect("decide").allowed
+}
+
+/// Every key in the database with its PTTL.
+async fn keys_with_ttl(server: &RedisServer) -> Vec<(String, i64)> {
+    let mut conn = server.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for key in keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        out.push((key, ttl));
+    }
+    out
+}
+
+async fn dbsize(server: &RedisServer) -> u64 {
+    let mut conn = server.connection().await;
+    redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap()
+}
+
+/// 64 tasks hammer one key through `backends` (round robin); returns how
+/// many of `requests` were allowed.
+async fn hammer(
+    backends: Vec<Arc<RedisBackend>>,
+    checks: Vec<KeyedCheck>,
+    requests: usize,
+) -> usize {
+    let checks = Arc::new(checks);
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let backend = backends[task % backends.len()].clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..requests / 64 {
+                if backend.decide(&checks).await.expect("decide").allowed {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    total
+}
+
+/// A limit of 50 that cannot refill while the test runs.
+fn slow_check(algorithm: Algorithm) -> KeyedCheck {
+    check(counter_key(algorithm, 3_600, &[("user", "alice")]), 50, 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_tasks_on_one_key_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let backend = Arc::new(backend(&server, ClockSource::Redis).await);
+    for algorithm in Algorithm::ALL {
+        let total = hammer(vec![backend.clone()], vec![slow_check(algorithm)], 256).await;
+        assert_eq!(total, 50, "{algorithm}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_redis_admit_exactly_the_limit_in_total() {
+    let server = RedisServer::start();
+    let first = Arc::new(backend(&server, ClockSource::Redis).await);
+    let second = Arc::new(backend(&server, ClockSource::Redis).await);
+    for algorithm in Algorithm::ALL {
+        let total = hammer(
+            vec![first.clone(), second.clone()],
+            vec![slow_check(algorithm)],
+            256,
+        )
+        .await;
+        assert_eq!(total, 50, "{algorithm}");
+    }
+}
+
+#[tokio::test]
+async fn requests_in_the_same_microsecond_are_all_counted() {
+    let server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    // math.random()-style members collided here: 8 of 8 passed on Redis 5/6.
+    let limit_5 = [check(
+        counter_key(Algorithm::SlidingWindowLog, 1, &[("u", "a")]),
+        5,
+        1,
+    )];
+    let mut admitted = 0;
+    for _ in 0..8 {
+        admitted += usize::from(allowed(&backend, &limit_5).await);
+    }
+    assert_eq!(admitted, 5);
+    // Cost 5 against 10: a single ZADD per request would admit 6.
+    let cost_5 = [check(
+        counter_key(Algorithm::SlidingWindowLog, 1, &[("u", "b")]),
+        10,
+        5,
+    )];
+    let mut admitted = 0;
+    for _ in 0..6 {
+        admitted += usize::from(allowed(&backend, &cost_5).await);
+    }
+    assert_eq!(admitted, 2);
+}
+
+#[tokio::test]
+async fn every_key_has_a_ttl_and_idle_keys_vanish() {
+    let server = RedisServer::start();
+    let backend = backend(&server, ClockSource::Redis).await;
+    for algorithm in Algorithm::ALL {
+        for value in ["a", "b:c", "{x}", ""] {
+            let checks = [check(counter_key(algorithm, 1, &[("user", value)]), 10, 3)];
+            assert!(allowed(&backend, &checks).await);
+        }
+    }
+    let keys = keys_with_ttl(&server).await;
+    assert_eq!(keys.len(), 20, "{keys:?}");
+    for (key, ttl) in &keys {
+        // A sliding-window counter's count is weighed for one more window.
+        let bound = if key.contains("sliding_window_counter") {
+            2_000
+        } else {
+            1_000
+        };
+        assert!(*ttl > 0 && *ttl <= bound, "{key}: pttl {ttl}");
+    }
+    let deadline = Instant::now() + Duration::from_millis(3_000);
+    while dbsize(&server).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "keys outlived their windows: {:?}",
+            keys_with_ttl(&server).await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_state_equal_to_fresh_is_deleted() {
+    let server = RedisServer::start();
+    let (clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    for algorithm in Algorithm::ALL {
+        // A check (cost 0) changes nothing, so nothing is stored.
+        let probe = [check(counter_key(algorithm, 60, &[("u", "a")]), 10, 0)];
+        assert!(allowed(&backend, &probe).await);
+    }
+    assert_eq!(dbsize(&server).await, 0);
+    // A token bucket refilled to full by the time of the next request.
+    let take = [check(
+        counter_key(Algorithm::TokenBucket, 60, &[("u", "b")]),
+        10,
+        1,
+    )];
+    assert!(allowed(&backend, &take).await);
+    assert_eq!(dbsize(&server).await, 1);
+    clock.advance(6_000_000);
+    let look = [check(
+        counter_key(Algorithm::TokenBucket, 60, &[("u", "b")]),
+        10,
+        0,
+    )];
+    let verdict = backend.decide(&look).await.unwrap();
+    assert_eq!(verdict.outcomes[0].remaining, 10);
+    assert_eq!(dbsize(&server).await, 0);
+}
+
+#[tokio::test]
+async fn script_flush_while_serving_is_transparent() {
+    let server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    let checks = [check(
+        counter_key(Algorithm::SlidingWindowLog, 60, &[("u", "a")]),
+        4,
+        1,
+    )];
+    assert!(allowed(&backend, &checks).await);
+    assert!(allowed(&backend, &checks).await);
+    let mut conn = server.connection().await;
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // NOSCRIPT → SCRIPT LOAD → EVALSHA, and the counter carries on.
+    assert!(allowed(&backend, &checks).await);
+    assert!(allowed(&backend, &checks).await);
+    assert!(!allowed(&backend, &checks).await);
+}
+
+fn assert_bounded(started: Instant, timeout_ms: u64, what: &str) {
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed <= Duration::from_millis(timeout_ms + 250),
+        "{what} took {elapsed:?} with a {timeout_ms} ms timeout"
+    );
+}
+
+#[tokio::test]
+async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
+    let mut server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let mut settings = settings(&server, source);
+    settings.timeout_ms = 300;
+    let backend = RedisBackend::connect(settings).await.unwrap();
+    let checks = [check(
+        counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
+        10,
+        1,
+    )];
+    assert!(allowed(&backend, &checks).await);
+    backend.probe().await.expect("healthy");
+
+    server.kill();
+    for attempt in 0..3 {
+        let started = Instant::now();
+        let err = backend.decide(&checks).await.expect_err("redis is down");
+        assert_bounded(started, 300, "decide");
+        assert!(
+            matches!(err, Error::Unavailable(_) | Error::Timeout(_)),
+            "attempt {attempt}: {err:?}"
+        );
+        assert!(err.is_transient());
+        let started = Instant::now();
+        backend
+            .probe()
+            .await
+            .expect_err("probe must notice the outage");
+        assert_bounded(started, 300, "probe");
+    }
+
+    server.restart();
+    backend
+        .probe()
+        .await
+        .expect("probe recovers on the same backend");
+    assert!(allowed(&backend, &checks).await, "decisions resume");
+}
+
+#[tokio::test]
+async fn dropped_connections_are_replaced() {
+    let server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    let checks = [check(
+        counter_key(Algorithm::Gcra, 60, &[("u", "a")]),
+        100,
+        1,
+    )];
+    assert!(allowed(&backend, &checks).await);
+    let mut conn = server.connection().await;
+    // Kill every client but this one, as a proxy or a failover would.
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("SKIPME")
+        .arg("yes")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    backend
+        .probe()
+        .await
+        .expect("probe replaces the dead connection");
+    for _ in 0..5 {
+        assert!(allowed(&backend, &checks).await);
+    }
+}
+
+/// The request that timed out may still run (here: when Redis resumes);
+/// a retry would have counted it twice.
+#[tokio::test]
+async fn paused_redis_times_out_and_the_request_is_not_retried() {
+    let server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let mut settings = settings(&server, source);
+    settings.timeout_ms = 300;
+    let backend = RedisBackend::connect(settings).await.unwrap();
+    let checks = [check(
+        counter_key(Algorithm::SlidingWindowLog, 60, &[("u", "a")]),
+        3,
+        1,
+    )];
+    // Also loads the script: the timed-out call below is a bare EVALSHA.
+    assert!(allowed(&backend, &checks).await);
+
+    server.pause();
+    let started = Instant::now();
+    let err = backend.decide(&checks).await.expect_err("redis is paused");
+    assert_bounded(started, 300, "decide");
+    assert!(matches!(err, Error::Timeout(300)), "{err:?}");
+    server.resume();
+
+    // The timed-out call ran once Redis resumed: one unit left, not zero.
+    let mut conn = server.connection().await;
+    let key = backend.key_of(&checks[0].key);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let card: u64 = redis::cmd("ZCARD")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if card == 2 {
+            break;
+        }
+        assert!(card == 1 && Instant::now() < deadline, "zcard {card}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(allowed(&backend, &checks).await);
+    assert!(!allowed(&backend, &checks).await);
+}
+
+#[tokio::test]
+async fn redis_time_keeps_skewed_replicas_exact() {
+    let server = RedisServer::start();
+    let bucket = || {
+        [check(
+            counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
+            10,
+            1,
+        )]
+    };
+
+    // Replicas whose clocks are a window apart, each sending its own time.
+    let (_early, early) = manual(T0);
+    let (_late, late) = manual(T0 + 60_000_000);
+    let replicas = [backend(&server, early).await, backend(&server, late).await];
+    let mut admitted = 0;
+    for idx in 0..100 {
+        admitted += usize::from(allowed(&replicas[idx % 2], &bucket()).await);
+    }
+    assert!(
+        admitted > 10,
+        "local clocks a window apart refill the bucket: {admitted}"
+    );
+
+    let mut conn = server.connection().await;
+    let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let replicas = [
+        backend(&server, ClockSource::Redis).await,
+        backend(&server, ClockSource::Redis).await,
+    ];
+    let mut admitted = 0;
+    for idx in 0..100 {
+        admitted += usize::from(allowed(&replicas[idx % 2], &bucket()).await);
+    }
+    assert_eq!(admitted, 10);
+}
+
+#[tokio::test]
+async fn hostile_values_never_share_a_counter() {
+    let server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    let descriptors: [&[(&str, &str)]; 12] = [
+        &[("k", ":")],
+        &[("k", "_")],
+        &[("k", "{")],
+        &[("k", "}")],
+        &[("k", "{}")],
+        &[("k", "")],
+        &[("k", "ünï©ødé")],
+        &[("k", "%3A")],
+        &[("a:b", "c")],
+        &[("a", "b:c")],
+        &[("a", "b"), ("c", "d")],
+        &[("a", "b:c=d")],
+    ];
+    for entries in descriptors {
+        let checks = [check(
+            counter_key(Algorithm::SlidingWindowLog, 60, entries),
+            1,
+            1,
+        )];
+        assert!(
+            allowed(&backend, &checks).await,
+            "{entries:?} shared a counter"
+        );
+        assert!(
+            !allowed(&backend, &checks).await,
+            "{entries:?} was not counted"
+        );
+    }
+    let keys = keys_with_ttl(&server).await;
+    assert_eq!(keys.len(), descriptors.len());
+    for (key, _) in keys {
+        assert!(!key.contains(['{', '}']), "{key} holds a hash tag");
+    }
+}
+
+#[tokio::test]
+async fn a_denied_request_consumes_nothing_anywhere() {
+    let server = RedisServer::start();
+    let (_clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    let wide = check(
+        counter_key(Algorithm::TokenBucket, 60, &[("ip", "1")]),
+        6,
+        1,
+    );
+    let narrow = check(
+        counter_key(Algorithm::FixedWindow, 60, &[("user", "u")]),
+        3,
+        1,
+    );
+    let both = [wide.clone(), narrow];
+    for _ in 0..3 {
+        assert!(allowed(&backend, &both).await);
+    }
+    for _ in 0..3 {
+        assert!(!allowed(&backend, &both).await);
+    }
+    // The token bucket lost 3 tokens for 3 served requests, not 6.
+    let look = [KeyedCheck {
+        check: Check {
+            cost: 0,
+            ..wide.check
+        },
+        ..wide
+    }];
+    assert_eq!(
+        backend.decide(&look).await.unwrap().outcomes[0].remaining,
+        3
+    );
+}
+
+#[tokio::test]
+async fn checkouts_send_no_ping() {
+    let server = RedisServer::start();
+    let backend = backend(&server, ClockSource::Redis).await;
+    let checks = [check(
+        counter_key(Algorithm::Gcra, 60, &[("u", "a")]),
+        1_000,
+        1,
+    )];
+    let mut conn = server.connection().await;
+    // Forget the harness's own readiness PING.
+    let () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for _ in 0..50 {
+        allowed(&backend, &checks).await;
+    }
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!stats.contains("cmdstat_ping"), "{stats}");
+    let evalsha_calls: u64 = stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|it| it.parse().ok())
+        .unwrap_or_else(|| panic!("no evalsha stats in {stats}"));
+    // 50 decisions, plus the first EVALSHA that met NOSCRIPT.
+    assert!((50..=51).contains(&evalsha_calls), "{stats}");
+}
+
+#[tokio::test]
+async fn unix_socket_and_passwords_work() {
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let mut conn = server.connection().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("alice")
+        .arg("on")
+        .arg(">pw")
+        .arg("~*")
+        .arg("+@all")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let checks = [check(
+        counter_key(Algorithm::FixedWindow, 60, &[("u", "a")]),
+        3,
+        1,
+    )];
+    let urls = [
+        server.url(),
+        format!("redis://alice:pw@127.0.0.1:{}/", server.port()),
+        format!(
+            "redis+unix://{}?pass=s3cret",
+            server.socket_path().display()
+        ),
+    ];
+    for url in urls {
+        let mut it = settings(&server, ClockSource::Redis);
+        it.url = url.clone();
+        let backend = RedisBackend::connect(it).await.unwrap();
+        backend
+            .probe()
+            .await
+            .unwrap_or_else(|err| panic!("{url}: {err}"));
+        assert!(allowed(&backend, &checks).await, "{url}");
+    }
+    let mut wrong = settings(&server, ClockSource::Redis);
+    wrong.url = format!("redis://alice:nope@127.0.0.1:{}/", server.port());
+    let backend = RedisBackend::connect(wrong).await.unwrap();
+    let err = backend.probe().await.expect_err("wrong password");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(!format!("{backend:?}").contains("nope"), "{backend:?}");
+    assert!(!err.to_string().contains("nope"), "{err}");
+}
+
+#[tokio::test]
+async fn bad_urls_fail_at_connect_and_unreachable_servers_at_probe() {
+    let server = RedisServer::start();
+    for url in ["", "http://127.0.0.1/", "redis://127.0.0.1:notaport/"] {
+        let mut it = settings(&server, ClockSource::Redis);
+        it.url = url.to_owned();
+        let err = RedisBackend::connect(it).await.expect_err(url);
+        assert!(matches!(err, Error::Protocol(_)), "{url}: {err:?}");
+    }
+    let port = server.port();
+    drop(server);
+    let mut it = settings_for(&format!("redis://127.0.0.1:{port}/"));
+    it.timeout_ms = 200;
+    let backend = RedisBackend::connect(it)
+        .await
+        .expect("unreachable is not a connect error");
+    let started = Instant::now();
+    let err = backend.probe().await.expect_err("nobody listens");
+    assert_bounded(started, 200, "probe");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+}
+
+/// TLS is compiled in: a `rediss://` URL connects with rustls (and fails
+/// cleanly, without a panic, against a server that speaks plain text).
+#[tokio::test]
+async fn rediss_against_a_plain_server_is_a_clean_error() {
+    let server = RedisServer::start();
+    let mut it = settings(&server, ClockSource::Redis);
+    it.url = format!("rediss://127.0.0.1:{}/#insecure", server.port());
+    let backend = RedisBackend::connect(it).await.expect("a valid tls url");
+    // Without a rustls crypto provider the connection task panicked (and
+    // tokio swallowed it): watch for panics raised inside rustls.
+    static RUSTLS_PANICKED: AtomicBool = AtomicBool::new(false);
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if info
+            .location()
+            .is_some_and(|it| it.file().contains("rustls"))
+        {
+            RUSTLS_PANICKED.store(true, Ordering::SeqCst);
+        }
+        default_hook(info);
+    }));
+    for _ in 0..2 {
+        let err = backend.probe().await.expect_err("plain server");
+        assert!(err.is_transient(), "{err:?}");
+    }
+    assert!(!RUSTLS_PANICKED.load(Ordering::SeqCst), "rustls panicked");
+}
+
+#[tokio::test]
+async fn the_same_counter_twice_in_one_request_is_refused() {
+    let server = RedisServer::start();
+    let backend = backend(&server, ClockSource::Redis).await;
+    let it = check(counter_key(Algorithm::FixedWindow, 60, &[("u", "a")]), 3, 1);
+    let err = backend
+        .decide(&[it.clone(), it])
+        .await
+        .expect_err("duplicate");
+    assert!(matches!(err, Error::Protocol(_)), "{err:?}");
+}
+
+#[tokio::test]
+async fn the_key_prefix_namespaces_every_key() {
+    let server = RedisServer::start();
+    let mut it = settings(&server, ClockSource::Redis);
+    it.key_prefix = "custom-prefix".to_owned();
+    let backend = RedisBackend::connect(it).await.unwrap();
+    let key: CounterKey = counter_key(Algorithm::Gcra, 60, &[("u", "a")]);
+    let params = LimitParams::new(Algorithm::Gcra, 5, 60_000_000, None).unwrap();
+    let checks = [KeyedCheck {
+        key,
+        check: Check {
+            params,
+            cost: 1,
+            mode: Mode::Enforce,
+        },
+    }];
+    assert!(allowed(&backend, &checks).await);
+    let keys = keys_with_ttl(&server).await;
+    assert_eq!(keys.len(), 1);
+    assert_eq!(keys[0].0, "custom-prefix:test:rule:gcra.60s:u=a");
+}
+
+fn settings_for(url: &str) -> throttlegate::backends::redis::RedisSettings {
+    throttlegate::backends::redis::RedisSettings {
+        url: url.to_owned(),
+        pool_size: 2,
+        timeout_ms: 500,
+        key_prefix: "tg".to_owned(),
+        clock: ClockSource::Redis,
+        expiry_grace_ms: 0,
+    }
+}
+
+#[tokio::test]
+async fn rediss_talks_tls_to_a_tls_server() {
+    let server = RedisServer::start_tls();
+    let backend = backend(&server, ClockSource::Redis).await;
+    backend.probe().await.expect("tls probe");
+    let checks = [check(
+        counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
+        2,
+        1,
+    )];
+    assert!(allowed(&backend, &checks).await);
+    assert!(allowed(&backend, &checks).await);
+    assert!(!allowed(&backend, &checks).await);
+}

@@ -1,0 +1,147 @@
+//! The real gRPC server over the Redis backend: exact under concurrency,
+//! across two server instances, and health that follows Redis.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic_health::pb::health_check_response::ServingStatus;
+
+use support::redis::{RedisServer, backend, settings};
+use support::service::{TestService, default_options, start_with_config};
+use throttlegate::backends::Backend;
+use throttlegate::backends::redis::{ClockSource, RedisBackend};
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const CONFIG: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 50}
+  - key: bucket
+    rate_limit: {unit: hour, requests_per_unit: 50, algorithm: token_bucket}
+"#;
+
+fn request(key: &str, value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "api".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn redis_service(server: &RedisServer) -> TestService {
+    let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
+    start_with_config(CONFIG, backend, default_options()).await
+}
+
+/// 64 tasks, spread over `services`, send `requests` in total; returns how
+/// many were answered OK.
+async fn hammer(services: &[&TestService], key: &str, requests: usize) -> usize {
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let mut client = services[task % services.len()].client();
+        let request = request(key, "alice");
+        tasks.push(tokio::spawn(async move {
+            let mut ok = 0;
+            for _ in 0..requests / 64 {
+                let res = client
+                    .should_rate_limit(request.clone())
+                    .await
+                    .expect("rpc")
+                    .into_inner();
+                if res.overall_code == Code::Ok as i32 {
+                    ok += 1;
+                }
+            }
+            ok
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_admits_exactly_the_limit_under_concurrency() {
+    let server = RedisServer::start();
+    let service = redis_service(&server).await;
+    assert_eq!(hammer(&[&service], "user", 256).await, 50);
+    assert_eq!(hammer(&[&service], "bucket", 256).await, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_one_redis_admit_exactly_the_limit_in_total() {
+    let server = RedisServer::start();
+    let first = redis_service(&server).await;
+    let second = redis_service(&server).await;
+    assert_eq!(hammer(&[&first, &second], "user", 256).await, 50);
+    assert_eq!(hammer(&[&first, &second], "bucket", 256).await, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_follows_redis_down_and_back_without_a_restart() {
+    let mut server = RedisServer::start();
+    let mut it = settings(&server, ClockSource::Redis);
+    it.timeout_ms = 300;
+    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(it).await.unwrap());
+    let service = start_with_config(CONFIG, backend, default_options()).await;
+    for name in ["", "ratelimit"] {
+        service
+            .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
+            .await;
+    }
+    let ok = service
+        .client()
+        .should_rate_limit(request("user", "bob"))
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(ok.overall_code, Code::Ok as i32);
+
+    server.kill();
+    let started = Instant::now();
+    let status = service
+        .client()
+        .should_rate_limit(request("user", "bob"))
+        .await
+        .expect_err("redis is down and the failure mode is error");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(300 + 500),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    service
+        .wait_for_health(
+            "ratelimit",
+            ServingStatus::NotServing,
+            Duration::from_secs(5),
+        )
+        .await;
+
+    server.restart();
+    service
+        .wait_for_health("ratelimit", ServingStatus::Serving, Duration::from_secs(5))
+        .await;
+    let ok = service
+        .client()
+        .should_rate_limit(request("user", "bob"))
+        .await
+        .expect("decisions resume")
+        .into_inner();
+    assert_eq!(ok.overall_code, Code::Ok as i32);
+}

@@ -1,0 +1,5 @@
+//! Shared test harness: each test binary uses the parts it needs.
+#![allow(dead_code, reason = "every test binary uses a different subset")]
+
+pub mod redis;
+pub mod service;

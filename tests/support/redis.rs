@@ -1,0 +1,306 @@
+//! A real `redis-server` per test on a free port, plus helpers to build checks.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
+use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
+use throttlegate::backends::{CounterKey, KeyEntry, KeyValue, KeyedCheck};
+
+/// The binary to run; CI installs it with `apt-get install redis-server`.
+fn server_binary() -> String {
+    std::env::var("THROTTLEGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".to_owned())
+}
+
+/// A redis-server child process listening on 127.0.0.1 and on a unix
+/// socket in its own temporary directory; killed and waited for on drop.
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    extra_args: Vec<String>,
+    /// Listens with TLS only (a self-signed certificate in `dir`).
+    tls: bool,
+}
+
+impl RedisServer {
+    /// Starts a server and waits until it answers PING.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Starts a server with extra command-line arguments, such as
+    /// `--requirepass secret`.
+    pub fn start_with(extra_args: &[&str]) -> RedisServer {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let mut server = RedisServer {
+            port: 0,
+            dir,
+            child: None,
+            extra_args: extra_args.iter().map(|it| (*it).to_owned()).collect(),
+            tls: false,
+        };
+        server.run_on_a_free_port();
+        server
+    }
+
+    /// Starts a server that speaks TLS only, with a fresh self-signed
+    /// certificate (made with the `openssl` command).
+    pub fn start_tls() -> RedisServer {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let status = Command::new("openssl")
+            .args([
+                "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            ])
+            .args(["-subj", "/CN=127.0.0.1"])
+            .arg("-keyout")
+            .arg(dir.path().join("key.pem"))
+            .arg("-out")
+            .arg(dir.path().join("cert.pem"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|err| panic!("cannot run openssl ({err}): apt-get install openssl"));
+        assert!(status.success(), "openssl could not make a certificate");
+        let cert = dir.path().join("cert.pem").display().to_string();
+        let key = dir.path().join("key.pem").display().to_string();
+        let mut server = RedisServer {
+            port: 0,
+            dir,
+            child: None,
+            extra_args: vec![
+                "--tls-cert-file".to_owned(),
+                cert.clone(),
+                "--tls-key-file".to_owned(),
+                key,
+                "--tls-ca-cert-file".to_owned(),
+                cert,
+                "--tls-auth-clients".to_owned(),
+                "no".to_owned(),
+            ],
+            tls: true,
+        };
+        server.run_on_a_free_port();
+        server
+    }
+
+    fn run_on_a_free_port(&mut self) {
+        // A port picked this way can be taken by another test before the
+        // server binds it: try a few.
+        for _ in 0..5 {
+            self.port = free_port();
+            if self.spawn() {
+                return;
+            }
+        }
+        panic!("redis-server could not bind a free port after 5 attempts");
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The URL to reach it, with the password when started with one.
+    pub fn url(&self) -> String {
+        if self.tls {
+            // The certificate is self-signed: skip verification.
+            return format!("rediss://127.0.0.1:{}/#insecure", self.port);
+        }
+        match self.password() {
+            Some(password) => format!("redis://:{password}@127.0.0.1:{}/", self.port),
+            None => format!("redis://127.0.0.1:{}/", self.port),
+        }
+    }
+
+    fn password(&self) -> Option<&str> {
+        let idx = self
+            .extra_args
+            .iter()
+            .position(|it| it == "--requirepass")?;
+        self.extra_args.get(idx + 1).map(String::as_str)
+    }
+
+    /// Stops the process (SIGSTOP): connections stay open, nothing answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("server running").id();
+        let status = Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {signal} {pid} failed");
+    }
+
+    pub fn socket_path(&self) -> PathBuf {
+        self.dir.path().join("redis.sock")
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// A plain connection for inspecting keys (not through the backend).
+    pub async fn connection(&self) -> ::redis::aio::MultiplexedConnection {
+        ::redis::Client::open(self.url())
+            .expect("valid url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis")
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts again on the same port (empty: nothing is persisted).
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.spawn() {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}:\n{}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Runs the binary; false when it exited at once (port taken).
+    fn spawn(&mut self) -> bool {
+        let bin = server_binary();
+        let log = self.dir.path().join("redis.log");
+        let mut command = Command::new(&bin);
+        if self.tls {
+            command.args(["--port", "0", "--tls-port", &self.port.to_string()]);
+        } else {
+            command.args(["--port", &self.port.to_string()]);
+        }
+        let child = command
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--daemonize", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(&log)
+            .arg("--unixsocket")
+            .arg(self.socket_path())
+            .args(&self.extra_args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let child = match child {
+            Ok(child) => child,
+            Err(err) => panic!(
+                "cannot run {bin:?} ({err}): install Redis (apt-get install redis-server) \
+                 or point THROTTLEGATE_REDIS_SERVER at a redis-server binary"
+            ),
+        };
+        self.child = Some(child);
+        let client = ::redis::Client::open(self.url()).expect("valid url");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                eprintln!("redis-server exited with {status}:\n{}", self.log());
+                self.child = None;
+                return false;
+            }
+            if let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200))
+                && ::redis::cmd("PING").query::<String>(&mut conn).is_ok()
+            {
+                return true;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "redis-server on port {} did not answer within 10 s:\n{}",
+                    self.port,
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|it| it.local_addr())
+        .map(|it| it.port())
+        .expect("find a free port")
+}
+
+/// Settings for a backend on `server`: pool of 4, 500 ms timeout.
+pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
+    RedisSettings {
+        url: server.url(),
+        pool_size: 4,
+        timeout_ms: 500,
+        key_prefix: "tg".to_owned(),
+        clock,
+        expiry_grace_ms: 0,
+    }
+}
+
+pub async fn backend(server: &RedisServer, clock: ClockSource) -> RedisBackend {
+    RedisBackend::connect(settings(server, clock))
+        .await
+        .expect("connect the redis backend")
+}
+
+/// A counter key for descriptor entries given as (key, value).
+pub fn counter_key(algorithm: Algorithm, window_s: u64, entries: &[(&str, &str)]) -> CounterKey {
+    CounterKey {
+        domain: Arc::from("test"),
+        rule: Arc::from("rule"),
+        algorithm,
+        window_s,
+        is_override: false,
+        entries: entries
+            .iter()
+            .map(|(key, value)| KeyEntry {
+                key: Arc::from(*key),
+                value: KeyValue::Value((*value).to_owned()),
+            })
+            .collect(),
+    }
+}
+
+/// One enforcing check of `limit` per `window_s` seconds on `key`.
+pub fn check(key: CounterKey, limit: u64, cost: u64) -> KeyedCheck {
+    let params = LimitParams::new(key.algorithm, limit, key.window_s * 1_000_000, None)
+        .expect("valid params");
+    KeyedCheck {
+        key,
+        check: Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        },
+    }
+}

@@ -1,0 +1,172 @@
+//! Starts the real gRPC server on an ephemeral port for a test.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use throttlegate::algorithms::Algorithm;
+use throttlegate::backends::Backend;
+use throttlegate::backends::memory::MemoryBackend;
+use throttlegate::clock::ManualClock;
+use throttlegate::config::{self, LoadOptions};
+use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use throttlegate::rules::RuleSet;
+use throttlegate::server::{self, App};
+
+/// A fixed start time, so windows do not roll over mid-test.
+pub const T0: u64 = 1_700_000_000_000_000;
+
+/// A running server; stops (without draining) when dropped.
+pub struct TestService {
+    pub addr: SocketAddr,
+    pub client: RateLimitServiceClient<Channel>,
+    pub channel: Channel,
+    pub limiter: Arc<Limiter>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), server::Error>>>,
+}
+
+/// Limiter options as `serve` starts by default: headers on, errors fail.
+pub fn default_options() -> Options {
+    Options {
+        shadow_mode: false,
+        response_headers: Some(HeaderNames::standard()),
+        failure_mode: FailureMode::Error,
+    }
+}
+
+/// A memory backend on a manual clock starting at [`T0`].
+pub fn memory_backend() -> (Arc<dyn Backend>, ManualClock) {
+    let clock = ManualClock::new(T0);
+    (Arc::new(MemoryBackend::new(Arc::new(clock.clone()))), clock)
+}
+
+/// Parses one config file's text, panicking with the problems if invalid.
+pub fn rules_from(yaml: &str) -> RuleSet {
+    let options = LoadOptions {
+        merge_domains: false,
+        default_algorithm: Algorithm::SlidingWindowLog,
+    };
+    match config::parse_str("test.yaml", yaml, &options) {
+        Ok(loaded) => loaded.rules,
+        Err(err) => panic!("invalid test config:\n{err:#}"),
+    }
+}
+
+/// Starts a server with `yaml` as its only config file.
+pub async fn start_with_config(
+    yaml: &str,
+    backend: Arc<dyn Backend>,
+    options: Options,
+) -> TestService {
+    start_service(rules_from(yaml), backend, options).await
+}
+
+/// Starts a server on 127.0.0.1:0 (bound before spawning, so no wait is
+/// needed) and connects a client to it.
+pub async fn start_service(
+    rules: RuleSet,
+    backend: Arc<dyn Backend>,
+    options: Options,
+) -> TestService {
+    let limiter = Arc::new(Limiter::new(
+        Arc::new(ArcSwap::from_pointee(rules)),
+        backend,
+        options,
+    ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind an ephemeral port");
+    let addr = listener.local_addr().expect("bound address");
+    let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
+    let app = App {
+        limiter: limiter.clone(),
+        drain_timeout: Duration::from_secs(5),
+    };
+    let task = tokio::spawn(throttlegate::serve(listener, app, async {
+        let _ = shutdown_rx.await;
+    }));
+    let channel = connect(addr).await;
+    TestService {
+        addr,
+        client: RateLimitServiceClient::new(channel.clone()),
+        channel,
+        limiter,
+        shutdown: Some(shutdown_tx),
+        task: Some(task),
+    }
+}
+
+/// A channel to `addr`.
+pub async fn connect(addr: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .expect("valid uri")
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap_or_else(|err| panic!("connect to {addr}: {err}"))
+}
+
+impl TestService {
+    /// A fresh client on the shared channel.
+    pub fn client(&self) -> RateLimitServiceClient<Channel> {
+        RateLimitServiceClient::new(self.channel.clone())
+    }
+
+    /// The health status of `service` (`""`, `ratelimit`, ...).
+    pub async fn health(&self, service: &str) -> Result<ServingStatus, tonic::Status> {
+        let mut client = HealthClient::new(self.channel.clone());
+        let res = client
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await?;
+        Ok(res.into_inner().status())
+    }
+
+    /// Waits until `service` reports `expected`, for at most `within`.
+    pub async fn wait_for_health(&self, service: &str, expected: ServingStatus, within: Duration) {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let status = self.health(service).await;
+            if matches!(&status, Ok(it) if *it == expected) {
+                return;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "health of {service:?} is {status:?}, expected {expected:?} within {within:?}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Signals shutdown and waits for the server to finish draining.
+    pub async fn stop(mut self) -> Result<(), server::Error> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        let task = self.task.take().expect("running");
+        task.await.expect("server task panicked")
+    }
+}
+
+impl Drop for TestService {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
