@@ -345,3 +345,67 @@ impl Table {
         before - after
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{Algorithm, LimitParams, Mode};
+    use crate::backends::{KeyEntry, KeyValue};
+    use crate::clock::ManualClock;
+
+    fn key(value: String) -> CounterKey {
+        CounterKey {
+            domain: "d".into(),
+            rule: "k".into(),
+            algorithm: Algorithm::FixedWindow,
+            window_s: 60,
+            is_override: false,
+            entries: vec![KeyEntry {
+                key: "k".into(),
+                value: KeyValue::Value(value),
+            }],
+        }
+    }
+
+    #[test]
+    fn keys_spread_evenly_over_the_shards() {
+        let backend = MemoryBackend::new(Arc::new(ManualClock::new(0)));
+        let mut per_shard = vec![0usize; DEFAULT_SHARDS];
+        let total = 64_000;
+        for idx in 0..total {
+            let hash = backend.hasher.hash_one(key(format!("10.0.{idx}")));
+            per_shard[backend.shard_index(hash)] += 1;
+        }
+        let mean = total / DEFAULT_SHARDS;
+        for (shard, count) in per_shard.iter().enumerate() {
+            assert!(
+                *count > mean * 8 / 10 && *count < mean * 12 / 10,
+                "shard {shard} holds {count} of {total}"
+            );
+        }
+    }
+
+    #[test]
+    fn shard_counts_round_up_to_a_power_of_two() {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+        for (asked, got) in [(0, 1), (1, 1), (3, 4), (64, 64), (100, 128)] {
+            let backend = MemoryBackend::with_shards(clock.clone(), asked);
+            assert_eq!(backend.shards.len(), got);
+            // Every key maps to an existing shard, and a request works.
+            let params = LimitParams::new(Algorithm::FixedWindow, 1, 60_000_000, None).unwrap();
+            let checks: Vec<KeyedCheck> = (0..5)
+                .map(|idx| KeyedCheck {
+                    key: key(idx.to_string()),
+                    check: Check {
+                        params,
+                        cost: 1,
+                        mode: Mode::Enforce,
+                    },
+                })
+                .collect();
+            assert!(backend.decide_sync(&checks).unwrap().allowed);
+            assert!(!backend.decide_sync(&checks).unwrap().allowed);
+            assert_eq!(backend.stored_entries(), 5);
+        }
+    }
+}
