@@ -7,5 +7,6 @@
 pub mod algorithms;
 pub mod backends;
 pub mod clock;
+pub mod config;
 pub mod proto;
 pub mod rules;

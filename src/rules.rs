@@ -96,8 +96,12 @@ impl RateLimit {
 pub enum NodeLimits {
     /// No `rate_limit`: the node only leads to children.
     None,
-    /// `unlimited: true`: always OK, nothing counted.
-    Unlimited { name: Option<Arc<str>> },
+    /// `unlimited: true`: always OK, nothing counted. It still replaces the
+    /// limits it names, as in envoyproxy/ratelimit.
+    Unlimited {
+        name: Option<Arc<str>>,
+        replaces: Vec<Arc<str>>,
+    },
     /// One or more limits; all must pass.
     Limited(Vec<RateLimit>),
 }
@@ -129,6 +133,9 @@ pub struct Node {
     /// for a wildcard), joined by `.`: the metric label `rule`.
     pub path: Arc<str>,
     pub children: Vec<Node>,
+    /// Lookup index over `children`; build it with [`LevelIndex::new`]
+    /// whenever `children` is set.
+    pub index: LevelIndex,
 }
 
 /// One domain's rules.
@@ -138,6 +145,23 @@ pub struct Domain {
     /// Used by RateLimitOverride where no rule names an algorithm.
     pub default_algorithm: Algorithm,
     pub children: Vec<Node>,
+    /// Lookup index over `children`, as in [`Node::index`].
+    pub index: LevelIndex,
+}
+
+/// Index of one level's nodes by key, so matching does not scan every
+/// sibling: per key, the exact values, the wildcards in config order and the
+/// key-only node, as positions in the level's `children`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LevelIndex {
+    by_key: HashMap<Arc<str>, KeySlot>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct KeySlot {
+    exact: HashMap<Arc<str>, usize>,
+    wildcards: Vec<usize>,
+    any: Option<usize>,
 }
 
 /// Every loaded domain: what a config file set compiles to.
@@ -167,12 +191,392 @@ impl RuleSet {
 }
 
 impl Domain {
+    /// A domain over `children`, with its lookup index built.
+    pub fn new(name: Arc<str>, default_algorithm: Algorithm, children: Vec<Node>) -> Domain {
+        Domain {
+            name,
+            default_algorithm,
+            index: LevelIndex::new(&children),
+            children,
+        }
+    }
+
     /// Walks `entries` (key, value) down the tree: at each level the exact
     /// key+value node, else the first matching wildcard (config order), else
     /// the key-only node; no backtracking. `None` when some level has no
-    /// node. The caller checks whether the reached node has limits.
+    /// node (including a descriptor longer than the tree is deep, and an
+    /// empty one). The caller checks whether the reached node has limits.
     pub fn find<'a>(&'a self, entries: &[(&str, &str)]) -> Option<Match<'a>> {
-        let _ = entries;
-        todo!("descriptor matching")
+        if entries.is_empty() {
+            return None;
+        }
+        let mut levels = Vec::with_capacity(entries.len());
+        let mut children = &self.children;
+        let mut index = &self.index;
+        for (key, value) in entries {
+            let node = index.lookup(children, key, value)?;
+            levels.push(node);
+            children = &node.children;
+            index = &node.index;
+        }
+        Some(Match { levels })
+    }
+}
+
+impl LevelIndex {
+    /// Indexes `children`. When two nodes have the same key and value
+    /// (config validation refuses that) the first one wins.
+    pub fn new(children: &[Node]) -> LevelIndex {
+        let mut by_key: HashMap<Arc<str>, KeySlot> = HashMap::new();
+        for (idx, node) in children.iter().enumerate() {
+            let slot = by_key.entry(node.key.clone()).or_default();
+            match &node.value {
+                ValueMatcher::Any => {
+                    slot.any.get_or_insert(idx);
+                }
+                ValueMatcher::Exact(value) => {
+                    slot.exact.entry(value.clone()).or_insert(idx);
+                }
+                ValueMatcher::Wildcard(_) => slot.wildcards.push(idx),
+            }
+        }
+        LevelIndex { by_key }
+    }
+
+    fn lookup<'a>(&self, children: &'a [Node], key: &str, value: &str) -> Option<&'a Node> {
+        let slot = self.by_key.get(key)?;
+        let idx = slot
+            .exact
+            .get(value)
+            .copied()
+            .or_else(|| {
+                slot.wildcards.iter().copied().find(|idx| {
+                    matches!(&children[*idx].value, ValueMatcher::Wildcard(pattern) if glob_match(pattern, value))
+                })
+            })
+            .or(slot.any)?;
+        children.get(idx)
+    }
+}
+
+/// Whether `value` matches `pattern`, where each `*` matches any run of
+/// characters (possibly empty) and everything else matches itself.
+///
+/// With `*` as the only metacharacter, taking the leftmost occurrence of
+/// each literal segment is always optimal, so this runs in time linear in
+/// the lengths (no backtracking blow-up on hostile values).
+pub fn glob_match(pattern: &str, value: &str) -> bool {
+    let Some((prefix, rest)) = pattern.split_once('*') else {
+        return pattern == value;
+    };
+    let (middle, suffix) = rest.rsplit_once('*').unwrap_or(("", rest));
+    if value.len() < prefix.len() + suffix.len()
+        || !value.starts_with(prefix)
+        || !value.ends_with(suffix)
+    {
+        return false;
+    }
+    // Both ends are char boundaries (they end/start a matched literal) and
+    // do not overlap (length checked above).
+    let mut haystack = &value[prefix.len()..value.len() - suffix.len()];
+    for part in middle.split('*').filter(|part| !part.is_empty()) {
+        match haystack.find(part) {
+            Some(at) => haystack = &haystack[at + part.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::{self, LoadOptions};
+
+    const RULES: &str = r#"
+domain: test
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: k
+    value: exact
+    rate_limit: {unit: minute, requests_per_unit: 1, name: exact}
+  - key: k
+    value: pre*
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: k
+    value: "*suf"
+    rate_limit: {unit: minute, requests_per_unit: 3}
+  - key: k
+    value: a*z
+    rate_limit: {unit: minute, requests_per_unit: 4}
+  - key: k
+    value: "*x*y*"
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: k
+    rate_limit: {unit: minute, requests_per_unit: 6}
+  - key: order
+    value: ab*
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: order
+    value: a*
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tenant
+    descriptors:
+      - key: path
+        value: /expensive
+        shadow_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 10, replaces: [{name: exact}]}
+      - key: path
+        rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: user
+        quota_mode: true
+        rate_limit: {unit: day, requests_per_unit: 1000}
+  - key: files
+    value: /files/*
+    share_threshold: true
+    descriptors:
+      - key: method
+        rate_limit: {unit: second, requests_per_unit: 7}
+  - key: health
+    rate_limit: {unlimited: true, name: health, replaces: [{name: exact}]}
+  - key: user
+    rate_limits:
+      - {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
+      - {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: gcra}
+      - {unit: day, requests_per_unit: 10000}
+  - key: parent
+    rate_limit: {unit: second, requests_per_unit: 1}
+    descriptors:
+      - key: child
+        rate_limit: {unit: second, requests_per_unit: 2}
+"#;
+
+    fn rules() -> RuleSet {
+        let options = LoadOptions {
+            merge_domains: false,
+            default_algorithm: Algorithm::SlidingWindowLog,
+        };
+        config::parse_str("rules.yaml", RULES, &options)
+            .expect("test rules are valid")
+            .rules
+    }
+
+    /// Renders a match as `<path> <limits> [flags]`, or `none`.
+    fn render(found: Option<Match<'_>>) -> String {
+        let Some(found) = found else {
+            return "none".to_owned();
+        };
+        let rule = found.rule();
+        let mut out = format!("{} ", rule.path);
+        match &rule.limits {
+            NodeLimits::None => out.push_str("nolimit"),
+            NodeLimits::Unlimited { name, replaces } => {
+                out.push_str("unlimited");
+                if let Some(name) = name {
+                    out.push_str(&format!(" name={name}"));
+                }
+                for replaced in replaces {
+                    out.push_str(&format!(" replaces={replaced}"));
+                }
+            }
+            NodeLimits::Limited(limits) => {
+                let parts: Vec<String> = limits
+                    .iter()
+                    .map(|limit| {
+                        let mut part = format!(
+                            "{}/{}s:{}:cap{}",
+                            limit.requests_per_unit,
+                            limit.window_seconds(),
+                            limit.algorithm(),
+                            limit.params.capacity()
+                        );
+                        if let Some(name) = &limit.name {
+                            part.push_str(&format!(":name={name}"));
+                        }
+                        for replaced in &limit.replaces {
+                            part.push_str(&format!(":replaces={replaced}"));
+                        }
+                        part
+                    })
+                    .collect();
+                out.push_str(&parts.join(","));
+            }
+        }
+        if rule.shadow_mode {
+            out.push_str(" shadow");
+        }
+        if rule.quota_mode {
+            out.push_str(" quota");
+        }
+        for (idx, level) in found.levels.iter().enumerate() {
+            if level.share_threshold {
+                out.push_str(&format!(" share@{idx}"));
+            }
+        }
+        out
+    }
+
+    fn check(descriptor: &[(&str, &str)], expected: &str) {
+        let rules = rules();
+        let domain = rules.domain("test").expect("domain test");
+        let found = domain.find(descriptor);
+        if let Some(found) = &found {
+            assert_eq!(found.levels.len(), descriptor.len(), "{descriptor:?}");
+        }
+        assert_eq!(render(found), expected, "descriptor {descriptor:?}");
+    }
+
+    #[test]
+    fn matching_table() {
+        let sw = "sliding_window_log";
+        let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
+            // key-only: any value
+            (
+                vec![("remote_address", "10.0.0.1")],
+                format!("remote_address 10/1s:{sw}:cap10"),
+            ),
+            // exact beats wildcards and key-only
+            (
+                vec![("k", "exact")],
+                format!("k_exact 1/60s:{sw}:cap1:name=exact"),
+            ),
+            // prefix, suffix, middle and multi-star wildcards
+            (vec![("k", "prefix")], format!("k_pre* 2/60s:{sw}:cap2")),
+            (vec![("k", "pre")], format!("k_pre* 2/60s:{sw}:cap2")),
+            (vec![("k", "endsuf")], format!("k_*suf 3/60s:{sw}:cap3")),
+            (vec![("k", "abcz")], format!("k_a*z 4/60s:{sw}:cap4")),
+            (vec![("k", "az")], format!("k_a*z 4/60s:{sw}:cap4")),
+            (vec![("k", "1x2y3")], format!("k_*x*y* 5/60s:{sw}:cap5")),
+            (vec![("k", "xy")], format!("k_*x*y* 5/60s:{sw}:cap5")),
+            // no wildcard matches: key-only
+            (vec![("k", "yx")], format!("k 6/60s:{sw}:cap6")),
+            (vec![("k", "")], format!("k 6/60s:{sw}:cap6")),
+            // several wildcards match: the first in config order wins
+            (vec![("k", "presuf")], format!("k_pre* 2/60s:{sw}:cap2")),
+            (
+                vec![("order", "abc")],
+                format!("order_ab* 1/3600s:{sw}:cap1"),
+            ),
+            (vec![("order", "ac")], format!("order_a* 2/3600s:{sw}:cap2")),
+            // no wildcard and no key-only node
+            (vec![("order", "b")], "none".to_owned()),
+            (vec![("unknown", "x")], "none".to_owned()),
+            (vec![], "none".to_owned()),
+            // nested, with shadow mode and replaces
+            (
+                vec![("tenant", "t1"), ("path", "/expensive")],
+                format!("tenant.path_/expensive 10/60s:{sw}:cap10:replaces=exact shadow"),
+            ),
+            (
+                vec![("tenant", "t1"), ("path", "/cheap")],
+                format!("tenant.path 100/60s:{sw}:cap100"),
+            ),
+            // too short: the reached node has no limit
+            (vec![("tenant", "t1")], "tenant nolimit".to_owned()),
+            (vec![("tenant", "acme")], "tenant_acme nolimit".to_owned()),
+            (
+                vec![("tenant", "acme"), ("user", "u1")],
+                format!("tenant_acme.user 1000/86400s:{sw}:cap1000 quota"),
+            ),
+            // no backtracking to the key-only `tenant` when tenant_acme has no `path`
+            (
+                vec![("tenant", "acme"), ("path", "/expensive")],
+                "none".to_owned(),
+            ),
+            // too long
+            (
+                vec![("remote_address", "x"), ("more", "y")],
+                "none".to_owned(),
+            ),
+            (
+                vec![("parent", "p"), ("child", "c"), ("extra", "e")],
+                "none".to_owned(),
+            ),
+            // a limit on an inner node applies at that depth only
+            (vec![("parent", "p")], format!("parent 1/1s:{sw}:cap1")),
+            (
+                vec![("parent", "p"), ("child", "c")],
+                format!("parent.child 2/1s:{sw}:cap2"),
+            ),
+            // share_threshold on the wildcard level is visible in the match
+            (
+                vec![("files", "/files/a.txt"), ("method", "GET")],
+                format!("files_/files/*.method 7/1s:{sw}:cap7 share@0"),
+            ),
+            (
+                vec![("files", "/other"), ("method", "GET")],
+                "none".to_owned(),
+            ),
+            // unlimited keeps its name and replaces
+            (
+                vec![("health", "x")],
+                "health unlimited name=health replaces=exact".to_owned(),
+            ),
+            // several limits on one node
+            (
+                vec![("user", "u1")],
+                format!(
+                    "user 10/1s:token_bucket:cap20,100/300s:gcra:cap100,10000/86400s:{sw}:cap10000"
+                ),
+            ),
+        ];
+        for (descriptor, expected) in cases {
+            check(&descriptor, &expected);
+        }
+    }
+
+    #[test]
+    fn share_threshold_level_keeps_the_pattern() {
+        let rules = rules();
+        let domain = rules.domain("test").expect("domain test");
+        let found = domain
+            .find(&[("files", "/files/x"), ("method", "PUT")])
+            .expect("matches");
+        assert!(found.levels[0].share_threshold);
+        assert_eq!(
+            found.levels[0].value,
+            ValueMatcher::Wildcard("/files/*".into())
+        );
+        assert_eq!(found.levels[1].value, ValueMatcher::Any);
+    }
+
+    #[test]
+    fn glob_handles_hostile_input() {
+        let value = "a".repeat(1024);
+        let pattern = format!("{}b", "*a".repeat(200));
+        assert!(!glob_match(&pattern, &value));
+        let pattern = "*a".repeat(200);
+        assert!(glob_match(&pattern, &value));
+        // Multi-byte characters around stars.
+        assert!(glob_match("é*ü", "éxxü"));
+        assert!(!glob_match("éé*", "é"));
+        assert!(glob_match("**", ""));
+        assert!(!glob_match("ab*ba", "aba"));
+    }
+
+    /// Reference: the textbook recursive definition.
+    fn reference(pattern: &[u8], value: &[u8]) -> bool {
+        match pattern.split_first() {
+            None => value.is_empty(),
+            Some((b'*', rest)) => (0..=value.len()).any(|skip| reference(rest, &value[skip..])),
+            Some((ch, rest)) => value.first() == Some(ch) && reference(rest, &value[1..]),
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn glob_agrees_with_reference(pattern in "[ab*]{0,8}", value in "[ab]{0,10}") {
+            prop_assert_eq!(
+                glob_match(&pattern, &value),
+                reference(pattern.as_bytes(), value.as_bytes()),
+                "pattern {:?} value {:?}", pattern, value
+            );
+        }
     }
 }
