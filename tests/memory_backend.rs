@@ -281,6 +281,59 @@ async fn two_keys_of_one_request_are_consumed_together_under_contention() {
     }
 }
 
+#[test]
+fn overlapping_requests_in_any_key_order_never_deadlock_and_stay_atomic() {
+    // Few shards and keys listed in every order: requests overlap in
+    // their shards all the time. Plain threads, so that a deadlock fails
+    // the test by timeout instead of stalling an executor.
+    let clock = ManualClock::new(T0);
+    let backend = Arc::new(MemoryBackend::with_shards(Arc::new(clock), 4));
+    let keys: Vec<KeyedCheck> = (0..6)
+        .map(|idx| keyed(key(&format!("k{idx}"), Algorithm::ALL[idx % 5], 60), 150, 1))
+        .collect();
+    let (done, results) = std::sync::mpsc::channel();
+    for thread_idx in 0..64u64 {
+        let (backend, keys, done) = (backend.clone(), keys.clone(), done.clone());
+        std::thread::spawn(move || {
+            // A small LCG per thread: each request takes 1 to 4 distinct
+            // keys in a scrambled order.
+            let mut seed = thread_idx.wrapping_mul(6_364_136_223_846_793_005) | 1;
+            let mut taken = [0u64; 6];
+            for _ in 0..30 {
+                seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                let mut order: Vec<usize> = (0..6).collect();
+                order.rotate_left((seed >> 33) as usize % 6);
+                if seed >> 40 & 1 == 1 {
+                    order.reverse();
+                }
+                order.truncate(1 + (seed >> 45) as usize % 4);
+                let checks: Vec<KeyedCheck> = order.iter().map(|&idx| keys[idx].clone()).collect();
+                if decide(&backend, &checks).allowed {
+                    for &idx in &order {
+                        taken[idx] += 1;
+                    }
+                }
+                std::thread::yield_now();
+            }
+            done.send(taken).unwrap();
+        });
+    }
+    let mut taken = [0u64; 6];
+    for _ in 0..64 {
+        let per_thread = results
+            .recv_timeout(Duration::from_secs(60))
+            .expect("requests deadlocked");
+        for idx in 0..6 {
+            taken[idx] += per_thread[idx];
+        }
+    }
+    assert!(taken.contains(&150), "no key ran out: nothing was denied");
+    for (idx, check) in keys.iter().enumerate() {
+        // Every key moved by exactly the allowed requests that named it.
+        assert_eq!(remaining(&backend, check), 150 - taken[idx], "key {idx}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweeper_purges_until_its_guard_is_dropped() {
     let (backend, clock) = backend_at(T0);

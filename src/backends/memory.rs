@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hashbrown::HashTable;
+use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -68,6 +69,20 @@ struct Table {
     sweep_at: usize,
 }
 
+/// Per-request scratch space: most requests have a handful of limits, so
+/// these stay off the heap.
+type Inline<T> = SmallVec<[T; 4]>;
+
+/// One check of a request, as the backend locates it.
+struct Slot {
+    hash: u64,
+    shard: usize,
+    /// Index of the shard's guard among the locked ones.
+    guard: usize,
+    /// The key as stored, reused on write-back instead of a clone.
+    stored_key: Option<CounterKey>,
+}
+
 struct Entry {
     /// The key's hash, kept so that growing the table never rehashes keys.
     hash: u64,
@@ -102,15 +117,24 @@ impl MemoryBackend {
     /// [`Backend::decide`] runs, callable without an executor.
     pub fn decide_sync(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
         let now = self.clock.now_us();
-        let hashes: Vec<u64> = checks
+        let mut slots: Inline<Slot> = checks
             .iter()
-            .map(|it| self.hasher.hash_one(&it.key))
+            .map(|it| {
+                let hash = self.hasher.hash_one(&it.key);
+                Slot {
+                    hash,
+                    shard: self.shard_index(hash),
+                    guard: 0,
+                    stored_key: None,
+                }
+            })
             .collect();
         // `decide` needs distinct keys; a repeated one would be read twice
         // and written twice, losing one of the writes.
-        for (idx, hash) in hashes.iter().enumerate() {
-            let repeated =
-                (0..idx).any(|prev| hashes[prev] == *hash && checks[prev].key == checks[idx].key);
+        for idx in 1..checks.len() {
+            let repeated = (0..idx).any(|prev| {
+                slots[prev].hash == slots[idx].hash && checks[prev].key == checks[idx].key
+            });
             if repeated {
                 return Err(Error::Protocol(format!(
                     "counter key repeated in one request: {:?}",
@@ -118,57 +142,51 @@ impl MemoryBackend {
                 )));
             }
         }
-        let shard_of: Vec<usize> = hashes.iter().map(|&it| self.shard_index(it)).collect();
-        let mut locked: Vec<usize> = shard_of.clone();
-        locked.sort_unstable();
-        locked.dedup();
+        let mut locked: Inline<usize> = slots.iter().map(|it| it.shard).collect();
+        if locked.len() > 1 {
+            locked.sort_unstable();
+            locked.dedup();
+        }
+        for slot in &mut slots {
+            slot.guard = locked
+                .binary_search(&slot.shard)
+                .expect("every shard is in the list");
+        }
         // Ascending order: any two requests take their common shards in the
         // same order, so they cannot deadlock.
-        let mut guards: Vec<MutexGuard<'_, Table>> =
+        let mut guards: Inline<MutexGuard<'_, Table>> =
             locked.iter().map(|&idx| self.shards[idx].lock()).collect();
-        let guard_of: Vec<usize> = shard_of
-            .iter()
-            .map(|shard| locked.binary_search(shard).expect("every shard was locked"))
-            .collect();
 
-        let mut keys: Vec<Option<CounterKey>> = Vec::with_capacity(checks.len());
-        let mut states: Vec<Option<State>> = Vec::with_capacity(checks.len());
-        for (idx, it) in checks.iter().enumerate() {
-            let taken = guards[guard_of[idx]].take(hashes[idx], &it.key);
-            match taken {
-                Some(entry) => {
+        let mut states: Inline<Option<State>> = Inline::with_capacity(checks.len());
+        for (slot, it) in slots.iter_mut().zip(checks) {
+            let state = guards[slot.guard]
+                .take(slot.hash, &it.key)
+                .and_then(|entry| {
                     let live = entry.expires_us > now;
-                    keys.push(Some(entry.key));
-                    states.push(live.then_some(entry.state));
-                }
-                None => {
-                    keys.push(None);
-                    states.push(None);
-                }
-            }
+                    slot.stored_key = Some(entry.key);
+                    live.then_some(entry.state)
+                });
+            states.push(state);
         }
 
-        let plain: Vec<Check> = checks.iter().map(|it| it.check).collect();
+        let plain: Inline<Check> = checks.iter().map(|it| it.check).collect();
         let verdict = algorithms::decide(&plain, &mut states, now);
 
-        for (idx, state) in states.into_iter().enumerate() {
+        for ((slot, it), state) in slots.into_iter().zip(checks).zip(states) {
             let Some(mut state) = state else { continue };
-            let params = &checks[idx].check.params;
+            let params = &it.check.params;
             // `decide` left the state advanced to its effective time; this
             // advance changes nothing and returns that time, which can be
             // later than `now` when the clock went backwards.
             let at = state.advance(params, now);
             let expires_us = at + state.until_full(params, at);
-            let key = keys[idx].take().unwrap_or_else(|| checks[idx].key.clone());
-            guards[guard_of[idx]].insert(
-                Entry {
-                    hash: hashes[idx],
-                    key,
-                    state,
-                    expires_us,
-                },
-                now,
-            );
+            let entry = Entry {
+                hash: slot.hash,
+                key: slot.stored_key.unwrap_or_else(|| it.key.clone()),
+                state,
+                expires_us,
+            };
+            guards[slot.guard].insert(entry, now);
         }
         Ok(verdict)
     }
@@ -325,5 +343,69 @@ impl Table {
             self.entries.shrink_to(after * 2, |it| it.hash);
         }
         before - after
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithms::{Algorithm, LimitParams, Mode};
+    use crate::backends::{KeyEntry, KeyValue};
+    use crate::clock::ManualClock;
+
+    fn key(value: String) -> CounterKey {
+        CounterKey {
+            domain: "d".into(),
+            rule: "k".into(),
+            algorithm: Algorithm::FixedWindow,
+            window_s: 60,
+            is_override: false,
+            entries: vec![KeyEntry {
+                key: "k".into(),
+                value: KeyValue::Value(value),
+            }],
+        }
+    }
+
+    #[test]
+    fn keys_spread_evenly_over_the_shards() {
+        let backend = MemoryBackend::new(Arc::new(ManualClock::new(0)));
+        let mut per_shard = vec![0usize; DEFAULT_SHARDS];
+        let total = 64_000;
+        for idx in 0..total {
+            let hash = backend.hasher.hash_one(key(format!("10.0.{idx}")));
+            per_shard[backend.shard_index(hash)] += 1;
+        }
+        let mean = total / DEFAULT_SHARDS;
+        for (shard, count) in per_shard.iter().enumerate() {
+            assert!(
+                *count > mean * 8 / 10 && *count < mean * 12 / 10,
+                "shard {shard} holds {count} of {total}"
+            );
+        }
+    }
+
+    #[test]
+    fn shard_counts_round_up_to_a_power_of_two() {
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(0));
+        for (asked, got) in [(0, 1), (1, 1), (3, 4), (64, 64), (100, 128)] {
+            let backend = MemoryBackend::with_shards(clock.clone(), asked);
+            assert_eq!(backend.shards.len(), got);
+            // Every key maps to an existing shard, and a request works.
+            let params = LimitParams::new(Algorithm::FixedWindow, 1, 60_000_000, None).unwrap();
+            let checks: Vec<KeyedCheck> = (0..5)
+                .map(|idx| KeyedCheck {
+                    key: key(idx.to_string()),
+                    check: Check {
+                        params,
+                        cost: 1,
+                        mode: Mode::Enforce,
+                    },
+                })
+                .collect();
+            assert!(backend.decide_sync(&checks).unwrap().allowed);
+            assert!(!backend.decide_sync(&checks).unwrap().allowed);
+            assert_eq!(backend.stored_entries(), 5);
+        }
     }
 }
