@@ -215,7 +215,7 @@ impl RedisBackend {
     /// connection is dead, and classifies the error.
     fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
         if is_broken(err) {
-            self.epoch.fetch_max(conn.epoch + 1, Ordering::SeqCst);
+            self.retire(conn);
         }
         classify(err, self.timeout_ms)
     }
@@ -233,10 +233,18 @@ impl RedisBackend {
             Ok(Err(err)) => return Err((err, false)),
             Err(_) => return Err((self.checkout_timeout(), false)),
         };
+        // A PING that gets no answer in time may be on a half-open
+        // connection (a partition without a reset), which a multiplexed
+        // connection never notices by itself: retire it, so the pool
+        // reconnects once the network heals. Calls are not retired on a
+        // timeout, since a slow script says nothing about the connection.
         let res: Result<String, RedisError> =
             match timeout_at(deadline, redis::cmd("PING").query_async(&mut conn.conn)).await {
                 Ok(res) => res,
-                Err(_) => return Err((Error::Timeout(self.timeout_ms), false)),
+                Err(_) => {
+                    self.retire(&conn);
+                    return Err((Error::Timeout(self.timeout_ms), false));
+                }
             };
         match res {
             Ok(pong) if pong == "PONG" => Ok(()),
@@ -244,8 +252,18 @@ impl RedisBackend {
                 Error::Protocol(format!("unexpected ping reply {other:?}")),
                 false,
             )),
-            Err(err) => Err((self.fail(&conn, &err), is_broken(&err))),
+            Err(err) => {
+                if err.is_timeout() {
+                    self.retire(&conn);
+                }
+                Err((self.fail(&conn, &err), is_broken(&err)))
+            }
         }
+    }
+
+    /// Marks `conn` and every older connection broken.
+    fn retire(&self, conn: &Pooled) {
+        self.epoch.fetch_max(conn.epoch + 1, Ordering::SeqCst);
     }
 
     fn checkout_timeout(&self) -> Error {
@@ -382,8 +400,11 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
 // === helpers ===
 
 /// Whether the connection that produced `err` is dead and must be replaced.
+/// A timeout is not: the multiplexed connection still serves other calls
+/// (redis-rs reports it as an I/O error, hence the explicit exclusion).
 fn is_broken(err: &RedisError) -> bool {
-    err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+    !err.is_timeout()
+        && (err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error())
 }
 
 /// Maps a Redis failure to a backend error where it arises.
