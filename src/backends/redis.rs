@@ -80,6 +80,9 @@ struct Manager {
     client: redis::Client,
     config: AsyncConnectionConfig,
     epoch: Arc<AtomicU64>,
+    /// Cleared by a successful connect, so that a checkout timeout never
+    /// blames an error from an earlier outage.
+    last_connect_error: Arc<Mutex<Option<String>>>,
 }
 
 struct Pooled {
@@ -139,6 +142,7 @@ impl RedisBackend {
             client,
             config,
             epoch: epoch.clone(),
+            last_connect_error: last_connect_error.clone(),
         };
         let pool = bb8::Pool::builder()
             .max_size(settings.pool_size)
@@ -375,6 +379,10 @@ impl bb8::ManageConnection for Manager {
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
+        *self
+            .last_connect_error
+            .lock()
+            .unwrap_or_else(|it| it.into_inner()) = None;
         Ok(Pooled { conn, epoch })
     }
 
