@@ -765,3 +765,23 @@ async fn a_probe_timeout_replaces_the_connection() {
         .unwrap();
     assert!(newest > id_before, "{clients}");
 }
+
+/// A request whose clock lags the last consumption sees a debt above the
+/// burst; the script saturates (denies) where the reference's `u64`
+/// subtraction underflows (docs/redis.md, known differences).
+#[tokio::test]
+async fn gcra_with_a_lagging_clock_never_admits_beyond_the_burst() {
+    let server = RedisServer::start();
+    let (clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    let checks = [check(counter_key(Algorithm::Gcra, 1, &[("u", "a")]), 10, 1)];
+    for _ in 0..10 {
+        assert!(allowed(&backend, &checks).await);
+    }
+    clock.set(T0 - 1_000);
+    let verdict = backend.decide(&checks).await.unwrap();
+    assert!(!verdict.allowed, "{verdict:?}");
+    assert_eq!(verdict.outcomes[0].remaining, 0);
+    // One emission interval (100 ms) after T0, counted from the lagging clock.
+    assert_eq!(verdict.outcomes[0].reset_us, 100_000 + 1_000);
+}
