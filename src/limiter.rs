@@ -11,7 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 
-use crate::algorithms::{Check, LimitParams, Mode, Outcome};
+use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
 use crate::backends::{self, Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
 use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 
@@ -487,9 +487,15 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
     let mut checks: Vec<KeyedCheck> = Vec::new();
     let mut check_rules: Vec<Arc<str>> = Vec::new();
     let mut by_key: HashMap<CounterKey, usize> = HashMap::new();
+    // Checks on one counter become one check needing room for the sum of
+    // their costs. Equal keys mean equal params (config refuses two limits
+    // of a node sharing window and algorithm), except two overrides of one
+    // descriptor and unit with different numbers in the same request: the
+    // first one's number is enforced.
     let mut add = |key: CounterKey, check: Check, rule: Arc<str>| -> usize {
         if let Some(&idx) = by_key.get(&key) {
-            checks[idx].check.cost += check.cost;
+            let sum = checks[idx].check.cost.saturating_add(check.cost);
+            checks[idx].check.cost = sum.min(MAX_EXACT);
             return idx;
         }
         by_key.insert(key.clone(), checks.len());
@@ -500,13 +506,19 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
 
     let mut descriptors = Vec::with_capacity(request.descriptors.len());
     for (idx, descriptor) in request.descriptors.iter().enumerate() {
-        let cost = descriptor.hits_addend.unwrap_or(request_cost);
+        // No capacity reaches 2^53 (exact in a Lua number), so a larger
+        // cost is denied either way; capping keeps every backend exact.
+        let cost = descriptor
+            .hits_addend
+            .unwrap_or(request_cost)
+            .min(MAX_EXACT);
         if let Some(limit_override) = &descriptor.limit {
             let unit = limit_override.unit.expect("validated");
             let algorithm = match levels[idx].last().map(|it| &it.limits) {
-                Some(NodeLimits::Limited(limits)) => limits[0].algorithm(),
-                _ => domain.default_algorithm,
-            };
+                Some(NodeLimits::Limited(limits)) => limits.first().map(|it| it.algorithm()),
+                _ => None,
+            }
+            .unwrap_or(domain.default_algorithm);
             let window_us = unit.seconds() * 1_000_000;
             let requests = u64::from(limit_override.requests_per_unit);
             let params = LimitParams::new(algorithm, requests, window_us, None).map_err(|err| {
@@ -739,6 +751,10 @@ impl LogGate {
             .duration_since(UNIX_EPOCH)
             .map(|it| it.as_secs())
             .unwrap_or(0);
+        self.admit_at(now_s)
+    }
+
+    fn admit_at(&self, now_s: u64) -> Option<u64> {
         let last = self.last_s.load(Ordering::Relaxed);
         if now_s != last
             && self
@@ -1173,9 +1189,30 @@ mod tests {
             ],
         )
         .await;
-        // A cost larger than the capacity can never pass.
+        // A cost larger than the capacity can never pass, however large.
         fixture.clock.advance(60_000_000);
         check(&fixture, &[(with(6, None), OVER, vec![status(OVER, 0)])]).await;
+        let huge = Request {
+            hits_addend: 0,
+            ..req(vec![
+                Descriptor {
+                    hits_addend: Some(u64::MAX),
+                    ..desc(&[("k", "v")])
+                },
+                Descriptor {
+                    hits_addend: Some(u64::MAX),
+                    ..desc(&[("k", "v")])
+                },
+            ])
+        };
+        check(
+            &fixture,
+            &[
+                (huge, OVER, vec![status(OVER, 0), status(OVER, 0)]),
+                (with(1, None), OK, vec![status(OK, 4)]),
+            ],
+        )
+        .await;
     }
 
     #[tokio::test]
@@ -1267,6 +1304,57 @@ mod tests {
             ],
         )
         .await;
+    }
+
+    #[tokio::test]
+    async fn an_unlimited_rule_replaces_too_and_can_be_replaced() {
+        let fixture = fixture(
+            rules(vec![
+                key_node(
+                    "api_key",
+                    vec![named(limit(1, Unit::Minute), "premium", &[])],
+                ),
+                node(
+                    "vip",
+                    ValueMatcher::Any,
+                    NodeLimits::Unlimited {
+                        name: Some(Arc::from("vip")),
+                        replaces: vec![Arc::from("premium")],
+                    },
+                ),
+                key_node(
+                    "boss",
+                    vec![named(limit(5, Unit::Minute), "boss", &["vip"])],
+                ),
+            ]),
+            options(),
+        );
+        let unlimited = (OK, u32::MAX, None, None);
+        let vip = || req(vec![desc(&[("api_key", "k")]), desc(&[("vip", "v")])]);
+        check(
+            &fixture,
+            &[
+                (vip(), OK, vec![ok_none(), unlimited.clone()]),
+                (vip(), OK, vec![ok_none(), unlimited]),
+                // A replaced unlimited rule is dropped like any other.
+                (
+                    req(vec![desc(&[("vip", "v")]), desc(&[("boss", "b")])]),
+                    OK,
+                    vec![ok_none(), lim(OK, 4, 60, 5, Unit::Minute, "boss")],
+                ),
+            ],
+        )
+        .await;
+    }
+
+    #[test]
+    fn log_gate_lets_one_line_through_per_second() {
+        let gate = LogGate::new();
+        let got: Vec<Option<u64>> = [100, 100, 100, 100, 101, 101, 105]
+            .into_iter()
+            .map(|at| gate.admit_at(at))
+            .collect();
+        assert_eq!(got, vec![Some(0), None, None, None, Some(3), None, Some(1)]);
     }
 
     #[tokio::test]

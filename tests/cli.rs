@@ -1,5 +1,7 @@
 //! The built binary: `check-config` and `serve`, exit codes and signals.
 
+mod support;
+
 use std::net::{SocketAddr, TcpListener};
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
@@ -56,8 +58,14 @@ fn check_config_names_the_file_and_the_reason_of_a_bad_one() {
     let out = run(&["check-config", &path]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{out:?}");
+    // `<file>: <message>`, the file possibly followed by `:line:column`.
+    let (file, message) = stderr.split_once(": ").expect("file: message");
     assert!(
-        stderr.starts_with(&format!("{path}: config error, unknown key 'ratelimit'")),
+        file == path || file.starts_with(&format!("{path}:")),
+        "{stderr}"
+    );
+    assert!(
+        message.starts_with("config error, unknown key 'ratelimit'"),
         "{stderr}"
     );
 }
@@ -118,6 +126,15 @@ impl Drop for Running {
 
 #[tokio::test]
 async fn serve_answers_then_stops_cleanly_on_sigterm() {
+    serve_answers_then_stops_cleanly_on("TERM").await;
+}
+
+#[tokio::test]
+async fn serve_stops_cleanly_on_sigint() {
+    serve_answers_then_stops_cleanly_on("INT").await;
+}
+
+async fn serve_answers_then_stops_cleanly_on(signal: &str) {
     let dir = tempfile::tempdir().unwrap();
     let path = write(dir.path(), "good.yaml", GOOD);
     let grpc = free_addr();
@@ -138,18 +155,7 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
 
     let channel = connect_with_retry(grpc, &mut child).await;
     let mut client = RateLimitServiceClient::new(channel);
-    let request = || RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".to_owned(),
-                value: "alice".to_owned(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    };
+    let request = alice;
     let mut codes = Vec::new();
     for _ in 0..3 {
         let res = client
@@ -171,7 +177,10 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
     assert!(rlconfig.contains("domain api"), "{rlconfig}");
 
     let pid = child.0.id().to_string();
-    let status = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid])
+        .status()
+        .unwrap();
     assert!(status.success());
     let deadline = Instant::now() + Duration::from_secs(15);
     let exit = loop {
@@ -180,7 +189,7 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
         }
         assert!(
             Instant::now() < deadline,
-            "still running 15 s after SIGTERM"
+            "still running 15 s after SIG{signal}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
@@ -190,7 +199,7 @@ async fn serve_answers_then_stops_cleanly_on_sigterm() {
         let _ = pipe.read_to_string(&mut stderr);
     }
     assert_eq!(exit.code(), Some(0), "{stderr}");
-    assert!(stderr.contains("SIGTERM"), "{stderr}");
+    assert!(stderr.contains(&format!("SIG{signal}")), "{stderr}");
 }
 
 /// The binary binds after start-up: retry until it accepts.
@@ -229,4 +238,69 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
         .read_to_string(&mut response)
         .expect("read http response");
     response
+}
+
+fn alice() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "api".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".to_owned(),
+                value: "alice".to_owned(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
+/// Starts `serve` with `config` and `extra` flags on free ports.
+fn spawn_serve(config: &str, extra: &[&str]) -> (Running, SocketAddr) {
+    let grpc = free_addr();
+    let http = free_addr();
+    let child = command()
+        .args(["serve", "--config", config])
+        .args(["--grpc-addr", &grpc.to_string()])
+        .args(["--http-addr", &http.to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the binary");
+    (Running(child), grpc)
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_the_limit() {
+    let redis = support::redis::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    // 2 per minute for alice, whichever instance she reaches.
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let url = redis.url();
+    let flags = ["--redis-url", &url, "--redis-key-prefix", "clitest"];
+    let (mut first, first_addr) = spawn_serve(&path, &flags);
+    let (mut second, second_addr) = spawn_serve(&path, &flags);
+    let mut first_client =
+        RateLimitServiceClient::new(connect_with_retry(first_addr, &mut first).await);
+    let mut second_client =
+        RateLimitServiceClient::new(connect_with_retry(second_addr, &mut second).await);
+    let mut codes = Vec::new();
+    for use_first in [true, false, true] {
+        let client = if use_first {
+            &mut first_client
+        } else {
+            &mut second_client
+        };
+        let res = client
+            .should_rate_limit(alice())
+            .await
+            .expect("rpc")
+            .into_inner();
+        codes.push(res.overall_code);
+    }
+    assert_eq!(
+        codes,
+        vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
 }
