@@ -32,12 +32,16 @@
 --   sliding_window_counter  string "<window start µs>:<current>:<previous>"
 --   fixed_window            string "<window start µs>:<count>"
 
+-- Globals read once: every call of the script runs this whole body.
+local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
+local tonumber, ipairs, unpack = tonumber, ipairs, unpack
+
 local TWO53 = 9007199254740992
 local PER_LIMIT = 8
 local ZADD_CHUNK = 500
 
 local function fmt(n)
-  return string.format('%d', n)
+  return format('%d', n)
 end
 
 -- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53. Checked with exact
@@ -45,7 +49,7 @@ end
 -- correctly rounded a / b never crosses an integer, but the guard costs two
 -- multiplications and keeps the result right if a caller strays.
 local function div(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -104,7 +108,7 @@ end
 
 local function parts(raw, count, key)
   local out = {}
-  for piece in string.gmatch(raw, '[^:]+') do
+  for piece in gmatch(raw, '[^:]+') do
     local n = tonumber(piece)
     if n == nil then
       return nil
@@ -118,7 +122,7 @@ local function parts(raw, count, key)
 end
 
 local function load_string(key, count)
-  local raw = redis.call('GET', key)
+  local raw = call('GET', key)
   if not raw then
     return nil
   end
@@ -130,7 +134,7 @@ local function load_string(key, count)
 end
 
 local function store_string(key, value, ttl_ms)
-  redis.call('SET', key, value, 'PX', fmt(ttl_ms))
+  call('SET', key, value, 'PX', fmt(ttl_ms))
 end
 
 -- === sliding_window_log ===
@@ -142,7 +146,7 @@ function log.load(c, key)
 end
 
 function log.advance(c, s, key, now)
-  local back = redis.call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  local back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   local at = now
   if back[2] then
     local newest = tonumber(back[2])
@@ -152,8 +156,8 @@ function log.advance(c, s, key, now)
     s.newest = newest
   end
   -- An entry at `ts` counts while `ts > at - W`.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
-  s.total = redis.call('ZCARD', key)
+  call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
+  s.total = call('ZCARD', key)
   if s.total == 0 then
     s.newest = nil
   end
@@ -168,14 +172,14 @@ function log.available(c, s, at)
 end
 
 function log.consume(c, s, key, at, cost)
-  local seq = redis.call('ZCOUNT', key, fmt(at), fmt(at))
+  local seq = call('ZCOUNT', key, fmt(at), fmt(at))
   local score = fmt(at)
   local args = {}
   for unit = 1, cost do
     args[#args + 1] = score
     args[#args + 1] = score .. ':' .. fmt(seq + unit)
     if #args >= 2 * ZADD_CHUNK or unit == cost then
-      redis.call('ZADD', key, unpack(args))
+      call('ZADD', key, unpack(args))
       args = {}
     end
   end
@@ -193,15 +197,15 @@ end
 function log.until_available(c, s, key, at, need)
   -- The `expire`-th oldest unit must leave the window.
   local expire = s.total + need - c.limit
-  local it = redis.call('ZRANGE', key, fmt(expire - 1), fmt(expire - 1), 'WITHSCORES')
+  local it = call('ZRANGE', key, fmt(expire - 1), fmt(expire - 1), 'WITHSCORES')
   return tonumber(it[2]) + c.window_us - at
 end
 
 function log.store(c, s, key, ttl_ms)
   if ttl_ms == nil then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
-    redis.call('PEXPIRE', key, fmt(ttl_ms))
+    call('PEXPIRE', key, fmt(ttl_ms))
   end
 end
 
@@ -270,7 +274,7 @@ end
 
 function bucket.store(c, s, key, ttl_ms)
   if ttl_ms == nil then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
     store_string(key, fmt(s.scaled) .. ':' .. fmt(s.last_us) .. ':' .. fmt(s.scale), ttl_ms)
   end
@@ -345,7 +349,7 @@ end
 
 function gcra.store(c, s, key, ttl_ms)
   if ttl_ms == nil then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
     store_string(key, fmt(s.tat_us) .. ':' .. fmt(s.frac) .. ':' .. fmt(s.per_us), ttl_ms)
   end
@@ -448,7 +452,7 @@ end
 
 function counter.store(c, s, key, ttl_ms)
   if ttl_ms == nil then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
     store_string(
       key,
@@ -507,7 +511,7 @@ end
 
 function fixed.store(c, s, key, ttl_ms)
   if ttl_ms == nil then
-    redis.call('DEL', key)
+    call('DEL', key)
   else
     store_string(key, fmt(s.window_start) .. ':' .. fmt(s.count), ttl_ms)
   end
@@ -526,7 +530,7 @@ local MODES = { enforce = true, shadow = true, quota = true }
 
 local function integer(raw)
   local n = tonumber(raw)
-  if n == nil or n < 0 or n >= TWO53 or n ~= math.floor(n) then
+  if n == nil or n < 0 or n >= TWO53 or n ~= floor(n) then
     return nil
   end
   return n
@@ -576,7 +580,7 @@ if ARGV[1] == '' then
   if redis.replicate_commands then
     redis.replicate_commands()
   end
-  local time = redis.call('TIME')
+  local time = call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
   now = integer(ARGV[1])

@@ -323,3 +323,92 @@ async fn bad_arguments_are_refused_before_any_write() {
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert_eq!(size, 0);
 }
+
+fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> Limit {
+    let params = throttlegate::algorithms::LimitParams::new(
+        throttlegate::algorithms::Algorithm::TokenBucket,
+        limit,
+        window_s * 1_000_000,
+        None,
+    )
+    .unwrap();
+    let rate = params.rate();
+    Limit {
+        algorithm: "token_bucket",
+        limit,
+        window_us: window_s * 1_000_000,
+        capacity: params.capacity(),
+        per_us: rate.per_us,
+        scale: rate.scale,
+        cost,
+        mode: "enforce",
+    }
+}
+
+/// Float refill (0.1 token added ten times is below 1) moved a boundary by
+/// one step. Here every call stores the refilled state, so ten refills of a
+/// tenth of a token each must make exactly one token.
+#[tokio::test]
+async fn token_bucket_refill_has_no_float_drift() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let grace = 60_000;
+    let take = |now| call_with_grace_owned(&server, now, grace, bucket_limit(10, 1, 1));
+    for _ in 0..10 {
+        assert_eq!(take(T0).await[0], 1);
+    }
+    assert_eq!(take(T0).await[0], 0);
+    // 10 per second: a tenth of a token every 10 ms, stored each time.
+    for step in 1..10 {
+        let reply = call_with_grace(
+            &mut conn,
+            &["k"],
+            Some(T0 + step * 10_000),
+            grace,
+            &[bucket_limit(10, 1, 0)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply[4], 0, "step {step}: no whole token yet");
+    }
+    assert_eq!(take(T0 + 99_999).await[0], 0);
+    assert_eq!(take(T0 + 100_000).await[0], 1);
+}
+
+/// A request whose clock lags the stored state never moves its timestamp
+/// back (it would hand out the same tokens twice).
+#[tokio::test]
+async fn a_lagging_clock_never_moves_a_stored_timestamp_back() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let late = T0 + 5_000_000;
+    call(&mut conn, &["k"], Some(late), &[bucket_limit(10, 60, 1)])
+        .await
+        .unwrap();
+    let reply = call(&mut conn, &["k"], Some(T0), &[bucket_limit(10, 60, 1)])
+        .await
+        .unwrap();
+    assert_eq!(reply[0], 1);
+    // 8 tokens left, 2 × 6 s to refill, counted from the stored time: the
+    // lagging request waits the 5 s of lag on top.
+    assert_eq!(reply[4..6], [8, 5_000_000 + 12_000_000]);
+    let stored: String = redis::cmd("GET")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // 8 tokens at scale 6_000_000 (10 per 60 s is 1 per 6_000_000 µs).
+    assert_eq!(stored, format!("48000000:{late}:6000000"));
+}
+
+async fn call_with_grace_owned(
+    server: &RedisServer,
+    now: u64,
+    grace: u64,
+    limit: Limit,
+) -> Vec<i64> {
+    let mut conn = server.connection().await;
+    call_with_grace(&mut conn, &["k"], Some(now), grace, &[limit])
+        .await
+        .unwrap()
+}

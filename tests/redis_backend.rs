@@ -257,6 +257,11 @@ async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
             "attempt {attempt}: {err:?}"
         );
         assert!(err.is_transient());
+        if attempt > 0 {
+            // Once the dead connections are gone, the reason is the refused
+            // reconnect, not a bare timeout.
+            assert!(err.to_string().contains("refused"), "{err}");
+        }
         let started = Instant::now();
         backend
             .probe()
@@ -649,4 +654,134 @@ async fn rediss_talks_tls_to_a_tls_server() {
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     assert!(!allowed(&backend, &checks).await);
+}
+
+/// redis-rs's connections time out after 500 ms by default; a longer
+/// configured timeout must be the one that applies.
+#[tokio::test]
+async fn a_timeout_longer_than_the_client_default_is_honoured() {
+    let server = RedisServer::start();
+    let mut it = settings(&server, ClockSource::Redis);
+    it.timeout_ms = 900;
+    let backend = RedisBackend::connect(it).await.unwrap();
+    backend.probe().await.expect("healthy");
+    server.pause();
+    let started = Instant::now();
+    let err = backend.probe().await.expect_err("paused");
+    let elapsed = started.elapsed();
+    server.resume();
+    assert!(matches!(err, Error::Timeout(900)), "{err:?}");
+    assert!(
+        elapsed >= Duration::from_millis(850),
+        "gave up after {elapsed:?}"
+    );
+    assert_bounded(started, 900, "probe");
+}
+
+/// GCRA decides exactly as a continuous token bucket with the same rate and
+/// burst (both exact, on integers), event for event.
+#[tokio::test]
+async fn gcra_and_token_bucket_make_the_same_decisions() {
+    let server = RedisServer::start();
+    let (clock, source) = manual(T0);
+    let mut it = settings(&server, source);
+    it.expiry_grace_ms = 3_600_000;
+    let backend = RedisBackend::connect(it).await.unwrap();
+    let mut seed: u64 = 12_345;
+    let mut random = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    for (limit, window_s, burst) in [(10, 1, None), (7, 60, Some(3)), (100, 3_600, Some(250))] {
+        let make = |algorithm: Algorithm, cost: u64| {
+            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst).unwrap();
+            KeyedCheck {
+                key: counter_key(algorithm, window_s, &[("u", &format!("{limit}"))]),
+                check: Check {
+                    params,
+                    cost,
+                    mode: Mode::Enforce,
+                },
+            }
+        };
+        for event in 0..1_000 {
+            clock.advance(random(3 * window_s * 1_000_000 / limit));
+            let cost = random(3);
+            let bucket = backend
+                .decide(&[make(Algorithm::TokenBucket, cost)])
+                .await
+                .unwrap();
+            let gcra = backend
+                .decide(&[make(Algorithm::Gcra, cost)])
+                .await
+                .unwrap();
+            assert_eq!(
+                (bucket.allowed, bucket.outcomes[0].remaining),
+                (gcra.allowed, gcra.outcomes[0].remaining),
+                "{limit}/{window_s}s burst {burst:?}, event {event}"
+            );
+        }
+    }
+}
+
+/// After a probe timed out (a hung or half-open connection), the pool
+/// reconnects: the next probe, once Redis answers, succeeds.
+#[tokio::test]
+async fn a_probe_timeout_replaces_the_connection() {
+    let server = RedisServer::start();
+    let mut it = settings(&server, ClockSource::Redis);
+    it.timeout_ms = 300;
+    let backend = RedisBackend::connect(it).await.unwrap();
+    backend.probe().await.expect("healthy");
+    let mut conn = server.connection().await;
+    let id_before: u64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    server.pause();
+    let err = backend.probe().await.expect_err("paused");
+    assert!(matches!(err, Error::Timeout(300)), "{err:?}");
+    server.resume();
+    backend.probe().await.expect("recovers");
+    // The backend now talks over a connection made after the pause.
+    let clients: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let newest = clients
+        .lines()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .next()?
+                .strip_prefix("id=")?
+                .parse::<u64>()
+                .ok()
+        })
+        .max()
+        .unwrap();
+    assert!(newest > id_before, "{clients}");
+}
+
+/// A request whose clock lags the last consumption sees a debt above the
+/// burst; the script saturates (denies) where the reference's `u64`
+/// subtraction underflows (docs/redis.md, known differences).
+#[tokio::test]
+async fn gcra_with_a_lagging_clock_never_admits_beyond_the_burst() {
+    let server = RedisServer::start();
+    let (clock, source) = manual(T0);
+    let backend = backend(&server, source).await;
+    let checks = [check(counter_key(Algorithm::Gcra, 1, &[("u", "a")]), 10, 1)];
+    for _ in 0..10 {
+        assert!(allowed(&backend, &checks).await);
+    }
+    clock.set(T0 - 1_000);
+    let verdict = backend.decide(&checks).await.unwrap();
+    assert!(!verdict.allowed, "{verdict:?}");
+    assert_eq!(verdict.outcomes[0].remaining, 0);
+    // One emission interval (100 ms) after T0, counted from the lagging clock.
+    assert_eq!(verdict.outcomes[0].reset_us, 100_000 + 1_000);
 }

@@ -80,6 +80,9 @@ struct Manager {
     client: redis::Client,
     config: AsyncConnectionConfig,
     epoch: Arc<AtomicU64>,
+    /// Cleared by a successful connect, so that a checkout timeout never
+    /// blames an error from an earlier outage.
+    last_connect_error: Arc<Mutex<Option<String>>>,
 }
 
 struct Pooled {
@@ -139,6 +142,7 @@ impl RedisBackend {
             client,
             config,
             epoch: epoch.clone(),
+            last_connect_error: last_connect_error.clone(),
         };
         let pool = bb8::Pool::builder()
             .max_size(settings.pool_size)
@@ -215,7 +219,7 @@ impl RedisBackend {
     /// connection is dead, and classifies the error.
     fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
         if is_broken(err) {
-            self.epoch.fetch_max(conn.epoch + 1, Ordering::SeqCst);
+            self.retire(conn);
         }
         classify(err, self.timeout_ms)
     }
@@ -233,10 +237,18 @@ impl RedisBackend {
             Ok(Err(err)) => return Err((err, false)),
             Err(_) => return Err((self.checkout_timeout(), false)),
         };
+        // A PING that gets no answer in time may be on a half-open
+        // connection (a partition without a reset), which a multiplexed
+        // connection never notices by itself: retire it, so the pool
+        // reconnects once the network heals. Calls are not retired on a
+        // timeout, since a slow script says nothing about the connection.
         let res: Result<String, RedisError> =
             match timeout_at(deadline, redis::cmd("PING").query_async(&mut conn.conn)).await {
                 Ok(res) => res,
-                Err(_) => return Err((Error::Timeout(self.timeout_ms), false)),
+                Err(_) => {
+                    self.retire(&conn);
+                    return Err((Error::Timeout(self.timeout_ms), false));
+                }
             };
         match res {
             Ok(pong) if pong == "PONG" => Ok(()),
@@ -244,8 +256,18 @@ impl RedisBackend {
                 Error::Protocol(format!("unexpected ping reply {other:?}")),
                 false,
             )),
-            Err(err) => Err((self.fail(&conn, &err), is_broken(&err))),
+            Err(err) => {
+                if err.is_timeout() {
+                    self.retire(&conn);
+                }
+                Err((self.fail(&conn, &err), is_broken(&err)))
+            }
         }
+    }
+
+    /// Marks `conn` and every older connection broken.
+    fn retire(&self, conn: &Pooled) {
+        self.epoch.fetch_max(conn.epoch + 1, Ordering::SeqCst);
     }
 
     fn checkout_timeout(&self) -> Error {
@@ -357,6 +379,10 @@ impl bb8::ManageConnection for Manager {
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await?;
+        *self
+            .last_connect_error
+            .lock()
+            .unwrap_or_else(|it| it.into_inner()) = None;
         Ok(Pooled { conn, epoch })
     }
 
@@ -382,8 +408,11 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
 // === helpers ===
 
 /// Whether the connection that produced `err` is dead and must be replaced.
+/// A timeout is not: the multiplexed connection still serves other calls
+/// (redis-rs reports it as an I/O error, hence the explicit exclusion).
 fn is_broken(err: &RedisError) -> bool {
-    err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error()
+    !err.is_timeout()
+        && (err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error())
 }
 
 /// Maps a Redis failure to a backend error where it arises.
