@@ -634,7 +634,7 @@ fn settings_for(url: &str) -> throttlegate::backends::redis::RedisSettings {
     throttlegate::backends::redis::RedisSettings {
         url: url.to_owned(),
         pool_size: 2,
-        timeout_ms: 500,
+        timeout_ms: 5_000,
         key_prefix: "tg".to_owned(),
         clock: ClockSource::Redis,
         expiry_grace_ms: 0,
