@@ -420,7 +420,29 @@ function counter.consume(c, s, key, at, cost)
   s.current = s.current + cost
 end
 
+-- Until the estimate is 0 for good: this window's count stops weighing in
+-- the next window once floor(current * (W - e) / W) is 0; the previous
+-- window's count stops weighing in this one likewise.
 function counter.until_full(c, s, at)
+  local window = c.window_us
+  local window_ms = div(window, 1000)
+  local target
+  if s.current > 0 then
+    target = s.window_start + window + first_elapsed_ms(s.current, 0, window_ms) * 1000
+  elseif s.previous > 0 then
+    target = s.window_start + first_elapsed_ms(s.previous, 0, window_ms) * 1000
+  else
+    return 0
+  end
+  if target > at then
+    return target - at
+  end
+  return 0
+end
+
+-- Until the next window boundary after which neither count can weigh in,
+-- however the clock moves (State::lifetime).
+function counter.lifetime(c, s, at)
   local window = c.window_us
   if s.current > 0 then
     return s.window_start + 2 * window - at
@@ -642,11 +664,11 @@ for idx, c in ipairs(checks) do
   end
   reset_us = reset_us + (at - now)
   local remaining = impl.available(c, s, at)
-  local full_in = impl.until_full(c, s, at)
-  if full_in == 0 then
+  local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
+  if keep_for == 0 then
     impl.store(c, s, key, nil)
   else
-    impl.store(c, s, key, div_ceil(full_in, 1000) + grace_ms)
+    impl.store(c, s, key, div_ceil(keep_for, 1000) + grace_ms)
   end
   reply[#reply + 1] = room and 1 or 0
   reply[#reply + 1] = consumed and 1 or 0

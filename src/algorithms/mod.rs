@@ -275,9 +275,22 @@ impl State {
         }
     }
 
-    /// Microseconds until the limit is fully replenished; also the time
-    /// after which the state is indistinguishable from a fresh one (the
-    /// key's expiry). 0 means the state can be dropped now.
+    /// Microseconds the state must be kept: after it the state is
+    /// indistinguishable from a fresh one, whatever time later requests
+    /// bring (the key's expiry). 0 means it can be dropped now. Equal to
+    /// [`State::until_full`] except for the sliding-window counter, whose
+    /// counts stay stored until their window boundaries: a request from a
+    /// lagging clock is evaluated at the stored window's start, where they
+    /// weigh in again.
+    pub fn lifetime(&self, params: &LimitParams, now: u64) -> u64 {
+        match self {
+            State::SlidingWindowCounter(it) => it.lifetime(params, now),
+            _ => self.until_full(params, now),
+        }
+    }
+
+    /// Microseconds until the limit is fully replenished (what a client is
+    /// told as the time until reset).
     pub fn until_full(&self, params: &LimitParams, now: u64) -> u64 {
         match self {
             State::SlidingWindowLog(it) => it.until_full(params, now),
@@ -387,7 +400,7 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
                 state.until_available(params, at, need)
             };
         let remaining = state.available(params, at);
-        if state.until_full(params, at) == 0 {
+        if state.lifetime(params, at) == 0 {
             *slot = None;
         }
         outcomes.push(Outcome {

@@ -49,7 +49,26 @@ impl SlidingWindowCounter {
         self.current += cost;
     }
 
+    /// Until the estimate is 0 for good: this window's count stops weighing
+    /// in the next window once `floor(current × (W − e) / W)` is 0, and the
+    /// previous window's count stops weighing in this one likewise. From
+    /// then on the state is indistinguishable from a fresh one.
     pub(super) fn until_full(&self, params: &LimitParams, at: u64) -> u64 {
+        let window = params.window_us();
+        let window_ms = window / 1_000;
+        let target = if self.current > 0 {
+            self.window_start + window + first_elapsed_ms(self.current, 0, window_ms) * 1_000
+        } else if self.previous > 0 {
+            self.window_start + first_elapsed_ms(self.previous, 0, window_ms) * 1_000
+        } else {
+            return 0;
+        };
+        target.saturating_sub(at)
+    }
+
+    /// Until the next window boundary after which neither count can weigh
+    /// in, however the clock moves.
+    pub(super) fn lifetime(&self, params: &LimitParams, at: u64) -> u64 {
         let window = params.window_us();
         if self.current > 0 {
             self.window_start + 2 * window - at

@@ -190,17 +190,20 @@ fn sliding_window_counter_weighs_the_previous_window_by_the_millisecond() {
     check(
         params(Algorithm::SlidingWindowCounter, 10, window, None),
         &[
-            (0, 5, true, 5, 2 * window),
-            (5 * SECOND, 5, true, 0, 15 * SECOND),
+            // This window's 5 stop weighing in once floor(5 × (W − e) / W)
+            // is 0: 8,001 ms into the next window.
+            (0, 5, true, 5, 18_001_000),
+            (5 * SECOND, 5, true, 0, 14_001_000),
             // In the next window, 10 × 9,999/10,000 rounds down to 9 after 1 ms.
             (6 * SECOND, 1, false, 0, 4 * SECOND + 1_000),
             (window + 999, 1, false, 0, 1),
-            (window + 1_000, 1, true, 0, 2 * window - 1_000),
+            // A lone 1 weighs nothing 1 ms into the window after.
+            (window + 1_000, 1, true, 0, window),
             // Halfway: 1 + floor(10 × 0.5) = 6.
-            (15 * SECOND, 0, true, 4, 15 * SECOND),
+            (15 * SECOND, 0, true, 4, 5_001_000),
             // Five more need the weighted 10 to drop to 4: 4,999 ms of 10,000 left.
             (15 * SECOND, 5, false, 4, 1_000),
-            (15 * SECOND + 1_000, 5, true, 0, 15 * SECOND - 1_000),
+            (15 * SECOND + 1_000, 5, true, 0, 13_333_000),
             (15 * SECOND + 1_000, 11, false, 0, window),
             // Two windows later nothing is left of either.
             (35 * SECOND, 0, true, 10, 0),
@@ -223,10 +226,10 @@ fn windows_are_aligned_to_the_unix_epoch() {
     check(
         params(Algorithm::SlidingWindowCounter, 1, WEEK, None),
         &[
-            (0, 1, true, 0, 2 * DAY + WEEK),
+            (0, 1, true, 0, 2 * DAY + 1_000),
             // At the week's start the previous week weighs in fully.
             (2 * DAY, 1, false, 0, 1_000),
-            (2 * DAY + 1_000, 1, true, 0, 2 * WEEK - 1_000),
+            (2 * DAY + 1_000, 1, true, 0, WEEK),
         ],
     );
     // Minute windows start at whole minutes, wherever the first request falls.
@@ -336,10 +339,10 @@ fn a_clock_moving_backwards_is_evaluated_at_the_stored_time() {
         // 1 ms into the next window, floor(2 × 999/1000) = 1.
         (
             Algorithm::SlidingWindowCounter,
-            2 * SECOND,
+            1_501_000,
             11 * SECOND + 1_000,
             0,
-            2 * SECOND - 1_000,
+            SECOND,
         ),
     ];
     for (algorithm, full_reset, wait, remaining, reset_us) in cases {
@@ -883,23 +886,15 @@ impl Model for CounterModel {
         if room {
             *self.counts.entry(idx).or_default() += cost;
         }
-        let reset = if room {
-            if self.count(idx) > 0 {
-                (idx + 2) * self.window - now
-            } else if idx > 0 && self.count(idx - 1) > 0 {
-                (idx + 1) * self.window - now
-            } else {
-                0
-            }
-        } else if need > self.limit {
-            self.window
-        } else {
-            // The estimate never rises as time passes without requests:
-            // binary-search the first whole millisecond (after `now`) that
-            // leaves room; two windows on, it is 0.
-            let passes = |at: u64| self.estimate(at) + need <= self.limit;
+        // The estimate never rises as time passes without requests:
+        // binary-search the first whole millisecond (from `now`'s) at which
+        // `passes`; two windows on the estimate is 0.
+        let first_passing = |passes: &dyn Fn(u64) -> bool| {
             let first_ms = now / 1_000;
             let at_step = |k: u64| (first_ms + k) * 1_000;
+            if passes(at_step(0)) {
+                return 0;
+            }
             let (mut lo, mut hi) = (0, (idx + 2) * self.window / 1_000 - first_ms);
             while hi - lo > 1 {
                 let mid = (lo + hi) / 2;
@@ -910,6 +905,14 @@ impl Model for CounterModel {
                 }
             }
             at_step(hi) - now
+        };
+        let reset = if room {
+            // Fully replenished: the estimate is 0.
+            first_passing(&|at| self.estimate(at) == 0)
+        } else if need > self.limit {
+            self.window
+        } else {
+            first_passing(&|at| self.estimate(at) + need <= self.limit)
         };
         (room, self.limit.saturating_sub(self.estimate(now)), reset)
     }

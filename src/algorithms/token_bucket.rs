@@ -33,7 +33,10 @@ impl TokenBucket {
         let full = full_scaled(params);
         let scale = params.rate().scale;
         if self.scale != scale {
-            self.scaled = (self.scaled as u128 * scale as u128 / self.scale as u128) as u64;
+            // Capped at full before narrowing: an extreme reload (a huge
+            // level moved to a far finer scale) must not wrap around.
+            let rescaled = self.scaled as u128 * scale as u128 / self.scale as u128;
+            self.scaled = rescaled.min(full as u128) as u64;
             self.scale = scale;
         }
         let refill = (at - self.last_us) as u128 * params.rate().per_us as u128;

@@ -7,7 +7,7 @@
 //! is atomic across all its keys, exactly as one Redis script call is.
 //!
 //! Every entry carries the time at which its state becomes indistinguishable
-//! from a fresh one ([`State::until_full`]). An entry past that time is
+//! from a fresh one ([`State::lifetime`]). An entry past that time is
 //! treated as absent, and is reclaimed by [`MemoryBackend::purge_expired`],
 //! by the background sweeper ([`MemoryBackend::spawn_sweeper`]), and by a
 //! shard itself when it has doubled in size since its last sweep, so memory
@@ -179,7 +179,7 @@ impl MemoryBackend {
             // advance changes nothing and returns that time, which can be
             // later than `now` when the clock went backwards.
             let at = state.advance(params, now);
-            let expires_us = at + state.until_full(params, at);
+            let expires_us = at + state.lifetime(params, at);
             let entry = Entry {
                 hash: slot.hash,
                 key: slot.stored_key.unwrap_or_else(|| it.key.clone()),
