@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -64,22 +64,25 @@ async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> String {
 }
 
 /// 200 with the decision, 429 when it is OVER_LIMIT (as envoyproxy/ratelimit
-/// answers), 400 for a bad request, 503 when the backend failed.
+/// answers), 400 for a bad request, 413 for a body over 64 KiB, 503 when the
+/// backend failed. The body is read as JSON whatever its content type, so a
+/// plain `curl -d` works.
 async fn json(
     State(limiter): State<Arc<Limiter>>,
-    body: Result<axum::Json<JsonRequest>, JsonRejection>,
+    body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Response {
-    let request = match body {
-        Ok(axum::Json(it)) => it.into_request(),
-        Err(rejection) => {
-            // Mistyped JSON is a bad request like malformed JSON, as for
-            // gRPC; a missing content type (415) or an oversized body (413)
-            // keep their own status.
-            let status = match rejection {
-                JsonRejection::JsonDataError(_) => StatusCode::BAD_REQUEST,
-                _ => rejection.status(),
-            };
-            return (status, rejection.body_text()).into_response();
+    let body = match body {
+        Ok(it) => it,
+        Err(rejection) => return (rejection.status(), rejection.body_text()).into_response(),
+    };
+    let request = match serde_json::from_slice::<JsonRequest>(&body) {
+        Ok(it) => it.into_request(),
+        Err(err) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("invalid json request: {err}\n"),
+            )
+                .into_response();
         }
     };
     match limiter.decide(&request).await {
@@ -450,6 +453,20 @@ mod tests {
             assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {text}");
             assert!(text.contains(reason), "{body}: {text}");
         }
+    }
+
+    #[tokio::test]
+    async fn json_reads_a_body_sent_without_a_json_content_type() {
+        // What `curl -d` sends.
+        let request = Request::post("/json")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(Body::from(
+                r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
+            ))
+            .unwrap();
+        let (status, body) = send(&router(limiter()), request).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(body.contains(r#""overallCode":"OK""#), "{body}");
     }
 
     #[tokio::test]
