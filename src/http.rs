@@ -1,4 +1,4 @@
-//! The HTTP side: `/healthcheck`, `/json` (the decision over JSON) and `/rlconfig`.
+//! The HTTP side: `/healthcheck`, `/json` (the decision over JSON), `/rlconfig`, `/metrics`.
 //!
 //! `/json` reads and writes the proto3 JSON form of the rate-limit messages
 //! (camelCase names, enum names; snake_case names are accepted too), like
@@ -29,6 +29,7 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
         .route("/healthcheck", get(healthcheck))
         .route("/json", post(json))
         .route("/rlconfig", get(rlconfig))
+        .route("/metrics", get(metrics))
         // The same bound as a gRPC message.
         .layer(DefaultBodyLimit::max(crate::server::MAX_MESSAGE_BYTES))
         .with_state(limiter)
@@ -61,6 +62,18 @@ async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> Response {
 
 async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> String {
     crate::config::describe(&limiter.rules().load())
+}
+
+/// Prometheus scrape: the text exposition of every metric.
+async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            crate::metrics::CONTENT_TYPE,
+        )],
+        limiter.metrics().encode(),
+    )
+        .into_response()
 }
 
 /// 200 with the decision, 429 when it is OVER_LIMIT (as envoyproxy/ratelimit
@@ -350,6 +363,7 @@ mod tests {
     use crate::clock::ManualClock;
     use crate::config::{self, LoadOptions};
     use crate::limiter::{FailureMode, HeaderNames, Options};
+    use crate::metrics::Metrics;
 
     const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
 
@@ -370,6 +384,7 @@ mod tests {
                 response_headers: Some(HeaderNames::standard()),
                 failure_mode: FailureMode::Error,
             },
+            Arc::new(Metrics::new()),
         ))
     }
 
@@ -481,6 +496,37 @@ mod tests {
         let small = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
         let (status, body) = send(&router, post_json(small)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
+    }
+
+    #[tokio::test]
+    async fn metrics_expose_the_decisions_made_over_json() {
+        let router = router(limiter());
+        let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
+        for _ in 0..3 {
+            send(&router, post_json(body)).await;
+        }
+        let res = router
+            .clone()
+            .oneshot(Request::get("/metrics").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            res.headers().get("content-type").unwrap(),
+            crate::metrics::CONTENT_TYPE
+        );
+        let text = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let text = String::from_utf8(text.to_vec()).unwrap();
+        // 2 per minute: remaining 1 is ok, 0 is near the limit, then over.
+        for (result, count) in [("ok", 1), ("near_limit", 1), ("over_limit", 1)] {
+            let line = format!(
+                "throttlegate_decisions_total{{domain=\"api\",rule=\"user\",result=\"{result}\"}} {count}\n"
+            );
+            assert!(text.contains(&line), "{line}{text}");
+        }
+        assert!(text.ends_with("# EOF\n"), "{text}");
     }
 
     #[tokio::test]

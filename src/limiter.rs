@@ -7,12 +7,13 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 
 use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
 use crate::backends::{self, Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
+use crate::metrics::{self, BackendMetrics, MetricRule, Metrics};
 use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 
 /// Most descriptors in one request.
@@ -151,18 +152,35 @@ pub struct Limiter {
     backend: Arc<dyn Backend>,
     options: Options,
     backend_errors: LogGate,
+    metrics: Arc<Metrics>,
+    /// `metrics`' series for `backend`, resolved once.
+    backend_metrics: BackendMetrics,
 }
 
 // === impl Limiter ===
 
 impl Limiter {
-    pub fn new(rules: Arc<ArcSwap<RuleSet>>, backend: Arc<dyn Backend>, options: Options) -> Self {
+    /// A limiter recording its decisions and backend calls in `metrics`.
+    pub fn new(
+        rules: Arc<ArcSwap<RuleSet>>,
+        backend: Arc<dyn Backend>,
+        options: Options,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let backend_metrics = metrics.backend(backend.name());
         Self {
             rules,
             backend,
             options,
             backend_errors: LogGate::new(),
+            metrics,
+            backend_metrics,
         }
+    }
+
+    /// Where decisions, backend calls and reloads are counted.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The rules in force; a reload stores a new set here.
@@ -185,6 +203,16 @@ impl Limiter {
         // One snapshot per request: a reload mid-request cannot mix rule sets.
         let rules = self.rules.load_full();
         let Some(domain) = rules.domain(&request.domain) else {
+            // One series for every unknown domain: clients choose the names.
+            let cost = u64::from(request.hits_addend.max(1));
+            for descriptor in &request.descriptors {
+                self.metrics.record_decision(
+                    metrics::UNKNOWN_DOMAIN,
+                    metrics::UNKNOWN_RULE,
+                    metrics::Outcome::Ok,
+                    descriptor.hits_addend.unwrap_or(cost),
+                );
+            }
             return Ok(Decision {
                 overall: Code::Ok,
                 statuses: vec![Status::ok_without_limit(); request.descriptors.len()],
@@ -193,7 +221,7 @@ impl Limiter {
         };
         let plan = plan(domain, request)?;
         if plan.checks.is_empty() {
-            return Ok(self.answer(&plan, None));
+            return Ok(self.answer(domain, &plan, None));
         }
         for (check, rule) in plan.checks.iter().zip(&plan.check_rules) {
             if check.check.cost > check.check.params.capacity() {
@@ -206,7 +234,10 @@ impl Limiter {
                 );
             }
         }
-        match self.backend.decide(&plan.checks).await {
+        let started = Instant::now();
+        let res = self.backend.decide(&plan.checks).await;
+        self.backend_metrics.observe_latency(started.elapsed());
+        match res {
             Ok(verdict) => {
                 if verdict.outcomes.len() != plan.checks.len() {
                     let error = backends::Error::Protocol(format!(
@@ -216,13 +247,14 @@ impl Limiter {
                     ));
                     return self.on_backend_error(&plan, error);
                 }
-                Ok(self.answer(&plan, Some((verdict.allowed, &verdict.outcomes))))
+                Ok(self.answer(domain, &plan, Some((verdict.allowed, &verdict.outcomes))))
             }
             Err(error) => self.on_backend_error(&plan, error),
         }
     }
 
     fn on_backend_error(&self, plan: &Plan, error: backends::Error) -> Result<Decision, Error> {
+        self.backend_metrics.record_error(&error);
         if let Some(suppressed) = self.backend_errors.admit() {
             tracing::error!(
                 backend = self.backend.name(),
@@ -240,7 +272,7 @@ impl Limiter {
             .descriptors
             .iter()
             .map(|it| match it {
-                DescriptorPlan::Limits(_) => Status {
+                DescriptorPlan::Limits { .. } => Status {
                     code,
                     current_limit: None,
                     limit_remaining: 0,
@@ -266,14 +298,24 @@ impl Limiter {
 
     /// Builds the answer from the plan and, when counters were involved,
     /// the backend's verdict `(allowed, outcomes)`.
-    fn answer(&self, plan: &Plan, verdict: Option<(bool, &[Outcome])>) -> Decision {
+    fn answer(
+        &self,
+        domain: &Domain,
+        plan: &Plan,
+        verdict: Option<(bool, &[Outcome])>,
+    ) -> Decision {
         let allowed = verdict.is_none_or(|(allowed, _)| allowed);
         let outcomes = verdict.map(|(_, it)| it).unwrap_or_default();
         let mut statuses = Vec::with_capacity(plan.descriptors.len());
         // The most restrictive limit of each status, for the headers.
         let mut reported: Vec<Candidate> = Vec::new();
         for descriptor in &plan.descriptors {
-            let DescriptorPlan::Limits(limits) = descriptor else {
+            let DescriptorPlan::Limits {
+                limits,
+                metric,
+                cost,
+            } = descriptor
+            else {
                 statuses.push(descriptor.status_without_counter());
                 continue;
             };
@@ -284,6 +326,26 @@ impl Limiter {
             let over = candidates.iter().any(|it| it.denied);
             let chosen = most_restrictive(&candidates).clone();
             let remaining = if over { 0 } else { chosen.remaining };
+            let result = if over {
+                if self.options.shadow_mode && !allowed {
+                    metrics::Outcome::Shadow
+                } else {
+                    metrics::Outcome::OverLimit
+                }
+            } else if candidates
+                .iter()
+                .any(|it| it.limit.mode == Mode::Shadow && !outcomes[it.limit.check].has_room)
+            {
+                metrics::Outcome::Shadow
+            } else if remaining.saturating_mul(5)
+                < plan.checks[chosen.limit.check].check.params.capacity()
+            {
+                metrics::Outcome::NearLimit
+            } else {
+                metrics::Outcome::Ok
+            };
+            self.metrics
+                .record_decision(&domain.name, metric.as_str(), result, *cost);
             statuses.push(Status {
                 code: if over { Code::OverLimit } else { Code::Ok },
                 current_limit: Some(chosen.limit.reported.clone()),
@@ -348,7 +410,13 @@ enum DescriptorPlan {
     /// No rule, or every matched limit was replaced.
     NoLimit,
     Unlimited,
-    Limits(Vec<PlannedLimit>),
+    Limits {
+        limits: Vec<PlannedLimit>,
+        /// The `rule` label of this descriptor's decision.
+        metric: MetricRule,
+        /// This descriptor's cost, for the hits metric.
+        cost: u64,
+    },
 }
 
 impl DescriptorPlan {
@@ -556,17 +624,21 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                 mode: Mode::Enforce,
             };
             let check_idx = add(key, check, rule);
-            descriptors.push(DescriptorPlan::Limits(vec![PlannedLimit {
-                check: check_idx,
-                mode: Mode::Enforce,
-                reported: CurrentLimit {
-                    requests_per_unit: limit_override.requests_per_unit,
-                    unit,
-                    name: Arc::from(""),
-                },
-                window_us,
-                limit: requests,
-            }]));
+            descriptors.push(DescriptorPlan::Limits {
+                limits: vec![PlannedLimit {
+                    check: check_idx,
+                    mode: Mode::Enforce,
+                    reported: CurrentLimit {
+                        requests_per_unit: limit_override.requests_per_unit,
+                        unit,
+                        name: Arc::from(""),
+                    },
+                    window_us,
+                    limit: requests,
+                }],
+                metric: MetricRule::Override,
+                cost,
+            });
             continue;
         }
         let limits = match &matched[idx] {
@@ -647,7 +719,11 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
         descriptors.push(if planned.is_empty() {
             DescriptorPlan::NoLimit
         } else {
-            DescriptorPlan::Limits(planned)
+            DescriptorPlan::Limits {
+                limits: planned,
+                metric: metric_rule(&levels[idx], &descriptor.entries),
+                cost,
+            }
         });
     }
     Ok(Plan {
@@ -655,6 +731,35 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
         checks,
         check_rules,
     })
+}
+
+/// The `rule` label of a descriptor that reached `levels`: the rule's path,
+/// unless the rule has `detailed_metric` (every level with its value, as
+/// envoyproxy/ratelimit) or some level has `value_to_metric` (that level
+/// with its value, even where the config names none or a wildcard).
+fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
+    let Some(rule) = levels.last() else {
+        return MetricRule::Override;
+    };
+    let detailed = rule.detailed_metric;
+    if !detailed && !levels.iter().any(|it| it.value_to_metric) {
+        return MetricRule::Path(rule.path.clone());
+    }
+    let mut label = String::new();
+    for (level, entry) in levels.iter().zip(entries) {
+        if !label.is_empty() {
+            label.push('.');
+        }
+        label.push_str(&level.key);
+        if detailed || level.value_to_metric {
+            label.push('_');
+            label.push_str(&entry.value);
+        } else if let ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) = &level.value {
+            label.push('_');
+            label.push_str(value);
+        }
+    }
+    MetricRule::Values(label)
 }
 
 // === bounds ===
@@ -899,7 +1004,12 @@ mod tests {
         let clock = ManualClock::new(T0);
         let backend = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
         Fixture {
-            limiter: Limiter::new(Arc::new(ArcSwap::from_pointee(rules)), backend, options),
+            limiter: Limiter::new(
+                Arc::new(ArcSwap::from_pointee(rules)),
+                backend,
+                options,
+                Arc::new(Metrics::new()),
+            ),
             clock,
         }
     }
@@ -938,6 +1048,7 @@ mod tests {
                 failure_mode,
                 ..options()
             },
+            Arc::new(Metrics::new()),
         )
     }
 

@@ -17,6 +17,7 @@ use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use throttlegate::clock::SystemClock;
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
+use throttlegate::metrics::Metrics;
 use throttlegate::rules::RuleSet;
 use throttlegate::server::App;
 
@@ -275,6 +276,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Err(message) => return startup_failure(message),
     };
 
+    let metrics = Arc::new(Metrics::new());
     // Keeps the memory backend's sweeper running for as long as we serve.
     let mut _sweeper = None;
     let backend: Arc<dyn Backend> = match redis_settings(&args) {
@@ -287,6 +289,13 @@ async fn serve(args: ServeArgs) -> ExitCode {
             tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
             let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
             _sweeper = Some(memory.spawn_sweeper(SWEEP_EVERY));
+            // Weak: the gauge must not keep the counters alive.
+            let weak = Arc::downgrade(&memory);
+            metrics.observe_stored_counters(move || {
+                weak.upgrade().map_or(0, |it| {
+                    u64::try_from(it.stored_entries()).unwrap_or(u64::MAX)
+                })
+            });
             memory
         }
     };
@@ -304,6 +313,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         Arc::new(ArcSwap::from_pointee(rules)),
         backend.clone(),
         options,
+        metrics,
     ));
     let listener = match tokio::net::TcpListener::bind(args.grpc_addr).await {
         Ok(it) => it,

@@ -42,6 +42,7 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
         &self,
         request: Request<rls::RateLimitRequest>,
     ) -> Result<Response<rls::RateLimitResponse>, tonic::Status> {
+        let _in_flight = self.limiter.metrics().track_in_flight();
         let request = from_wire(request.into_inner());
         let decision = self.limiter.decide(&request).await.map_err(to_status)?;
         Ok(Response::new(to_wire(decision)))

@@ -18,6 +18,7 @@ use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
+use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::rules::RuleSet;
 use throttlegate::server::{self, App};
@@ -82,6 +83,7 @@ pub async fn start_service(
         Arc::new(ArcSwap::from_pointee(rules)),
         backend,
         options,
+        Arc::new(Metrics::new()),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -1,0 +1,737 @@
+//! Prometheus metrics: decisions, hits, backend calls, in-flight requests, reloads.
+//!
+//! Label cardinality is bounded by the configuration, never by what clients
+//! send: `domain` is a configured domain (or `_unknown`), `rule` the matched
+//! rule's path, unless the rule opts in with `detailed_metric` or
+//! `value_to_metric` (see [`MetricRule`]). The hot path resolves a
+//! `(domain, rule)` pair to its counters once and then only bumps atomics.
+
+use std::collections::HashMap;
+use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::backends;
+
+/// The `Content-Type` of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `domain` label of requests for a domain no config defines: one
+/// series whatever names clients send.
+pub const UNKNOWN_DOMAIN: &str = "_unknown";
+/// The `rule` label of decisions in an unknown domain.
+pub const UNKNOWN_RULE: &str = "_unknown";
+/// The `rule` label of a RateLimitOverride (its keys come from the client).
+pub const OVERRIDE_RULE: &str = "_override";
+
+/// How one descriptor's decision was answered; the `result` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed with at least 20% of the limit left.
+    Ok,
+    /// Allowed with less than 20% of the most restrictive limit left (as
+    /// envoyproxy/ratelimit's near_limit).
+    NearLimit,
+    /// OVER_LIMIT.
+    OverLimit,
+    /// Would have been over, but a shadow-mode rule (or `--shadow-mode`)
+    /// let it pass.
+    Shadow,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 4] = [
+        Outcome::Ok,
+        Outcome::NearLimit,
+        Outcome::OverLimit,
+        Outcome::Shadow,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::NearLimit => "near_limit",
+            Outcome::OverLimit => "over_limit",
+            Outcome::Shadow => "shadow",
+        }
+    }
+}
+
+/// The `rule` label of one descriptor's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MetricRule {
+    /// The matched node's path (`tenant.path_/expensive`): shared, no
+    /// allocation.
+    Path(Arc<str>),
+    /// Built from the descriptor's values: the rule has `detailed_metric`
+    /// (every level `key_value`) or some level has `value_to_metric` (that
+    /// level `key_value`, the others as in the path).
+    Values(String),
+    /// A RateLimitOverride: [`OVERRIDE_RULE`].
+    Override,
+}
+
+impl MetricRule {
+    pub fn as_str(&self) -> &str {
+        match self {
+            MetricRule::Path(path) => path,
+            MetricRule::Values(label) => label,
+            MetricRule::Override => OVERRIDE_RULE,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    domain: Arc<str>,
+    rule: Arc<str>,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    domain: Arc<str>,
+    rule: Arc<str>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendErrorLabels {
+    backend: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+/// The counters of one `(domain, rule)`, resolved once.
+#[derive(Debug)]
+struct RuleCounters {
+    /// Indexed like [`Outcome::ALL`].
+    decisions: [Counter; 4],
+    hits: Counter,
+}
+
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
+/// Every metric of the service, and its registry.
+pub struct Metrics {
+    /// Behind a lock only so that [`Metrics::observe_stored_counters`] can
+    /// register late; taken per scrape, never per request.
+    registry: Mutex<Registry>,
+    decisions: Family<DecisionLabels, Counter>,
+    hits: Family<RuleLabels, Counter>,
+    backend_latency: Family<BackendLabels, Histogram, fn() -> Histogram>,
+    backend_errors: Family<BackendErrorLabels, Counter>,
+    in_flight: Gauge<i64, AtomicI64>,
+    reloads: Family<ReloadLabels, Counter>,
+    stored_counters: Gauge<i64, AtomicI64>,
+    stored_source: Mutex<Option<CounterSource>>,
+    /// `domain → rule → counters`, looked up by `&str` without allocating.
+    rules: RwLock<FastMap<Arc<str>, FastMap<Arc<str>, RuleCounters>>>,
+}
+
+type CounterSource = Box<dyn Fn() -> u64 + Send + Sync>;
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The pre-resolved metrics of one backend, for the limiter's hot path.
+#[derive(Debug, Clone)]
+pub struct BackendMetrics {
+    latency: Histogram,
+    timeout: Counter,
+    unavailable: Counter,
+    protocol: Counter,
+}
+
+impl BackendMetrics {
+    /// Records how long one backend call took.
+    pub fn observe_latency(&self, elapsed: Duration) {
+        self.latency.observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts one failed backend call by its kind.
+    pub fn record_error(&self, error: &backends::Error) {
+        match error {
+            backends::Error::Timeout(_) => self.timeout.inc(),
+            backends::Error::Unavailable(_) => self.unavailable.inc(),
+            backends::Error::Protocol(_) => self.protocol.inc(),
+        };
+    }
+}
+
+/// Counts one in-flight request until dropped.
+#[derive(Debug)]
+pub struct InFlight<'a> {
+    gauge: &'a Gauge<i64, AtomicI64>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("throttlegate");
+        let decisions = Family::<DecisionLabels, Counter>::default();
+        registry.register(
+            "decisions",
+            "Descriptor decisions by domain, rule and result (ok, near_limit, over_limit, shadow)",
+            decisions.clone(),
+        );
+        let hits = Family::<RuleLabels, Counter>::default();
+        registry.register(
+            "hits",
+            "Hits (sum of request costs) by domain and rule",
+            hits.clone(),
+        );
+        let backend_latency =
+            Family::<BackendLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                latency_histogram,
+            );
+        registry.register_with_unit(
+            "backend_latency",
+            "Duration of one backend decision call",
+            Unit::Seconds,
+            backend_latency.clone(),
+        );
+        let backend_errors = Family::<BackendErrorLabels, Counter>::default();
+        registry.register(
+            "backend_errors",
+            "Failed backend calls by kind (timeout, unavailable, protocol)",
+            backend_errors.clone(),
+        );
+        let in_flight = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "grpc_requests_in_flight",
+            "ShouldRateLimit calls being decided",
+            in_flight.clone(),
+        );
+        let reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "config_reloads",
+            "Configuration reloads by result (ok, error)",
+            reloads.clone(),
+        );
+        // Both series exist from the start, so `increase()` sees the first one.
+        for result in ["ok", "error"] {
+            reloads.get_or_create_owned(&ReloadLabels { result });
+        }
+        Self {
+            registry: Mutex::new(registry),
+            decisions,
+            hits,
+            backend_latency,
+            backend_errors,
+            in_flight,
+            reloads,
+            stored_counters: Gauge::default(),
+            stored_source: Mutex::new(None),
+            rules: RwLock::new(FastMap::default()),
+        }
+    }
+
+    /// Counts one descriptor decision of cost `hits`.
+    pub fn record_decision(&self, domain: &str, rule: &str, outcome: Outcome, hits: u64) {
+        let slot = Outcome::ALL
+            .iter()
+            .position(|it| *it == outcome)
+            .expect("every outcome is listed");
+        {
+            let rules = self.rules.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(counters) = rules.get(domain).and_then(|it| it.get(rule)) {
+                counters.decisions[slot].inc();
+                counters.hits.inc_by(hits);
+                return;
+            }
+        }
+        // First decision of this rule: resolve its series once.
+        let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
+        let by_rule = rules.entry(Arc::from(domain)).or_default();
+        let counters = by_rule
+            .entry(Arc::from(rule))
+            .or_insert_with_key(|rule_label| {
+                let domain: Arc<str> = Arc::from(domain);
+                let decisions = Outcome::ALL.map(|it| {
+                    self.decisions.get_or_create_owned(&DecisionLabels {
+                        domain: domain.clone(),
+                        rule: rule_label.clone(),
+                        result: it.name(),
+                    })
+                });
+                let hits = self.hits.get_or_create_owned(&RuleLabels {
+                    domain,
+                    rule: rule_label.clone(),
+                });
+                RuleCounters { decisions, hits }
+            });
+        counters.decisions[slot].inc();
+        counters.hits.inc_by(hits);
+    }
+
+    /// The latency histogram and error counters of the backend `name`.
+    pub fn backend(&self, name: &'static str) -> BackendMetrics {
+        let error = |kind| {
+            self.backend_errors
+                .get_or_create_owned(&BackendErrorLabels {
+                    backend: name,
+                    kind,
+                })
+        };
+        BackendMetrics {
+            latency: self
+                .backend_latency
+                .get_or_create_owned(&BackendLabels { backend: name }),
+            timeout: error("timeout"),
+            unavailable: error("unavailable"),
+            protocol: error("protocol"),
+        }
+    }
+
+    /// Counts a request as in flight until the guard is dropped.
+    pub fn track_in_flight(&self) -> InFlight<'_> {
+        self.in_flight.inc();
+        InFlight {
+            gauge: &self.in_flight,
+        }
+    }
+
+    /// Counts one configuration reload, successful or refused.
+    pub fn record_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// Exposes `throttlegate_memory_counters`, read from `source` at each
+    /// scrape (so `source` must be cheap: no scan of every counter).
+    pub fn observe_stored_counters(&self, source: impl Fn() -> u64 + Send + Sync + 'static) {
+        let mut slot = self
+            .stored_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if slot.is_none() {
+            self.registry
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .register(
+                    "memory_counters",
+                    "Counters held by the in-memory backend, idle ones not yet swept included",
+                    self.stored_counters.clone(),
+                );
+        }
+        *slot = Some(Box::new(source));
+    }
+
+    /// The text exposition of every metric (OpenMetrics, [`CONTENT_TYPE`]).
+    pub fn encode(&self) -> String {
+        if let Some(source) = &*self
+            .stored_source
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            self.stored_counters
+                .set(i64::try_from(source()).unwrap_or(i64::MAX));
+        }
+        let mut text = String::new();
+        let registry = self.registry.lock().unwrap_or_else(PoisonError::into_inner);
+        prometheus_client::encoding::text::encode(&mut text, &registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// 50 µs to about 1.6 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 16))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use arc_swap::ArcSwap;
+
+    use super::*;
+    use crate::algorithms::{Algorithm, Verdict};
+    use crate::backends::memory::MemoryBackend;
+    use crate::backends::{Backend, KeyedCheck};
+    use crate::clock::ManualClock;
+    use crate::config::{self, LoadOptions};
+    use crate::limiter::{Descriptor, Entry, FailureMode, HeaderNames, Limiter, Options, Request};
+
+    fn options(shadow_mode: bool) -> Options {
+        Options {
+            shadow_mode,
+            response_headers: Some(HeaderNames::standard()),
+            failure_mode: FailureMode::Allow,
+        }
+    }
+
+    fn limiter_with(yaml: &str, backend: Arc<dyn Backend>, options: Options) -> Limiter {
+        let load = LoadOptions {
+            merge_domains: false,
+            default_algorithm: Algorithm::SlidingWindowLog,
+        };
+        let rules = config::parse_str("api.yaml", yaml, &load).unwrap().rules;
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(rules)),
+            backend,
+            options,
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    fn limiter(yaml: &str, shadow_mode: bool) -> Limiter {
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        limiter_with(
+            yaml,
+            Arc::new(MemoryBackend::new(Arc::new(clock))),
+            options(shadow_mode),
+        )
+    }
+
+    fn request(domain: &str, entries: &[(&str, &str)], hits_addend: u32) -> Request {
+        Request {
+            domain: domain.to_owned(),
+            descriptors: vec![Descriptor {
+                entries: entries
+                    .iter()
+                    .map(|(key, value)| Entry {
+                        key: (*key).to_owned(),
+                        value: (*value).to_owned(),
+                    })
+                    .collect(),
+                limit: None,
+                hits_addend: None,
+            }],
+            hits_addend,
+        }
+    }
+
+    /// The value of the sample `series` (name and labels as exposed).
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .map(|value| value.parse().unwrap())
+    }
+
+    fn decisions(text: &str, domain: &str, rule: &str, result: &str) -> Option<f64> {
+        let series = format!(
+            "throttlegate_decisions_total{{domain=\"{domain}\",rule=\"{rule}\",result=\"{result}\"}}"
+        );
+        sample(text, &series)
+    }
+
+    const TREE: &str = "domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: tenant
+    descriptors:
+      - key: path
+        value: /expensive
+        shadow_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 1}
+";
+
+    #[tokio::test]
+    async fn decisions_are_counted_by_result_and_hits_by_cost() {
+        let limiter = limiter(TREE, false);
+        // 10 per minute: remaining 9..2 is ok, 1 and 0 are near the limit
+        // (below 20%), then over.
+        for _ in 0..10 {
+            limiter
+                .decide(&request("api", &[("user", "a")], 1))
+                .await
+                .unwrap();
+        }
+        for _ in 0..3 {
+            limiter
+                .decide(&request("api", &[("user", "a")], 1))
+                .await
+                .unwrap();
+        }
+        // A cost of 4 counts 4 hits, denied or not.
+        limiter
+            .decide(&request("api", &[("user", "b")], 4))
+            .await
+            .unwrap();
+        let shadow = || request("api", &[("tenant", "acme"), ("path", "/expensive")], 1);
+        for _ in 0..3 {
+            let decision = limiter.decide(&shadow()).await.unwrap();
+            assert_eq!(decision.overall, crate::limiter::Code::Ok);
+        }
+        let text = limiter.metrics().encode();
+        assert_eq!(decisions(&text, "api", "user", "ok"), Some(9.0), "{text}");
+        assert_eq!(
+            decisions(&text, "api", "user", "near_limit"),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            decisions(&text, "api", "user", "over_limit"),
+            Some(3.0),
+            "{text}"
+        );
+        assert_eq!(
+            decisions(&text, "api", "user", "shadow"),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "throttlegate_hits_total{domain=\"api\",rule=\"user\"}"
+            ),
+            Some(17.0),
+            "{text}"
+        );
+        let rule = "tenant.path_/expensive";
+        // The first passes with nothing left; the shadow rule lets the rest through.
+        assert_eq!(
+            decisions(&text, "api", rule, "near_limit"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(decisions(&text, "api", rule, "shadow"), Some(2.0), "{text}");
+        assert_eq!(
+            decisions(&text, "api", rule, "over_limit"),
+            Some(0.0),
+            "{text}"
+        );
+        // Descriptor values never become labels by default.
+        assert!(!text.contains("acme") && !text.contains("\"a\""), "{text}");
+    }
+
+    #[tokio::test]
+    async fn global_shadow_mode_counts_would_be_denials_as_shadow() {
+        let limiter = limiter(TREE, true);
+        for _ in 0..12 {
+            limiter
+                .decide(&request("api", &[("user", "a")], 1))
+                .await
+                .unwrap();
+        }
+        let text = limiter.metrics().encode();
+        assert_eq!(
+            decisions(&text, "api", "user", "shadow"),
+            Some(2.0),
+            "{text}"
+        );
+        assert_eq!(
+            decisions(&text, "api", "user", "over_limit"),
+            Some(0.0),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn detailed_metric_and_value_to_metric_label_shapes() {
+        let yaml = "domain: api
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        detailed_metric: true
+        rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: route
+    value_to_metric: true
+    descriptors:
+      - key: method
+        value: G*
+        value_to_metric: true
+        descriptors:
+          - key: subject
+            rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: file
+    value: a*
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+        let limiter = limiter(yaml, false);
+        let cases: [(&[(&str, &str)], &str); 3] = [
+            (&[("tenant", "acme"), ("path", "/x")], "tenant_acme.path_/x"),
+            (
+                &[("route", "api"), ("method", "GET"), ("subject", "123")],
+                "route_api.method_GET.subject",
+            ),
+            // No opt-in: the wildcard's pattern, never the value.
+            (&[("file", "abc")], "file_a*"),
+        ];
+        for (entries, _) in cases {
+            limiter.decide(&request("api", entries, 1)).await.unwrap();
+        }
+        let text = limiter.metrics().encode();
+        for (_, rule) in cases {
+            assert_eq!(
+                decisions(&text, "api", rule, "ok"),
+                Some(1.0),
+                "{rule}: {text}"
+            );
+        }
+        assert!(!text.contains("123") && !text.contains("abc"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn unknown_domains_share_one_series() {
+        let limiter = limiter(TREE, false);
+        for domain in ["nope1", "nope2", "nope3"] {
+            limiter
+                .decide(&request(domain, &[("user", "a")], 1))
+                .await
+                .unwrap();
+        }
+        let text = limiter.metrics().encode();
+        assert_eq!(
+            decisions(&text, UNKNOWN_DOMAIN, UNKNOWN_RULE, "ok"),
+            Some(3.0),
+            "{text}"
+        );
+        assert!(!text.contains("nope"), "{text}");
+    }
+
+    /// Answers each call with the next of its scripted results.
+    #[derive(Debug)]
+    struct Scripted(Mutex<VecDeque<Result<Verdict, backends::Error>>>);
+
+    #[async_trait::async_trait]
+    impl Backend for Scripted {
+        async fn decide(&self, _checks: &[KeyedCheck]) -> Result<Verdict, backends::Error> {
+            self.0
+                .lock()
+                .unwrap()
+                .pop_front()
+                .expect("a scripted answer")
+        }
+
+        async fn probe(&self) -> Result<(), backends::Error> {
+            Ok(())
+        }
+
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+    }
+
+    #[tokio::test]
+    async fn backend_errors_are_counted_by_kind_and_calls_timed() {
+        let answers = VecDeque::from([
+            Err(backends::Error::Timeout(250)),
+            Err(backends::Error::Unavailable("refused".to_owned())),
+            Err(backends::Error::Unavailable("reset".to_owned())),
+            Err(backends::Error::Protocol("bad reply".to_owned())),
+            // A verdict without outcomes is a protocol error too.
+            Ok(Verdict {
+                allowed: true,
+                outcomes: Vec::new(),
+            }),
+        ]);
+        let limiter = limiter_with(
+            TREE,
+            Arc::new(Scripted(Mutex::new(answers))),
+            options(false),
+        );
+        for _ in 0..5 {
+            limiter
+                .decide(&request("api", &[("user", "a")], 1))
+                .await
+                .unwrap();
+        }
+        let text = limiter.metrics().encode();
+        let errors = |kind: &str| {
+            sample(
+                &text,
+                &format!(
+                    "throttlegate_backend_errors_total{{backend=\"scripted\",kind=\"{kind}\"}}"
+                ),
+            )
+        };
+        assert_eq!(errors("timeout"), Some(1.0), "{text}");
+        assert_eq!(errors("unavailable"), Some(2.0), "{text}");
+        assert_eq!(errors("protocol"), Some(2.0), "{text}");
+        assert_eq!(
+            sample(
+                &text,
+                "throttlegate_backend_latency_seconds_count{backend=\"scripted\"}"
+            ),
+            Some(5.0),
+            "{text}"
+        );
+        // No decision was made: none is counted.
+        assert_eq!(decisions(&text, "api", "user", "ok"), None, "{text}");
+    }
+
+    #[test]
+    fn reloads_in_flight_and_stored_counters() {
+        let metrics = Metrics::new();
+        let text = metrics.encode();
+        assert_eq!(
+            sample(&text, "throttlegate_config_reloads_total{result=\"ok\"}"),
+            Some(0.0)
+        );
+        assert!(!text.contains("throttlegate_memory_counters"), "{text}");
+        metrics.record_reload(true);
+        metrics.record_reload(false);
+        metrics.record_reload(false);
+        let stored = Arc::new(std::sync::atomic::AtomicU64::new(7));
+        let source = stored.clone();
+        metrics.observe_stored_counters(move || source.load(std::sync::atomic::Ordering::Relaxed));
+        let guard = metrics.track_in_flight();
+        let text = metrics.encode();
+        assert_eq!(
+            sample(&text, "throttlegate_config_reloads_total{result=\"ok\"}"),
+            Some(1.0)
+        );
+        assert_eq!(
+            sample(&text, "throttlegate_config_reloads_total{result=\"error\"}"),
+            Some(2.0)
+        );
+        assert_eq!(
+            sample(&text, "throttlegate_grpc_requests_in_flight"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "throttlegate_memory_counters"),
+            Some(7.0),
+            "{text}"
+        );
+        drop(guard);
+        stored.store(3, std::sync::atomic::Ordering::Relaxed);
+        let text = metrics.encode();
+        assert_eq!(
+            sample(&text, "throttlegate_grpc_requests_in_flight"),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(&text, "throttlegate_memory_counters"),
+            Some(3.0),
+            "{text}"
+        );
+    }
+}
