@@ -127,6 +127,9 @@ struct RuleCounters {
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+/// One domain's counters by `rule` label.
+type DomainCounters = FastMap<Arc<str>, RuleCounters>;
+
 /// Every metric of the service, and its registry.
 pub struct Metrics {
     /// Behind a lock only so that [`Metrics::observe_stored_counters`] can
@@ -141,7 +144,7 @@ pub struct Metrics {
     stored_counters: Gauge<i64, AtomicI64>,
     stored_source: Mutex<Option<CounterSource>>,
     /// `domain → rule → counters`, looked up by `&str` without allocating.
-    rules: RwLock<FastMap<Arc<str>, FastMap<Arc<str>, RuleCounters>>>,
+    rules: RwLock<FastMap<Arc<str>, DomainCounters>>,
 }
 
 type CounterSource = Box<dyn Fn() -> u64 + Send + Sync>;
