@@ -632,3 +632,52 @@ async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
     // Nothing listens any more.
     assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }
+
+#[tokio::test]
+async fn metrics_count_grpc_decisions_and_no_request_stays_in_flight() {
+    use tower::ServiceExt;
+
+    let service = start().await;
+    // 3 per minute: remaining 2 and 1 are ok, 0 is near the limit (under
+    // 20%), then over.
+    for _ in 0..5 {
+        call(&service, request(vec![desc(&[("user", "alice")])])).await;
+    }
+    let unknown = RateLimitRequest {
+        domain: "no-such-domain".to_owned(),
+        ..request(vec![desc(&[("user", "alice")])])
+    };
+    call(&service, unknown).await;
+    let res = throttlegate::http::router(service.limiter.clone())
+        .oneshot(
+            axum::http::Request::get("/metrics")
+                .body(axum::body::Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), axum::http::StatusCode::OK);
+    assert_eq!(
+        res.headers().get("content-type").unwrap(),
+        throttlegate::metrics::CONTENT_TYPE
+    );
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    for line in [
+        r#"throttlegate_decisions_total{domain="test",rule="user",result="ok"} 2"#,
+        r#"throttlegate_decisions_total{domain="test",rule="user",result="near_limit"} 1"#,
+        r#"throttlegate_decisions_total{domain="test",rule="user",result="over_limit"} 2"#,
+        r#"throttlegate_hits_total{domain="test",rule="user"} 5"#,
+        r#"throttlegate_decisions_total{domain="_unknown",rule="_unknown",result="ok"} 1"#,
+        r#"throttlegate_backend_latency_seconds_count{backend="memory"} 5"#,
+        "throttlegate_grpc_requests_in_flight 0",
+    ] {
+        assert!(text.contains(&format!("{line}\n")), "{line}\n{text}");
+    }
+    assert!(
+        !text.contains("alice") && !text.contains("no-such-domain"),
+        "{text}"
+    );
+}
