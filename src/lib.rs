@@ -2,8 +2,9 @@
 //!
 //! Crate map: `config` (YAML → `rules`), `rules` (descriptor matching),
 //! `algorithms` (pure rate-limit math), `backends` (memory, Redis),
-//! `clock`, `limiter` (the decision on a request), `proto` (generated wire
-//! types), `service` (gRPC <-> limiter) and `server` (the gRPC server).
+//! `clock`, `limiter` (the decision on a request), `reload` (hot reload of
+//! the config), `proto` (generated wire types), `service` (gRPC <->
+//! limiter) and `server` (the gRPC server).
 
 pub mod algorithms;
 pub mod backends;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod http;
 pub mod limiter;
 pub mod proto;
+pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod service;
