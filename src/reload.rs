@@ -278,10 +278,10 @@ impl Reloader {
             Ok(it) => it,
             Err(err) => return self.poll_instead(&err),
         };
-        if let Some(parent) = watch_parent(&self.path) {
-            if let Err(err) = watcher.watch(&parent, RecursiveMode::NonRecursive) {
-                return self.poll_instead(&err);
-            }
+        if let Some(parent) = watch_parent(&self.path)
+            && let Err(err) = watcher.watch(&parent, RecursiveMode::NonRecursive)
+        {
+            return self.poll_instead(&err);
         }
         if let Err(err) = watcher.watch(&self.path, RecursiveMode::Recursive) {
             return self.poll_instead(&err);
