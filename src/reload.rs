@@ -591,6 +591,22 @@ mod tests {
         assert_eq!(watch_parent(Path::new("/")), None);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_path_that_cannot_be_watched_is_polled() {
+        let dir = tempfile::tempdir().unwrap();
+        let reloader = Arc::new(reloader(dir.path(), ONE));
+        // Watching a missing path fails: the watcher falls back to polling.
+        std::fs::remove_file(reloader.path()).unwrap();
+        let guard = reloader.spawn_watcher();
+        assert!(guard.is_running());
+        std::fs::write(reloader.path(), TWO).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while domains(&reloader) != ["two"] {
+            assert!(Instant::now() < deadline, "{:?}", reloader.reloads());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test]
     async fn dropping_the_guard_stops_the_task() {
         let dir = tempfile::tempdir().unwrap();
