@@ -3,8 +3,8 @@
 //! Crate map: `config` (YAML → `rules`), `rules` (descriptor matching),
 //! `algorithms` (pure rate-limit math), `backends` (memory, Redis),
 //! `clock`, `limiter` (the decision on a request), `metrics` (Prometheus),
-//! `proto` (generated wire types), `service` (gRPC <-> limiter) and `server`
-//! (the gRPC server).
+//! `reload` (hot reload of the config), `proto` (generated wire types),
+//! `service` (gRPC <-> limiter) and `server` (the gRPC server).
 
 pub mod algorithms;
 pub mod backends;
@@ -14,6 +14,7 @@ pub mod http;
 pub mod limiter;
 pub mod metrics;
 pub mod proto;
+pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod service;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio_stream::StreamExt;
 use tracing_subscriber::EnvFilter;
 
 use throttlegate::algorithms::Algorithm;
@@ -18,6 +19,7 @@ use throttlegate::clock::SystemClock;
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
+use throttlegate::reload::{ReloadGuard, Reloader};
 use throttlegate::rules::RuleSet;
 use throttlegate::server::App;
 
@@ -77,6 +79,10 @@ struct ServeArgs {
     config: Option<PathBuf>,
     #[command(flatten)]
     config_options: ConfigArgs,
+    /// Reload the config when its files change (SIGHUP reloads it either
+    /// way).
+    #[arg(long, env = "THROTTLEGATE_WATCH_CONFIG", value_enum, default_value_t = Switch::On)]
+    watch_config: Switch,
     /// gRPC listen address.
     #[arg(long, env = "THROTTLEGATE_GRPC_ADDR", default_value = "0.0.0.0:8081")]
     grpc_addr: SocketAddr,
@@ -271,12 +277,28 @@ async fn serve(args: ServeArgs) -> ExitCode {
             RuleSet::default()
         }
     };
+    let rules = Arc::new(ArcSwap::from_pointee(rules));
+    let metrics = Arc::new(Metrics::new());
+    // Right after the load: the reloader records the files as loaded.
+    let reloader = args.config.as_ref().map(|path| {
+        let reload_metrics = metrics.clone();
+        Arc::new(
+            Reloader::new(
+                path.clone(),
+                load_options(&args.config_options),
+                rules.clone(),
+            )
+            .with_observer(move |ok| reload_metrics.record_reload(ok)),
+        )
+    });
+    // Set up before the listeners, so a SIGHUP once we answer never takes
+    // the default action (ending the process).
+    let _reloads = reload_triggers(reloader.as_ref(), args.watch_config);
     let headers = match response_headers(&args) {
         Ok(it) => it,
         Err(message) => return startup_failure(message),
     };
 
-    let metrics = Arc::new(Metrics::new());
     // Keeps the memory backend's sweeper running for as long as we serve.
     let mut _sweeper = None;
     let backend: Arc<dyn Backend> = match redis_settings(&args) {
@@ -309,12 +331,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             FailureArg::Deny => FailureMode::Deny,
         },
     };
-    let limiter = Arc::new(Limiter::new(
-        Arc::new(ArcSwap::from_pointee(rules)),
-        backend.clone(),
-        options,
-        metrics,
-    ));
+    let limiter = Arc::new(Limiter::new(rules, backend.clone(), options, metrics));
     let listener = match tokio::net::TcpListener::bind(args.grpc_addr).await {
         Ok(it) => it,
         Err(err) => return startup_failure(format!("cannot listen on {}: {err}", args.grpc_addr)),
@@ -382,6 +399,35 @@ fn load_config(path: &Path, args: &ConfigArgs) -> Result<RuleSet, String> {
         "config loaded"
     );
     Ok(loaded.rules)
+}
+
+/// SIGHUP reloads the config, and so does a change of its files with
+/// `--watch-config on`; the guards stop both.
+fn reload_triggers(reloader: Option<&Arc<Reloader>>, watch: Switch) -> Vec<ReloadGuard> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut guards = Vec::new();
+    let hangups = match signal(SignalKind::hangup()) {
+        Ok(it) => Some(it),
+        Err(err) => {
+            tracing::error!("cannot listen for SIGHUP: {err}");
+            None
+        }
+    };
+    // Without --config there is nothing to reload; the handler, once
+    // registered, still keeps SIGHUP from ending the process.
+    let Some(reloader) = reloader else {
+        return guards;
+    };
+    if let Some(hangups) = hangups {
+        let hangups = tokio_stream::wrappers::SignalStream::new(hangups).map(|()| {
+            tracing::info!("SIGHUP: reloading the config");
+        });
+        guards.push(reloader.spawn_on(hangups));
+    }
+    if watch == Switch::On {
+        guards.push(reloader.spawn_watcher());
+    }
+    guards
 }
 
 fn response_headers(args: &ServeArgs) -> Result<Option<HeaderNames>, String> {

@@ -1,0 +1,384 @@
+//! Hot reload against the real server: file edits, ConfigMap symlink swaps, polling, SIGHUP, counters.
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use support::service::{TestService, default_options, memory_backend, start_service};
+use throttlegate::algorithms::Algorithm;
+use throttlegate::config::{self, LoadOptions};
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use throttlegate::reload::{POLL_EVERY, Reloader, Reloads};
+
+const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
+
+/// The bound a changed config must be in force within.
+const WITHIN: Duration = Duration::from_secs(2);
+
+/// Every request of user alice is denied.
+const BLOCKED: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 0}\n";
+/// Every request of user alice is allowed.
+const OPEN: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n";
+/// Refused: a misspelled key.
+const BAD: &str = "domain: api\ndescriptors:\n  - key: user\n    ratelimit: {unit: minute, requests_per_unit: 1000}\n";
+
+fn options() -> LoadOptions {
+    LoadOptions {
+        merge_domains: false,
+        default_algorithm: Algorithm::SlidingWindowLog,
+    }
+}
+
+/// A server whose rules come from `path`, and a reloader on them (no
+/// trigger yet).
+async fn start(path: &Path) -> (TestService, Arc<Reloader>) {
+    let rules = config::load(path, &options())
+        .unwrap_or_else(|err| panic!("{err:#}"))
+        .rules;
+    let (backend, _clock) = memory_backend();
+    let service = start_service(rules, backend, default_options()).await;
+    let reloader = Arc::new(Reloader::new(
+        path.to_path_buf(),
+        options(),
+        service.limiter.rules().clone(),
+    ));
+    (service, reloader)
+}
+
+fn alice() -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "api".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: "user".to_owned(),
+                value: "alice".to_owned(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
+
+async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>) -> Code {
+    let res = client.should_rate_limit(alice()).await.expect("rpc");
+    res.into_inner().overall_code()
+}
+
+/// Polls until alice gets `expected`, panicking if that takes longer than
+/// [`WITHIN`] from `since`.
+async fn wait_for(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    expected: Code,
+    since: Instant,
+) {
+    loop {
+        let got = code(client).await;
+        if got == expected {
+            return;
+        }
+        assert!(
+            since.elapsed() < WITHIN,
+            "still {got:?} {:?} after the change, expected {expected:?}",
+            since.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until `done` holds for the reloader's counters, for at most
+/// [`WITHIN`].
+async fn wait_for_reloads(reloader: &Reloader, done: impl Fn(Reloads) -> bool) -> Reloads {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let reloads = reloader.reloads();
+        if done(reloads) {
+            return reloads;
+        }
+        assert!(Instant::now() < deadline, "reloads stuck at {reloads:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Replaces `path` atomically, as most tools that write configs do.
+fn replace(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A ConfigMap-style mount: `..<version>/config.yaml`, `..data` pointing
+/// at it, `config.yaml` pointing through `..data`.
+fn configmap(root: &Path, yaml: &str) {
+    std::fs::create_dir(root.join("..v0")).unwrap();
+    std::fs::write(root.join("..v0/config.yaml"), yaml).unwrap();
+    std::os::unix::fs::symlink("..v0", root.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/config.yaml", root.join("config.yaml")).unwrap();
+}
+
+/// What the kubelet does on an update: a new timestamped directory, a new
+/// `..data` symlink renamed over the old one, the old directory removed.
+fn configmap_swap(root: &Path, from: u32, to: u32, yaml: &str) {
+    let new = format!("..v{to}");
+    std::fs::create_dir(root.join(&new)).unwrap();
+    std::fs::write(root.join(&new).join("config.yaml"), yaml).unwrap();
+    std::os::unix::fs::symlink(&new, root.join("..data_tmp")).unwrap();
+    std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+    std::fs::remove_dir_all(root.join(format!("..v{from}"))).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_file_is_in_force_within_2_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, BLOCKED).unwrap();
+    let (service, reloader) = start(&path).await;
+    let _watch = reloader.spawn_watcher();
+    let mut client = service.client();
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+
+    // Written in place, as an editor saving over the file does.
+    std::fs::write(&path, OPEN).unwrap();
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    // Renamed over the file: the watch must follow the new file.
+    replace(&path, BLOCKED);
+    wait_for(&mut client, Code::OverLimit, Instant::now()).await;
+    replace(&path, OPEN);
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_edit_is_refused_and_a_later_good_one_is_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, BLOCKED).unwrap();
+    let (service, reloader) = start(&path).await;
+    let _watch = reloader.spawn_watcher();
+    let mut client = service.client();
+
+    replace(&path, BAD);
+    let reloads = wait_for_reloads(&reloader, |it| it.error >= 1).await;
+    assert_eq!(reloads.ok, 0, "{reloads:?}");
+    assert_eq!(
+        code(&mut client).await,
+        Code::OverLimit,
+        "old rules in force"
+    );
+
+    replace(&path, OPEN);
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    let reloads = wait_for_reloads(&reloader, |it| it.ok >= 1).await;
+    assert!(reloads.error >= 1, "{reloads:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_directory_swap_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ratelimit");
+    std::fs::create_dir(&root).unwrap();
+    configmap(&root, BLOCKED);
+    let (service, reloader) = start(&root).await;
+    let _watch = reloader.spawn_watcher();
+    let mut client = service.client();
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+
+    configmap_swap(&root, 0, 1, OPEN);
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    // And the next one: the watch survives the old directory's removal.
+    configmap_swap(&root, 1, 2, BLOCKED);
+    wait_for(&mut client, Code::OverLimit, Instant::now()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configmap_file_swap_is_picked_up() {
+    let dir = tempfile::tempdir().unwrap();
+    configmap(dir.path(), BLOCKED);
+    // The file itself, a symlink through `..data`.
+    let (service, reloader) = start(&dir.path().join("config.yaml")).await;
+    let _watch = reloader.spawn_watcher();
+    let mut client = service.client();
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+
+    configmap_swap(dir.path(), 0, 1, OPEN);
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    configmap_swap(dir.path(), 1, 2, BLOCKED);
+    wait_for(&mut client, Code::OverLimit, Instant::now()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_polling_fallback_picks_up_an_edit_within_2_s() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, BLOCKED).unwrap();
+    let (service, reloader) = start(&path).await;
+    let _poll = reloader.spawn_poller(POLL_EVERY);
+    let mut client = service.client();
+
+    std::fs::write(&path, OPEN).unwrap();
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    // Nothing changed since: polls do not reload again.
+    let before = reloader.reloads();
+    tokio::time::sleep(POLL_EVERY * 2).await;
+    assert_eq!(reloader.reloads(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_count_reloads_by_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, BLOCKED).unwrap();
+    let (service, reloader) = start(&path).await;
+    assert_eq!(reloader.reloads(), Reloads { ok: 0, error: 0 });
+    // Triggers as SIGHUP delivers them in `main`.
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let _triggers = reloader.spawn_on(tokio_stream::wrappers::ReceiverStream::new(rx));
+    let mut client = service.client();
+
+    std::fs::write(&path, OPEN).unwrap();
+    tx.send(()).await.unwrap();
+    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 0 }).await;
+    assert_eq!(code(&mut client).await, Code::Ok);
+
+    std::fs::write(&path, BAD).unwrap();
+    tx.send(()).await.unwrap();
+    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 1 }).await;
+    assert_eq!(code(&mut client).await, Code::Ok, "old rules in force");
+
+    std::fs::remove_file(&path).unwrap();
+    tx.send(()).await.unwrap();
+    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 2 }).await;
+
+    std::fs::write(&path, BLOCKED).unwrap();
+    tx.send(()).await.unwrap();
+    wait_for_reloads(&reloader, |it| it == Reloads { ok: 2, error: 2 }).await;
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+}
+
+// === the binary ===
+
+/// Kills the child if a test fails before it exits.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_addr() -> SocketAddr {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+}
+
+/// `serve` on `config` with `extra` flags; its log goes to `log`.
+async fn serve(
+    config: &Path,
+    extra: &[&str],
+    log: &Path,
+) -> (Running, RateLimitServiceClient<tonic::transport::Channel>) {
+    let grpc = free_addr();
+    let mut command = Command::new(BIN);
+    for (key, _) in std::env::vars() {
+        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" || key == "RUST_LOG" {
+            command.env_remove(key);
+        }
+    }
+    let child = command
+        .arg("serve")
+        .arg("--config")
+        .arg(config)
+        .args(["--grpc-addr", &grpc.to_string()])
+        .args(["--http-addr", &free_addr().to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .expect("spawn the binary");
+    let mut child = Running(child);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
+    let channel = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            panic!("the server exited early: {exit}");
+        }
+        match endpoint.connect().await {
+            Ok(channel) => break channel,
+            Err(err) => assert!(Instant::now() < deadline, "cannot connect: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    (child, RateLimitServiceClient::new(channel))
+}
+
+fn hangup(child: &Running) {
+    let status = Command::new("kill")
+        .args(["-HUP", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+fn read(path: &PathBuf) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_when_the_watcher_is_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let log = dir.path().join("stderr.log");
+    std::fs::write(&path, BLOCKED).unwrap();
+    let (mut child, mut client) = serve(&path, &["--watch-config", "off"], &log).await;
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+
+    std::fs::write(&path, OPEN).unwrap();
+    // Longer than a watcher would take: nothing watches.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(code(&mut client).await, Code::OverLimit, "no watcher");
+    hangup(&child);
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+
+    // A refused config on SIGHUP: logged with its problem, the process
+    // lives on with the last good rules.
+    std::fs::write(&path, BAD).unwrap();
+    hangup(&child);
+    let deadline = Instant::now() + WITHIN;
+    while !read(&log).contains("config refused") {
+        assert!(
+            Instant::now() < deadline,
+            "no refusal logged:\n{}",
+            read(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        read(&log).contains("unknown key 'ratelimit'"),
+        "{}",
+        read(&log)
+    );
+    assert!(child.0.try_wait().unwrap().is_none(), "the server exited");
+    assert_eq!(code(&mut client).await, Code::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_watches_its_config_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let log = dir.path().join("stderr.log");
+    std::fs::write(&path, BLOCKED).unwrap();
+    let (_child, mut client) = serve(&path, &[], &log).await;
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+    std::fs::write(&path, OPEN).unwrap();
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+}
