@@ -349,7 +349,12 @@ impl Reloader {
                 // Gone for now; the parent's watch sees it come back.
                 tracing::debug!(path = %self.path.display(), "cannot watch the config: {err}");
             }
-            let _ = self.reload().await;
+            // Only a real change reloads: events also come from our own
+            // re-watching and from writes that leave the files as they were,
+            // and a refused config must not be retried (and logged) until it
+            // changes again.
+            let checking = self.clone();
+            let _ = tokio::task::spawn_blocking(move || checking.reload_if_changed()).await;
         }
     }
 }

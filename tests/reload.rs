@@ -172,6 +172,10 @@ async fn a_bad_edit_is_refused_and_a_later_good_one_is_taken() {
         Code::OverLimit,
         "old rules in force"
     );
+    // A refused config sitting there is not retried (nor logged) again and
+    // again: only a change reloads.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(reloader.reloads(), reloads, "reloaded with nothing changed");
 
     replace(&path, OPEN);
     wait_for(&mut client, Code::Ok, Instant::now()).await;
