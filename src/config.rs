@@ -299,16 +299,7 @@ fn collect_dir(
             return;
         }
     };
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| {
-            !path
-                .file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with('.'))
-        })
-        .collect();
-    paths.sort();
-    for path in paths {
+    for path in visible_entries(entries) {
         let Ok(link_meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
@@ -1221,4 +1212,21 @@ mod position {
             Ok(false)
         }
     }
+}
+
+/// The entries of a config directory that are loaded or descended into, in
+/// path order: dot-files and dot-directories are skipped (a Kubernetes
+/// ConfigMap's `..data` and `..<timestamp>` among them). The reloader walks
+/// the same list to notice changes.
+pub(crate) fn visible_entries(entries: std::fs::ReadDir) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|path| {
+            !path
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with('.'))
+        })
+        .collect();
+    paths.sort();
+    paths
 }

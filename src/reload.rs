@@ -426,16 +426,7 @@ fn walk_dir(dir: &Path, entries: &mut Vec<(PathBuf, Option<Stamp>)>) {
     let Ok(read) = std::fs::read_dir(dir) else {
         return;
     };
-    let mut paths: Vec<PathBuf> = read
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| {
-            !path
-                .file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with('.'))
-        })
-        .collect();
-    paths.sort();
-    for path in paths {
+    for path in config::visible_entries(read) {
         let is_real_dir = std::fs::symlink_metadata(&path).is_ok_and(|it| it.is_dir());
         if is_real_dir {
             walk_dir(&path, entries);
