@@ -202,11 +202,7 @@ function log.until_available(c, s, key, at, need)
 end
 
 function log.store(c, s, key, ttl_ms)
-  if ttl_ms == nil then
-    call('DEL', key)
-  else
-    call('PEXPIRE', key, fmt(ttl_ms))
-  end
+  call('PEXPIRE', key, fmt(ttl_ms))
 end
 
 -- === token_bucket ===
@@ -273,11 +269,7 @@ function bucket.until_available(c, s, key, at, need)
 end
 
 function bucket.store(c, s, key, ttl_ms)
-  if ttl_ms == nil then
-    call('DEL', key)
-  else
-    store_string(key, fmt(s.scaled) .. ':' .. fmt(s.last_us) .. ':' .. fmt(s.scale), ttl_ms)
-  end
+  store_string(key, fmt(s.scaled) .. ':' .. fmt(s.last_us) .. ':' .. fmt(s.scale), ttl_ms)
 end
 
 -- === gcra ===
@@ -348,11 +340,7 @@ function gcra.until_available(c, s, key, at, need)
 end
 
 function gcra.store(c, s, key, ttl_ms)
-  if ttl_ms == nil then
-    call('DEL', key)
-  else
-    store_string(key, fmt(s.tat_us) .. ':' .. fmt(s.frac) .. ':' .. fmt(s.per_us), ttl_ms)
-  end
+  store_string(key, fmt(s.tat_us) .. ':' .. fmt(s.frac) .. ':' .. fmt(s.per_us), ttl_ms)
 end
 
 -- === sliding_window_counter ===
@@ -473,15 +461,7 @@ function counter.until_available(c, s, key, at, need)
 end
 
 function counter.store(c, s, key, ttl_ms)
-  if ttl_ms == nil then
-    call('DEL', key)
-  else
-    store_string(
-      key,
-      fmt(s.window_start) .. ':' .. fmt(s.current) .. ':' .. fmt(s.previous),
-      ttl_ms
-    )
-  end
+  store_string(key, fmt(s.window_start) .. ':' .. fmt(s.current) .. ':' .. fmt(s.previous), ttl_ms)
 end
 
 -- === fixed_window ===
@@ -532,11 +512,7 @@ function fixed.until_available(c, s, key, at, need)
 end
 
 function fixed.store(c, s, key, ttl_ms)
-  if ttl_ms == nil then
-    call('DEL', key)
-  else
-    store_string(key, fmt(s.window_start) .. ':' .. fmt(s.count), ttl_ms)
-  end
+  store_string(key, fmt(s.window_start) .. ':' .. fmt(s.count), ttl_ms)
 end
 
 -- === the request ===
@@ -666,7 +642,8 @@ for idx, c in ipairs(checks) do
   local remaining = impl.available(c, s, at)
   local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
   if keep_for == 0 then
-    impl.store(c, s, key, nil)
+    -- Equal to a fresh state, whatever the algorithm: no key at all.
+    call('DEL', key)
   else
     impl.store(c, s, key, div_ceil(keep_for, 1000) + grace_ms)
   end
