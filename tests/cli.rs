@@ -7,8 +7,6 @@ use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -241,18 +239,7 @@ fn http_get(addr: SocketAddr, path: &str) -> String {
 }
 
 fn alice() -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".to_owned(),
-                value: "alice".to_owned(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    }
+    support::service::one_entry_request("api", "user", "alice")
 }
 
 /// Starts `serve` with `config` and `extra` flags on free ports.

@@ -12,8 +12,6 @@ use support::redis::{RedisServer, backend, settings};
 use support::service::{TestService, default_options, start_with_config};
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -27,18 +25,7 @@ descriptors:
 "#;
 
 fn request(key: &str, value: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.to_owned(),
-                value: value.to_owned(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    }
+    support::service::one_entry_request("api", key, value)
 }
 
 async fn redis_service(server: &RedisServer) -> TestService {

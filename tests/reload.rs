@@ -11,8 +11,6 @@ use std::time::{Duration, Instant};
 use support::service::{TestService, default_options, memory_backend, start_service};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -54,18 +52,7 @@ async fn start(path: &Path) -> (TestService, Arc<Reloader>) {
 }
 
 fn alice() -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: "user".to_owned(),
-                value: "alice".to_owned(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    }
+    support::service::one_entry_request("api", "user", "alice")
 }
 
 async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>) -> Code {

@@ -19,12 +19,31 @@ use throttlegate::clock::ManualClock;
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::rules::RuleSet;
 use throttlegate::server::{self, App};
 
 /// A fixed start time, so windows do not roll over mid-test.
 pub const T0: u64 = 1_700_000_000_000_000;
+
+/// A request in `domain` with one descriptor of one entry `key=value`.
+pub fn one_entry_request(domain: &str, key: &str, value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.to_owned(),
+                value: value.to_owned(),
+            }],
+            limit: None,
+            hits_addend: None,
+        }],
+        hits_addend: 0,
+    }
+}
 
 /// A running server; stops (without draining) when dropped.
 pub struct TestService {
