@@ -22,7 +22,7 @@ fn keyed(value: &str, algorithm: Algorithm, limit: u64, window_s: u64) -> KeyedC
             is_override: false,
             entries: vec![KeyEntry {
                 key: "remote_address".into(),
-                value: KeyValue::Value(value.to_owned()),
+                value: KeyValue::Value(value.into()),
             }],
         },
         check: Check {

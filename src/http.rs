@@ -243,8 +243,8 @@ impl JsonRequest {
                         .entries
                         .into_iter()
                         .map(|entry| limiter::Entry {
-                            key: entry.key,
-                            value: entry.value,
+                            key: entry.key.into_bytes(),
+                            value: entry.value.into_bytes(),
                         })
                         .collect(),
                     limit: it.limit.map(|limit| limiter::LimitOverride {

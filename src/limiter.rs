@@ -4,7 +4,9 @@
 //! wire messages into a [`Request`] and a [`Decision`] back into wire
 //! messages; no prost type is seen here.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::fmt::Write;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -12,7 +14,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use arc_swap::ArcSwap;
 
 use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
-use crate::backends::{self, Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
+use crate::backends::{self, Backend, CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
 use crate::metrics::{self, BackendMetrics, MetricRule, Metrics};
 use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 
@@ -20,8 +22,6 @@ use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 pub const MAX_DESCRIPTORS: usize = 64;
 /// Most entries in one descriptor.
 pub const MAX_ENTRIES: usize = 32;
-/// Longest key or value, in bytes.
-pub const MAX_TEXT_BYTES: usize = 1024;
 
 /// One request, as the transports hand it over.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -43,10 +43,12 @@ pub struct Descriptor {
     pub hits_addend: Option<u64>,
 }
 
+/// One key/value pair of a descriptor: any bytes of any length (Envoy
+/// copies header values, which need not be UTF-8, into them).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Entry {
-    pub key: String,
-    pub value: String,
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
 }
 
 /// A RateLimitOverride.
@@ -522,10 +524,10 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
     let mut matched: Vec<Found<'_>> = Vec::with_capacity(request.descriptors.len());
     let mut levels: Vec<Vec<&Node>> = Vec::with_capacity(request.descriptors.len());
     for descriptor in &request.descriptors {
-        let entries: Vec<(&str, &str)> = descriptor
+        let entries: Vec<(&[u8], &[u8])> = descriptor
             .entries
             .iter()
-            .map(|it| (it.key.as_str(), it.value.as_str()))
+            .map(|it| (it.key.as_slice(), it.value.as_slice()))
             .collect();
         let found = domain.find(&entries);
         let nodes = found.map(|it| it.levels).unwrap_or_default();
@@ -595,10 +597,10 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                     unit.name()
                 ))
             })?;
-            let keys: Vec<&str> = descriptor
+            let keys: Vec<String> = descriptor
                 .entries
                 .iter()
-                .map(|it| it.key.as_str())
+                .map(|it| KeyBytes::new(&it.key).label())
                 .collect();
             let rule: Arc<str> = Arc::from(keys.join("."));
             let key = CounterKey {
@@ -613,8 +615,8 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                     .entries
                     .iter()
                     .map(|it| KeyEntry {
-                        key: Arc::from(it.key.as_str()),
-                        value: KeyValue::Value(it.value.clone()),
+                        key: KeyBytes::new(&it.key),
+                        value: KeyValue::Value(KeyBytes::new(&it.value)),
                     })
                     .collect(),
             };
@@ -684,12 +686,12 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                     .iter()
                     .zip(&levels[idx])
                     .map(|(entry, level)| KeyEntry {
-                        key: Arc::from(entry.key.as_str()),
+                        key: KeyBytes::new(&entry.key),
                         value: match &level.value {
                             ValueMatcher::Wildcard(pattern) if level.share_threshold => {
                                 KeyValue::Shared(pattern.clone())
                             }
-                            _ => KeyValue::Value(entry.value.clone()),
+                            _ => KeyValue::Value(KeyBytes::new(&entry.value)),
                         },
                     })
                     .collect(),
@@ -753,7 +755,7 @@ fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
         label.push_str(&level.key);
         if detailed || level.value_to_metric {
             label.push('_');
-            label.push_str(&entry.value);
+            label.push_str(&printable(&entry.value));
         } else if let ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) = &level.value {
             label.push('_');
             label.push_str(value);
@@ -764,16 +766,14 @@ fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
 
 // === bounds ===
 
+/// Refuses only what no Envoy sends and no rule could decide: an empty
+/// domain, no descriptors, too many of them, a descriptor without entries
+/// or with too many, an empty entry key. Keys and values of any length and
+/// any bytes are decided (the 64 KiB message cap bounds them).
 fn validate(request: &Request) -> Result<(), Error> {
     let invalid = |message: String| Err(Error::InvalidArgument(message));
     if request.domain.is_empty() {
         return invalid("empty domain".to_owned());
-    }
-    if request.domain.len() > MAX_TEXT_BYTES {
-        return invalid(format!(
-            "domain is {} bytes, at most {MAX_TEXT_BYTES}",
-            request.domain.len()
-        ));
     }
     if request.descriptors.is_empty() {
         return invalid("no descriptors".to_owned());
@@ -800,18 +800,6 @@ fn validate(request: &Request) -> Result<(), Error> {
                     "descriptor {idx}, entry {entry_idx}: empty entry key"
                 ));
             }
-            if entry.key.len() > MAX_TEXT_BYTES {
-                return invalid(format!(
-                    "descriptor {idx}, entry {entry_idx}: key is {} bytes, at most {MAX_TEXT_BYTES}",
-                    entry.key.len()
-                ));
-            }
-            if entry.value.len() > MAX_TEXT_BYTES {
-                return invalid(format!(
-                    "descriptor {idx}, entry {entry_idx}: value is {} bytes, at most {MAX_TEXT_BYTES}",
-                    entry.value.len()
-                ));
-            }
         }
         if descriptor
             .limit
@@ -822,6 +810,38 @@ fn validate(request: &Request) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Request bytes as text for logs and metric labels: UTF-8 as is, every
+/// byte that is not UTF-8 and every control character as `\xNN` (or
+/// `\u{NNNN}`), and `\` as `\\`, so no two byte strings look alike; never
+/// raw bytes.
+pub fn printable(bytes: &[u8]) -> Cow<'_, str> {
+    if let Ok(text) = std::str::from_utf8(bytes)
+        && !text.chars().any(|ch| ch == '\\' || ch.is_control())
+    {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(bytes.len() + 8);
+    // Writing into a String cannot fail.
+    for chunk in bytes.utf8_chunks() {
+        for ch in chunk.valid().chars() {
+            match ch {
+                '\\' => out.push_str("\\\\"),
+                _ if ch.is_ascii_control() => {
+                    let _ = write!(out, "\\x{:02x}", u32::from(ch));
+                }
+                _ if ch.is_control() => {
+                    let _ = write!(out, "{}", ch.escape_unicode());
+                }
+                _ => out.push(ch),
+            }
+        }
+        for byte in chunk.invalid() {
+            let _ = write!(out, "\\x{byte:02x}");
+        }
+    }
+    Cow::Owned(out)
 }
 
 // === helpers ===
@@ -970,8 +990,8 @@ mod tests {
             entries: entries
                 .iter()
                 .map(|(key, value)| Entry {
-                    key: (*key).to_owned(),
-                    value: (*value).to_owned(),
+                    key: key.as_bytes().to_vec(),
+                    value: value.as_bytes().to_vec(),
                 })
                 .collect(),
             limit: None,
@@ -1108,7 +1128,6 @@ mod tests {
 
     #[tokio::test]
     async fn bounds_are_invalid_argument_with_a_reason() {
-        let long = "x".repeat(MAX_TEXT_BYTES + 1);
         let many_entries: Vec<(&str, &str)> = vec![("k", "v"); MAX_ENTRIES + 1];
         let cases: Vec<(Request, &str)> = vec![
             (
@@ -1133,14 +1152,6 @@ mod tests {
                 "descriptor 0 has too many entries: 33, at most 32",
             ),
             (
-                req(vec![desc(&[("k", &long)])]),
-                "descriptor 0, entry 0: value is 1025 bytes, at most 1024",
-            ),
-            (
-                req(vec![desc(&[(&long, "v")])]),
-                "descriptor 0, entry 0: key is 1025 bytes, at most 1024",
-            ),
-            (
                 req(vec![Descriptor {
                     limit: Some(LimitOverride {
                         requests_per_unit: 5,
@@ -1159,10 +1170,103 @@ mod tests {
             }
         }
         // At the bounds exactly: accepted.
-        let exact = "x".repeat(MAX_TEXT_BYTES);
-        let entries: Vec<(&str, &str)> = vec![(&exact, &exact); MAX_ENTRIES];
+        let entries: Vec<(&str, &str)> = vec![("k", "v"); MAX_ENTRIES];
         let request = req(vec![desc(&entries); MAX_DESCRIPTORS]);
         assert!(fixture.limiter.decide(&request).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn keys_and_values_of_any_length_and_bytes_are_decided() {
+        let fixture = fixture(
+            rules(vec![
+                key_node("path", vec![limit(2, Unit::Hour)]),
+                node(
+                    "exact",
+                    ValueMatcher::Exact(Arc::from("v")),
+                    NodeLimits::Limited(vec![limit(1, Unit::Hour)]),
+                ),
+            ]),
+            options(),
+        );
+        let entry = |key: &[u8], value: &[u8]| Descriptor {
+            entries: vec![Entry {
+                key: key.to_vec(),
+                value: value.to_vec(),
+            }],
+            ..Descriptor::default()
+        };
+        let long = vec![b'a'; 70_000];
+        let mut long_other = long.clone();
+        long_other[69_999] = b'b';
+        let status = |code, remaining| lim(code, remaining, 3600, 2, Unit::Hour, "");
+        let one = |it: Descriptor| req(vec![it]);
+        check(
+            &fixture,
+            &[
+                // A long value, a domain longer than 1 KiB, a long key that
+                // matches no rule: all decided.
+                (one(entry(b"path", &long)), OK, vec![status(OK, 1)]),
+                (one(entry(b"path", &long)), OK, vec![status(OK, 0)]),
+                (one(entry(b"path", &long)), OVER, vec![status(OVER, 0)]),
+                // Another long value with the same first bytes: its own counter.
+                (one(entry(b"path", &long_other)), OK, vec![status(OK, 1)]),
+                (one(entry(&long, b"v")), OK, vec![ok_none()]),
+                // Bytes that are not UTF-8: their own counter too.
+                (one(entry(b"path", b"\xff")), OK, vec![status(OK, 1)]),
+                (one(entry(b"path", b"\xfe")), OK, vec![status(OK, 1)]),
+                (one(entry(b"path", b"\xff")), OK, vec![status(OK, 0)]),
+                (one(entry(b"path", b"")), OK, vec![status(OK, 1)]),
+                // An exact rule value matches the same bytes only.
+                (one(entry(b"exact", b"v\xff")), OK, vec![ok_none()]),
+                (
+                    one(entry(b"exact", b"v")),
+                    OK,
+                    vec![lim(OK, 0, 3600, 1, Unit::Hour, "")],
+                ),
+            ],
+        )
+        .await;
+        let long_domain = Request {
+            domain: "d".repeat(2_000),
+            ..one(entry(b"path", b"v"))
+        };
+        check(&fixture, &[(long_domain, OK, vec![ok_none()])]).await;
+    }
+
+    #[tokio::test]
+    async fn metric_labels_show_bytes_escaped() {
+        let mut detailed = key_node("path", vec![limit(5, Unit::Hour)]);
+        detailed.detailed_metric = true;
+        let fixture = fixture(rules(vec![detailed]), options());
+        let request = req(vec![Descriptor {
+            entries: vec![Entry {
+                key: b"path".to_vec(),
+                value: b"/a\xff\\b\n".to_vec(),
+            }],
+            ..Descriptor::default()
+        }]);
+        fixture.limiter.decide(&request).await.unwrap();
+        let text = fixture.limiter.metrics().encode();
+        // The label holds `\xff`, `\\` and `\x0a` as text; the exposition
+        // escapes each backslash once more.
+        let expected = r#"rule="path_/a\\xff\\\\b\\x0a""#;
+        assert!(text.contains(expected), "{expected}\n{text}");
+    }
+
+    #[test]
+    fn printable_escapes_what_is_not_text() {
+        let cases: [(&[u8], &str); 7] = [
+            (b"plain", "plain"),
+            ("ü".as_bytes(), "ü"),
+            (b"\xff", "\\xff"),
+            (b"a\xc3", "a\\xc3"),
+            (b"\\xff", "\\\\xff"),
+            (b"tab\t", "tab\\x09"),
+            ("\u{85}".as_bytes(), "\\u{85}"),
+        ];
+        for (bytes, expected) in cases {
+            assert_eq!(printable(bytes), expected, "{bytes:?}");
+        }
     }
 
     #[tokio::test]

@@ -425,8 +425,8 @@ mod tests {
                 entries: entries
                     .iter()
                     .map(|(key, value)| Entry {
-                        key: (*key).to_owned(),
-                        value: (*value).to_owned(),
+                        key: (*key).into(),
+                        value: (*value).into(),
                     })
                     .collect(),
                 limit: None,

@@ -206,7 +206,14 @@ impl Domain {
     /// the key-only node; no backtracking. `None` when some level has no
     /// node (including a descriptor longer than the tree is deep, and an
     /// empty one). The caller checks whether the reached node has limits.
-    pub fn find<'a>(&'a self, entries: &[(&str, &str)]) -> Option<Match<'a>> {
+    ///
+    /// Keys and values are bytes: an exact rule value matches only the same
+    /// bytes, a wildcard matches bytes, and a key that is not UTF-8 matches
+    /// no rule (rule keys are text).
+    pub fn find<'a, K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        &'a self,
+        entries: &[(K, V)],
+    ) -> Option<Match<'a>> {
         if entries.is_empty() {
             return None;
         }
@@ -214,7 +221,8 @@ impl Domain {
         let mut children = &self.children;
         let mut index = &self.index;
         for (key, value) in entries {
-            let node = index.lookup(children, key, value)?;
+            let key = std::str::from_utf8(key.as_ref()).ok()?;
+            let node = index.lookup(children, key, value.as_ref())?;
             levels.push(node);
             children = &node.children;
             index = &node.index;
@@ -243,11 +251,12 @@ impl LevelIndex {
         LevelIndex { by_key }
     }
 
-    fn lookup<'a>(&self, children: &'a [Node], key: &str, value: &str) -> Option<&'a Node> {
+    fn lookup<'a>(&self, children: &'a [Node], key: &str, value: &[u8]) -> Option<&'a Node> {
         let slot = self.by_key.get(key)?;
-        let idx = slot
-            .exact
-            .get(value)
+        // Rule values are text: bytes that are not UTF-8 equal none of them.
+        let idx = std::str::from_utf8(value)
+            .ok()
+            .and_then(|text| slot.exact.get(text))
             .copied()
             .or_else(|| {
                 slot.wildcards.iter().copied().find(|idx| {
@@ -260,27 +269,28 @@ impl LevelIndex {
 }
 
 /// Whether `value` matches `pattern`, where each `*` matches any run of
-/// characters (possibly empty) and everything else matches itself.
+/// bytes (possibly empty) and everything else matches its own UTF-8 bytes.
+/// Values need not be UTF-8: `*` matches any bytes.
 ///
 /// With `*` as the only metacharacter, taking the leftmost occurrence of
 /// each literal segment is always optimal, so this runs in time linear in
 /// the lengths (no backtracking blow-up on hostile values).
-pub fn glob_match(pattern: &str, value: &str) -> bool {
+pub fn glob_match(pattern: &str, value: &[u8]) -> bool {
     let Some((prefix, rest)) = pattern.split_once('*') else {
-        return pattern == value;
+        return pattern.as_bytes() == value;
     };
     let (middle, suffix) = rest.rsplit_once('*').unwrap_or(("", rest));
+    let (prefix, suffix) = (prefix.as_bytes(), suffix.as_bytes());
     if value.len() < prefix.len() + suffix.len()
         || !value.starts_with(prefix)
         || !value.ends_with(suffix)
     {
         return false;
     }
-    // Both ends are char boundaries (they end/start a matched literal) and
-    // do not overlap (length checked above).
+    // The matched prefix and suffix do not overlap (length checked above).
     let mut haystack = &value[prefix.len()..value.len() - suffix.len()];
     for part in middle.split('*').filter(|part| !part.is_empty()) {
-        match haystack.find(part) {
+        match memchr::memmem::find(haystack, part.as_bytes()) {
             Some(at) => haystack = &haystack[at + part.len()..],
             None => return false,
         }
@@ -550,14 +560,61 @@ descriptors:
     fn glob_handles_hostile_input() {
         let value = "a".repeat(1024);
         let pattern = format!("{}b", "*a".repeat(200));
-        assert!(!glob_match(&pattern, &value));
+        assert!(!glob_match(&pattern, value.as_bytes()));
         let pattern = "*a".repeat(200);
-        assert!(glob_match(&pattern, &value));
+        assert!(glob_match(&pattern, value.as_bytes()));
         // Multi-byte characters around stars.
-        assert!(glob_match("é*ü", "éxxü"));
-        assert!(!glob_match("éé*", "é"));
-        assert!(glob_match("**", ""));
-        assert!(!glob_match("ab*ba", "aba"));
+        assert!(glob_match("é*ü", "éxxü".as_bytes()));
+        assert!(!glob_match("éé*", "é".as_bytes()));
+        assert!(glob_match("**", b""));
+        assert!(!glob_match("ab*ba", b"aba"));
+    }
+
+    #[test]
+    fn glob_matches_bytes_that_are_not_utf8() {
+        assert!(glob_match("/files/*", b"/files/\xff\xfe"));
+        assert!(glob_match("*", b"\xff"));
+        assert!(glob_match("a*b", b"a\xc3b"));
+        assert!(glob_match("*x*", b"\xffx\x80"));
+        assert!(!glob_match("/files/*", b"/file\xff"));
+        // Literals compare bytes: part of a character is not the character.
+        assert!(glob_match("*\u{a9}", b"\xff\xc2\xa9"));
+        assert!(!glob_match("\u{e9}", b"\xc3"));
+        assert!(!glob_match("*\u{e9}*", b"\xc3\xff\xa9"));
+    }
+
+    #[test]
+    fn entries_match_by_their_bytes() {
+        let rules = rules();
+        let domain = rules.domain("test").expect("domain test");
+        let path =
+            |entries: &[(&[u8], &[u8])]| domain.find(entries).map(|it| it.rule().path.to_string());
+        let long = vec![b'x'; 70_000];
+        type Entries<'a> = Vec<(&'a [u8], &'a [u8])>;
+        let cases: Vec<(Entries<'_>, Option<&str>)> = vec![
+            // An exact value matches only the same bytes.
+            (vec![(b"k", b"exact")], Some("k_exact")),
+            (vec![(b"k", b"exact\xff")], Some("k")),
+            (vec![(b"k", b"exac")], Some("k")),
+            // Wildcards match bytes, including bytes that are not UTF-8.
+            (vec![(b"k", b"pre\xff")], Some("k_pre*")),
+            (vec![(b"k", b"\xffsuf")], Some("k_*suf")),
+            (vec![(b"k", b"\xff")], Some("k")),
+            // Key-only matches any value, of any length.
+            (
+                vec![(b"remote_address", b"\xff\xfe")],
+                Some("remote_address"),
+            ),
+            (vec![(b"remote_address", &long)], Some("remote_address")),
+            (vec![(b"remote_address", b"")], Some("remote_address")),
+            // A key that is not UTF-8 matches no rule key.
+            (vec![(b"k\xff", b"exact")], None),
+            (vec![(b"\xff", b"v")], None),
+            (vec![(b"tenant", b"t"), (b"path\xff", b"/x")], None),
+        ];
+        for (entries, expected) in cases {
+            assert_eq!(path(&entries).as_deref(), expected, "{entries:?}");
+        }
     }
 
     /// Reference: the textbook recursive definition.
@@ -573,8 +630,23 @@ descriptors:
         #[test]
         fn glob_agrees_with_reference(pattern in "[ab*]{0,8}", value in "[ab]{0,10}") {
             prop_assert_eq!(
-                glob_match(&pattern, &value),
+                glob_match(&pattern, value.as_bytes()),
                 reference(pattern.as_bytes(), value.as_bytes()),
+                "pattern {:?} value {:?}", pattern, value
+            );
+        }
+
+        #[test]
+        fn glob_agrees_with_reference_on_any_bytes(
+            pattern in "[a\u{e9}*]{0,8}",
+            value in proptest::collection::vec(
+                proptest::sample::select(vec![b'a', 0xc3, 0xa9, 0xff]),
+                0..10,
+            ),
+        ) {
+            prop_assert_eq!(
+                glob_match(&pattern, &value),
+                reference(pattern.as_bytes(), &value),
                 "pattern {:?} value {:?}", pattern, value
             );
         }

@@ -209,8 +209,8 @@ mod tests {
             descriptors: vec![
                 common::RateLimitDescriptor {
                     entries: vec![common::rate_limit_descriptor::Entry {
-                        key: "k".to_owned(),
-                        value: "v".to_owned(),
+                        key: "k".into(),
+                        value: "v".into(),
                     }],
                     limit: None,
                     hits_addend: Some(0),
@@ -221,7 +221,7 @@ mod tests {
         let res = from_wire(request);
         assert_eq!(res.hits_addend, 3);
         assert_eq!(res.descriptors[0].hits_addend, Some(0));
-        assert_eq!(res.descriptors[0].entries[0].key, "k");
+        assert_eq!(res.descriptors[0].entries[0].key, b"k");
         assert_eq!(res.descriptors[1].hits_addend, None);
     }
 }

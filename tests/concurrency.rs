@@ -35,8 +35,8 @@ async fn exactly_the_limit_is_allowed_under_contention() {
                         domain: "race".to_owned(),
                         descriptors: vec![RateLimitDescriptor {
                             entries: vec![Entry {
-                                key: "k".to_owned(),
-                                value: "same".to_owned(),
+                                key: "k".into(),
+                                value: "same".into(),
                             }],
                             limit: None,
                             hits_addend: None,

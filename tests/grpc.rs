@@ -55,8 +55,8 @@ async fn start_with(options: Options) -> TestService {
 
 fn entry(key: &str, value: &str) -> Entry {
     Entry {
-        key: key.to_owned(),
-        value: value.to_owned(),
+        key: key.into(),
+        value: value.into(),
     }
 }
 
@@ -206,7 +206,6 @@ async fn unknown_domain_no_rule_and_unlimited_are_ok() {
 #[tokio::test]
 async fn invalid_requests_are_invalid_argument() {
     let service = start().await;
-    let long = "v".repeat(1025);
     let many: Vec<(&str, &str)> = vec![("user", "x"); 33];
     let with_unknown_unit = RateLimitDescriptor {
         limit: Some(RateLimitOverride {
@@ -231,10 +230,6 @@ async fn invalid_requests_are_invalid_argument() {
             "too many descriptors",
         ),
         (request(vec![desc(&many)]), "too many entries"),
-        (
-            request(vec![desc(&[("user", &long)])]),
-            "value is 1025 bytes",
-        ),
         (request(vec![with_unknown_unit]), "unit UNKNOWN"),
     ];
     for (request, reason) in cases {

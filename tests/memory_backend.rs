@@ -22,7 +22,7 @@ fn key(value: &str, algorithm: Algorithm, window_s: u64) -> CounterKey {
         is_override: false,
         entries: vec![KeyEntry {
             key: "user".into(),
-            value: KeyValue::Value(value.to_owned()),
+            value: KeyValue::Value(value.into()),
         }],
     }
 }

@@ -90,8 +90,8 @@ fn random_slots(rng: &mut Rng, algorithms: &[Algorithm], reloads: bool) -> Vec<S
                     window_s,
                     is_override: false,
                     entries: vec![KeyEntry {
-                        key: Arc::from("user"),
-                        value: KeyValue::Value(value.to_owned()),
+                        key: "user".into(),
+                        value: KeyValue::Value(value.into()),
                     }],
                 },
                 variants: random_params(rng, algorithm, window_s, reloads),

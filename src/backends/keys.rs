@@ -6,11 +6,16 @@
 //! Redis key, whatever their bytes) and user bytes never form a Redis
 //! Cluster hash tag. Entries are joined by `:`; each is `key=value` for a
 //! descriptor's own value and `key~pattern` for a `share_threshold`
-//! wildcard's shared counter. The prefix is the operator's and is kept as is.
+//! wildcard's shared counter. Bytes that are not UTF-8 are escaped as `%XX`,
+//! so the key is text. An entry key or value over
+//! [`super::MAX_INLINE_BYTES`] is written as `%#` and its SHA-256 digest in
+//! 64 hex digits: escaping never writes `%#`, so a digest never equals a
+//! short value, and the encoding stays injective up to SHA-256 collisions.
+//! The prefix is the operator's and is kept as is.
 
 use std::fmt::Write;
 
-use super::{CounterKey, KeyValue};
+use super::{CounterKey, KeyBytes, KeyValue};
 
 /// Encodes `key` under `prefix`. Injective over every field.
 pub fn encode(prefix: &str, key: &CounterKey) -> String {
@@ -32,11 +37,11 @@ pub fn encode(prefix: &str, key: &CounterKey) -> String {
         if idx > 0 {
             out.push(':');
         }
-        escape_into(&mut out, &entry.key);
+        key_bytes_into(&mut out, &entry.key);
         match &entry.value {
             KeyValue::Value(value) => {
                 out.push('=');
-                escape_into(&mut out, value);
+                key_bytes_into(&mut out, value);
             }
             KeyValue::Shared(pattern) => {
                 out.push('~');
@@ -45,6 +50,24 @@ pub fn encode(prefix: &str, key: &CounterKey) -> String {
         }
     }
     out
+}
+
+/// Appends an entry key or value: its escaped bytes, or `%#` and the hex
+/// digest of a long one.
+fn key_bytes_into(out: &mut String, bytes: &KeyBytes) {
+    if let Some(digest) = bytes.digest() {
+        out.push_str("%#");
+        for byte in digest {
+            let _ = write!(out, "{byte:02x}");
+        }
+        return;
+    }
+    for chunk in bytes.inline().unwrap_or_default().utf8_chunks() {
+        escape_into(out, chunk.valid());
+        for byte in chunk.invalid() {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
 }
 
 /// Appends `text` with `%`, the separators `:` `=` `~` and the hash-tag
@@ -69,9 +92,18 @@ mod tests {
 
     use proptest::prelude::*;
 
+    use sha2::{Digest, Sha256};
+
     use super::*;
     use crate::algorithms::Algorithm;
-    use crate::backends::KeyEntry;
+    use crate::backends::{KeyEntry, MAX_INLINE_BYTES};
+
+    fn sha256_hex(bytes: &[u8]) -> String {
+        Sha256::digest(bytes)
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    }
 
     fn key(entries: &[(&str, KeyValue)]) -> CounterKey {
         CounterKey {
@@ -83,7 +115,7 @@ mod tests {
             entries: entries
                 .iter()
                 .map(|(k, v)| KeyEntry {
-                    key: Arc::from(*k),
+                    key: (*k).into(),
                     value: v.clone(),
                 })
                 .collect(),
@@ -91,7 +123,11 @@ mod tests {
     }
 
     fn value(text: &str) -> KeyValue {
-        KeyValue::Value(text.to_owned())
+        KeyValue::Value(text.into())
+    }
+
+    fn bytes_value(bytes: &[u8]) -> KeyValue {
+        KeyValue::Value(bytes.into())
     }
 
     fn check(key: CounterKey, expected: &str) {
@@ -120,6 +156,26 @@ mod tests {
             "tg:api:remote_address:sliding_window_log.60s:k=%7Btag%7D%25%3D%7E_ü",
         );
         check(key(&[]), "tg:api:remote_address:sliding_window_log.60s:");
+        // Bytes that are not UTF-8 are escaped; UTF-8 around them is kept.
+        check(
+            key(&[("k", bytes_value(b"a\xff\xc3\xbc%"))]),
+            "tg:api:remote_address:sliding_window_log.60s:k=a%FFü%25",
+        );
+        // At the inline bound the bytes are kept; one more byte and the
+        // value is its digest.
+        let inline = "v".repeat(MAX_INLINE_BYTES);
+        check(
+            key(&[("k", value(&inline))]),
+            &format!("tg:api:remote_address:sliding_window_log.60s:k={inline}"),
+        );
+        let long = "v".repeat(MAX_INLINE_BYTES + 1);
+        check(
+            key(&[(&long, value(&long))]),
+            &format!(
+                "tg:api:remote_address:sliding_window_log.60s:%#{digest}=%#{digest}",
+                digest = sha256_hex(long.as_bytes())
+            ),
+        );
         let mut other = key(&[("k", value("v"))]);
         other.algorithm = Algorithm::TokenBucket;
         other.window_s = 3_600;
@@ -183,17 +239,14 @@ mod tests {
         if !entries_part.is_empty() {
             for entry in entries_part.split(':') {
                 let split = entry.find(['=', '~'])?;
-                let key = unescape(&entry[..split])?;
-                let raw = unescape(&entry[split + 1..])?;
+                let key = key_bytes(&entry[..split])?;
+                let raw = &entry[split + 1..];
                 let value = if entry.as_bytes()[split] == b'=' {
-                    KeyValue::Value(raw)
+                    KeyValue::Value(key_bytes(raw)?)
                 } else {
-                    KeyValue::Shared(Arc::from(raw))
+                    KeyValue::Shared(Arc::from(unescape(raw)?))
                 };
-                entries.push(KeyEntry {
-                    key: Arc::from(key),
-                    value,
-                });
+                entries.push(KeyEntry { key, value });
             }
         }
         Some(CounterKey {
@@ -207,24 +260,44 @@ mod tests {
     }
 
     fn unescape(text: &str) -> Option<String> {
-        let mut out = String::new();
+        String::from_utf8(unescape_bytes(text)?).ok()
+    }
+
+    /// `%XX` back to the byte XX; `None` for anything [`encode`] never writes.
+    fn unescape_bytes(text: &str) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
         let mut rest = text;
         while let Some(idx) = rest.find('%') {
-            out.push_str(&rest[..idx]);
+            out.extend_from_slice(&rest.as_bytes()[..idx]);
             let code = rest.get(idx + 1..idx + 3)?;
-            out.push(match code {
-                "25" => '%',
-                "3A" => ':',
-                "3D" => '=',
-                "7E" => '~',
-                "7B" => '{',
-                "7D" => '}',
-                _ => return None,
-            });
+            let byte = u8::from_str_radix(code, 16).ok()?;
+            // Only the special characters and bytes that are not UTF-8 are
+            // escaped, in upper case.
+            let escaped = matches!(byte, b'%' | b':' | b'=' | b'~' | b'{' | b'}') || byte >= 0x80;
+            if !escaped || code != format!("{byte:02X}") {
+                return None;
+            }
+            out.push(byte);
             rest = &rest[idx + 3..];
         }
-        out.push_str(rest);
+        out.extend_from_slice(rest.as_bytes());
         Some(out)
+    }
+
+    /// An entry key or value: `%#` and a digest, or escaped bytes.
+    fn key_bytes(text: &str) -> Option<KeyBytes> {
+        if let Some(hex) = text.strip_prefix("%#") {
+            let digest: Vec<u8> = (0..hex.len())
+                .step_by(2)
+                .map(|at| u8::from_str_radix(hex.get(at..at + 2)?, 16).ok())
+                .collect::<Option<_>>()?;
+            let digest: [u8; 32] = digest.try_into().ok()?;
+            let key = KeyBytes::from_digest(digest);
+            return Some(key);
+        }
+        let bytes = unescape_bytes(text)?;
+        // A long value is always written as its digest.
+        (bytes.len() <= MAX_INLINE_BYTES).then(|| KeyBytes::new(&bytes))
     }
 
     /// Strings built from the characters that could confuse an encoding.
@@ -250,16 +323,56 @@ mod tests {
         .prop_map(|parts| parts.concat())
     }
 
+    /// Bytes built from pieces that could confuse an encoding, including
+    /// bytes that are not UTF-8 and what a digest is written as.
+    fn hostile_bytes() -> impl Strategy<Value = Vec<u8>> {
+        proptest::collection::vec(
+            prop_oneof![
+                Just(&b":"[..]),
+                Just(&b"="[..]),
+                Just(&b"%"[..]),
+                Just(&b"%#"[..]),
+                Just(&b"#"[..]),
+                Just(&b"FF"[..]),
+                Just(&b"ff"[..]),
+                Just(&b"{"[..]),
+                Just(&b"a"[..]),
+                Just(&b"\xff"[..]),
+                Just(&b"\xc3"[..]),
+                Just(&b"\xbc"[..]),
+                Just("ü".as_bytes()),
+            ],
+            0..5,
+        )
+        .prop_map(|parts| parts.concat())
+    }
+
+    /// Hostile bytes, sometimes padded to just below or just over the
+    /// inline bound, so that both sides of it are compared.
+    fn entry_bytes() -> impl Strategy<Value = Vec<u8>> {
+        (
+            hostile_bytes(),
+            prop_oneof![Just(0usize), MAX_INLINE_BYTES - 2..MAX_INLINE_BYTES + 3],
+        )
+            .prop_map(|(mut bytes, len)| {
+                if bytes.len() < len {
+                    bytes.resize(len, b'x');
+                }
+                bytes
+            })
+    }
+
     fn counter_key() -> impl Strategy<Value = CounterKey> {
-        let entry =
-            (hostile(), hostile(), any::<bool>()).prop_map(|(key, value, shared)| KeyEntry {
-                key: Arc::from(key),
+        let entry = (entry_bytes(), entry_bytes(), hostile(), any::<bool>()).prop_map(
+            |(key, value, pattern, shared)| KeyEntry {
+                key: KeyBytes::new(&key),
                 value: if shared {
-                    KeyValue::Shared(Arc::from(value))
+                    KeyValue::Shared(Arc::from(pattern))
                 } else {
-                    KeyValue::Value(value)
+                    KeyValue::Value(KeyBytes::new(&value))
                 },
-            });
+            },
+        );
         (
             hostile(),
             hostile(),
@@ -280,6 +393,26 @@ mod tests {
             )
     }
 
+    #[test]
+    fn a_digest_never_equals_a_short_value() {
+        let long = vec![b'v'; MAX_INLINE_BYTES + 1];
+        let hex = sha256_hex(&long);
+        let digest = Sha256::digest(&long);
+        let encoded = encode("tg", &key(&[("k", bytes_value(&long))]));
+        // Short values that spell the digest in every way we could think of.
+        let look_alikes: Vec<Vec<u8>> = vec![
+            format!("%#{hex}").into_bytes(),
+            format!("#{hex}").into_bytes(),
+            hex.clone().into_bytes(),
+            hex.to_uppercase().into_bytes(),
+            digest.to_vec(),
+        ];
+        for short in look_alikes {
+            let other = encode("tg", &key(&[("k", bytes_value(&short))]));
+            assert_ne!(encoded, other, "{short:?}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(2_000))]
 
@@ -294,6 +427,34 @@ mod tests {
             if left != right {
                 prop_assert_ne!(encode("tg", &left), encode("tg", &right));
             }
+        }
+
+        #[test]
+        fn a_digest_never_equals_an_escaped_short_value(
+            short in hostile_bytes(),
+            long in entry_bytes().prop_filter("long", |it| it.len() > MAX_INLINE_BYTES),
+        ) {
+            let left = encode("tg", &key(&[("k", bytes_value(&short))]));
+            let right = encode("tg", &key(&[("k", bytes_value(&long))]));
+            prop_assert_ne!(left, right);
+        }
+
+        #[test]
+        fn keys_are_short_and_escape_bytes_that_are_not_utf8(key in counter_key()) {
+            let text = encode("tg", &key);
+            // Every byte that is not UTF-8 is written as `%XX`, so the key
+            // is text; long entries are a fixed-size digest.
+            let mut budget = "tg".len() + 3 + key.domain.len() * 3 + key.rule.len() * 3 + 64;
+            for entry in &key.entries {
+                budget += 2;
+                budget += entry.key.inline().map_or(66, |it| it.len() * 3);
+                budget += match &entry.value {
+                    KeyValue::Value(value) => value.inline().map_or(66, |it| it.len() * 3),
+                    KeyValue::Shared(pattern) => pattern.len() * 3,
+                };
+            }
+            prop_assert!(text.len() <= budget, "{} > {}", text.len(), budget);
+            prop_assert!(text.len() < 4 * (MAX_INLINE_BYTES * 3 + 2) + 200);
         }
 
         #[test]

@@ -362,7 +362,7 @@ mod tests {
             is_override: false,
             entries: vec![KeyEntry {
                 key: "k".into(),
-                value: KeyValue::Value(value),
+                value: KeyValue::Value(value.into()),
             }],
         }
     }

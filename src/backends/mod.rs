@@ -8,9 +8,11 @@ pub mod keys;
 pub mod memory;
 pub mod redis;
 
+use std::fmt::Write;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use sha2::{Digest, Sha256};
 
 use crate::algorithms::{Algorithm, Check, Verdict};
 
@@ -33,17 +35,101 @@ pub struct CounterKey {
 /// One descriptor entry as part of a counter's identity.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeyEntry {
-    pub key: Arc<str>,
+    pub key: KeyBytes,
     pub value: KeyValue,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum KeyValue {
     /// The descriptor's own value: one counter per distinct value.
-    Value(String),
+    Value(KeyBytes),
     /// A `share_threshold` wildcard: every matching value shares the
     /// counter named by the pattern.
     Shared(Arc<str>),
+}
+
+/// Longest descriptor key or value kept as is in a counter's identity.
+pub const MAX_INLINE_BYTES: usize = 256;
+
+/// A descriptor key or value (any bytes, any length) as part of a counter's
+/// identity: the bytes themselves up to [`MAX_INLINE_BYTES`], else their
+/// SHA-256 digest, so that a counter's key stays short whatever a client
+/// sends. Two different byte strings get different `KeyBytes` unless both
+/// are long and their digests collide.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyBytes(Repr);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Repr {
+    Inline(Box<[u8]>),
+    Digest([u8; 32]),
+}
+
+impl KeyBytes {
+    pub fn new(bytes: &[u8]) -> KeyBytes {
+        if bytes.len() <= MAX_INLINE_BYTES {
+            KeyBytes(Repr::Inline(bytes.into()))
+        } else {
+            KeyBytes(Repr::Digest(Sha256::digest(bytes).into()))
+        }
+    }
+
+    /// The bytes, when short enough to be kept.
+    pub fn inline(&self) -> Option<&[u8]> {
+        match &self.0 {
+            Repr::Inline(bytes) => Some(bytes),
+            Repr::Digest(_) => None,
+        }
+    }
+
+    /// The value whose digest is `digest`, as decoding a counter key finds it.
+    #[cfg(test)]
+    pub(crate) fn from_digest(digest: [u8; 32]) -> KeyBytes {
+        KeyBytes(Repr::Digest(digest))
+    }
+
+    /// The SHA-256 digest that stands for a long key or value.
+    pub fn digest(&self) -> Option<&[u8; 32]> {
+        match &self.0 {
+            Repr::Inline(_) => None,
+            Repr::Digest(digest) => Some(digest),
+        }
+    }
+
+    /// Printable text for logs and labels: the bytes as
+    /// [`crate::limiter::printable`] shows them, or `sha256:<hex>`.
+    pub fn label(&self) -> String {
+        match &self.0 {
+            Repr::Inline(bytes) => crate::limiter::printable(bytes).into_owned(),
+            Repr::Digest(digest) => {
+                let mut out = String::with_capacity(7 + 64);
+                out.push_str("sha256:");
+                for byte in digest {
+                    // Writing into a String cannot fail.
+                    let _ = write!(out, "{byte:02x}");
+                }
+                out
+            }
+        }
+    }
+}
+
+impl From<&[u8]> for KeyBytes {
+    fn from(bytes: &[u8]) -> KeyBytes {
+        KeyBytes::new(bytes)
+    }
+}
+
+impl From<&str> for KeyBytes {
+    fn from(text: &str) -> KeyBytes {
+        KeyBytes::new(text.as_bytes())
+    }
+}
+
+impl From<String> for KeyBytes {
+    fn from(text: String) -> KeyBytes {
+        KeyBytes::new(text.as_bytes())
+    }
 }
 
 /// A check together with the counter it reads and writes.

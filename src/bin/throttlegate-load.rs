@@ -96,11 +96,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .map(|idx| RateLimitDescriptor {
                         entries: vec![Entry {
                             key: if idx == 0 {
-                                key.clone()
+                                key.clone().into_bytes()
                             } else {
-                                format!("{key}{idx}")
+                                format!("{key}{idx}").into_bytes()
                             },
-                            value: value.to_string(),
+                            value: value.to_string().into_bytes(),
                         }],
                         limit: None,
                         hits_addend: None,

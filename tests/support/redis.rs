@@ -286,8 +286,8 @@ pub fn counter_key(algorithm: Algorithm, window_s: u64, entries: &[(&str, &str)]
         entries: entries
             .iter()
             .map(|(key, value)| KeyEntry {
-                key: Arc::from(*key),
-                value: KeyValue::Value((*value).to_owned()),
+                key: (*key).into(),
+                value: KeyValue::Value((*value).into()),
             })
             .collect(),
     }

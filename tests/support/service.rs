@@ -35,8 +35,8 @@ pub fn one_entry_request(domain: &str, key: &str, value: &str) -> RateLimitReque
         domain: domain.to_owned(),
         descriptors: vec![RateLimitDescriptor {
             entries: vec![Entry {
-                key: key.to_owned(),
-                value: value.to_owned(),
+                key: key.into(),
+                value: value.into(),
             }],
             limit: None,
             hits_addend: None,
