@@ -73,6 +73,9 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_resource_exhausted,
         ))
+        .layer(tower::util::MapResponseLayer::new(
+            undecodable_is_invalid_argument,
+        ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(rate_limit)
@@ -174,6 +177,38 @@ fn oversized_is_resource_exhausted<B>(mut response: http::Response<B>) -> http::
             "grpc-status",
             http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
         );
+    }
+    response
+}
+
+/// tonic answers INTERNAL when a request cannot be decoded (not protobuf, a
+/// truncated frame, a bad compression flag, no message at all). That is a
+/// malformed request, not a server fault: INVALID_ARGUMENT says so, and
+/// nothing this server decides is ever INTERNAL. Our handlers never answer
+/// INTERNAL, and decode errors are sent as trailers-only responses, so the
+/// status is in the headers. tonic's reason is kept after our own prefix
+/// (`grpc-message` is percent-encoded, so a plain ASCII prefix keeps it valid).
+fn undecodable_is_invalid_argument<B>(mut response: http::Response<B>) -> http::Response<B> {
+    let headers = response.headers_mut();
+    let internal = (tonic::Code::Internal as i32).to_string();
+    if headers
+        .get("grpc-status")
+        .is_none_or(|it| it.as_bytes() != internal.as_bytes())
+    {
+        return response;
+    }
+    headers.insert(
+        "grpc-status",
+        http::HeaderValue::from(tonic::Code::InvalidArgument as i32),
+    );
+    let mut message = b"malformed request: ".to_vec();
+    if let Some(reason) = headers.get("grpc-message") {
+        message.extend_from_slice(reason.as_bytes());
+    } else {
+        message.truncate(message.len() - 2);
+    }
+    if let Ok(value) = http::HeaderValue::from_bytes(&message) {
+        headers.insert("grpc-message", value);
     }
     response
 }

@@ -191,3 +191,68 @@ impl Drop for TestService {
         }
     }
 }
+
+/// Sends `body` as the raw message of a `ShouldRateLimit` call, to test
+/// what the server does with bytes no generated client would send.
+pub async fn should_rate_limit_raw(
+    channel: Channel,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|err| tonic::Status::unavailable(err.to_string()))?;
+    let path = tonic::codegen::http::uri::PathAndQuery::from_static(
+        "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    grpc.unary(tonic::Request::new(body), path, RawCodec)
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// A codec that writes and reads message bytes unchanged.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RawCodec;
+
+impl tonic::codec::Codec for RawCodec {
+    type Encode = Vec<u8>;
+    type Decode = Vec<u8>;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> RawCodec {
+        RawCodec
+    }
+}
+
+impl tonic::codec::Encoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        prost::bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawCodec {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Vec<u8>>, tonic::Status> {
+        let mut out = vec![0; prost::bytes::Buf::remaining(src)];
+        prost::bytes::Buf::copy_to_slice(src, &mut out);
+        Ok(Some(out))
+    }
+}
