@@ -471,6 +471,26 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn json_decides_values_of_any_length() {
+        let router = router(limiter());
+        let long = "v".repeat(2_000);
+        let body = format!(
+            r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"user","value":"{long}"}}]}}]}}"#
+        );
+        for remaining in [1, 0] {
+            let (status, text) = send(&router, post_json(&body)).await;
+            assert_eq!(status, StatusCode::OK, "{text}");
+            let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(
+                value["statuses"][0]["limitRemaining"].as_u64().unwrap_or(0),
+                remaining
+            );
+        }
+        let (status, _) = send(&router, post_json(&body)).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    #[tokio::test]
     async fn json_reads_a_body_sent_without_a_json_content_type() {
         // What `curl -d` sends.
         let request = Request::post("/json")

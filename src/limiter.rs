@@ -754,8 +754,10 @@ fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
         }
         label.push_str(&level.key);
         if detailed || level.value_to_metric {
+            // Escaped, and a long value as its digest: a label stays short
+            // and printable whatever the request sends.
             label.push('_');
-            label.push_str(&printable(&entry.value));
+            label.push_str(&KeyBytes::new(&entry.value).label());
         } else if let ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) = &level.value {
             label.push('_');
             label.push_str(value);
@@ -1246,11 +1248,25 @@ mod tests {
             ..Descriptor::default()
         }]);
         fixture.limiter.decide(&request).await.unwrap();
+        let long = vec![b'v'; 1_000];
+        let request = req(vec![Descriptor {
+            entries: vec![Entry {
+                key: b"path".to_vec(),
+                value: long.clone(),
+            }],
+            ..Descriptor::default()
+        }]);
+        fixture.limiter.decide(&request).await.unwrap();
         let text = fixture.limiter.metrics().encode();
         // The label holds `\xff`, `\\` and `\x0a` as text; the exposition
         // escapes each backslash once more.
         let expected = r#"rule="path_/a\\xff\\\\b\\x0a""#;
         assert!(text.contains(expected), "{expected}\n{text}");
+        // A long value is its digest.
+        let expected = format!("rule=\"path_{}\"", KeyBytes::new(&long).label());
+        assert!(expected.contains("sha256:"), "{expected}");
+        assert!(text.contains(&expected), "{expected}\n{text}");
+        assert!(!text.contains("vvvv"), "{text}");
     }
 
     #[test]

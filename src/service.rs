@@ -224,4 +224,28 @@ mod tests {
         assert_eq!(res.descriptors[0].entries[0].key, b"k");
         assert_eq!(res.descriptors[1].hits_addend, None);
     }
+
+    #[test]
+    fn entries_that_are_not_utf8_decode_and_keep_their_bytes() {
+        use prost::Message;
+        // What Envoy sends for a header value with byte 0xFF: the wire form
+        // of `string` and `bytes` is the same.
+        let entry = common::rate_limit_descriptor::Entry {
+            key: b"path".to_vec(),
+            value: b"/\xff\xfe".to_vec(),
+        };
+        let request = rls::RateLimitRequest {
+            domain: "d".to_owned(),
+            descriptors: vec![common::RateLimitDescriptor {
+                entries: vec![entry],
+                limit: None,
+                hits_addend: None,
+            }],
+            hits_addend: 0,
+        };
+        let wire = request.encode_to_vec();
+        let decoded = rls::RateLimitRequest::decode(wire.as_slice()).expect("decodes");
+        let res = from_wire(decoded);
+        assert_eq!(res.descriptors[0].entries[0].value, b"/\xff\xfe");
+    }
 }
