@@ -600,7 +600,7 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
             let keys: Vec<String> = descriptor
                 .entries
                 .iter()
-                .map(|it| KeyBytes::new(&it.key).label())
+                .map(|it| bytes_label(&it.key))
                 .collect();
             let rule: Arc<str> = Arc::from(keys.join("."));
             let key = CounterKey {
@@ -660,6 +660,12 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
             Found::Limits(limits) => limits,
         };
         let mut planned = Vec::with_capacity(limits.len());
+        // Once per descriptor: a long key or value is hashed once, not per limit.
+        let entry_bytes: Vec<(KeyBytes, KeyBytes)> = descriptor
+            .entries
+            .iter()
+            .map(|it| (KeyBytes::new(&it.key), KeyBytes::new(&it.value)))
+            .collect();
         for Matched { node, limit } in limits {
             if limit
                 .name
@@ -681,17 +687,16 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                 algorithm: limit.algorithm(),
                 window_s: limit.window_seconds(),
                 is_override: false,
-                entries: descriptor
-                    .entries
+                entries: entry_bytes
                     .iter()
                     .zip(&levels[idx])
-                    .map(|(entry, level)| KeyEntry {
-                        key: KeyBytes::new(&entry.key),
+                    .map(|((key, value), level)| KeyEntry {
+                        key: key.clone(),
                         value: match &level.value {
                             ValueMatcher::Wildcard(pattern) if level.share_threshold => {
                                 KeyValue::Shared(pattern.clone())
                             }
-                            _ => KeyValue::Value(KeyBytes::new(&entry.value)),
+                            _ => KeyValue::Value(value.clone()),
                         },
                     })
                     .collect(),
@@ -757,7 +762,7 @@ fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
             // Escaped, and a long value as its digest: a label stays short
             // and printable whatever the request sends.
             label.push('_');
-            label.push_str(&KeyBytes::new(&entry.value).label());
+            label.push_str(&bytes_label(&entry.value));
         } else if let ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) = &level.value {
             label.push('_');
             label.push_str(value);
@@ -844,6 +849,23 @@ pub fn printable(bytes: &[u8]) -> Cow<'_, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// Request bytes as a short label for logs and metrics: [`printable`], or
+/// `sha256:<hex>` for bytes a counter key holds as their digest.
+pub fn bytes_label(bytes: &[u8]) -> String {
+    match KeyBytes::new(bytes).digest() {
+        Some(digest) => {
+            let mut out = String::with_capacity(7 + 64);
+            out.push_str("sha256:");
+            for byte in digest {
+                // Writing into a String cannot fail.
+                let _ = write!(out, "{byte:02x}");
+            }
+            out
+        }
+        None => printable(bytes).into_owned(),
+    }
 }
 
 // === helpers ===
@@ -1263,7 +1285,7 @@ mod tests {
         let expected = r#"rule="path_/a\\xff\\\\b\\x0a""#;
         assert!(text.contains(expected), "{expected}\n{text}");
         // A long value is its digest.
-        let expected = format!("rule=\"path_{}\"", KeyBytes::new(&long).label());
+        let expected = format!("rule=\"path_{}\"", bytes_label(&long));
         assert!(expected.contains("sha256:"), "{expected}");
         assert!(text.contains(&expected), "{expected}\n{text}");
         assert!(!text.contains("vvvv"), "{text}");

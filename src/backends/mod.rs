@@ -8,7 +8,6 @@ pub mod keys;
 pub mod memory;
 pub mod redis;
 
-use std::fmt::Write;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -93,23 +92,6 @@ impl KeyBytes {
         match &self.0 {
             Repr::Inline(_) => None,
             Repr::Digest(digest) => Some(digest),
-        }
-    }
-
-    /// Printable text for logs and labels: the bytes as
-    /// [`crate::limiter::printable`] shows them, or `sha256:<hex>`.
-    pub fn label(&self) -> String {
-        match &self.0 {
-            Repr::Inline(bytes) => crate::limiter::printable(bytes).into_owned(),
-            Repr::Digest(digest) => {
-                let mut out = String::with_capacity(7 + 64);
-                out.push_str("sha256:");
-                for byte in digest {
-                    // Writing into a String cannot fail.
-                    let _ = write!(out, "{byte:02x}");
-                }
-                out
-            }
         }
     }
 }
