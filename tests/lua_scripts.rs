@@ -465,7 +465,7 @@ async fn expiry_subtracts_the_costs_of_the_entries_that_left() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     let grace = 60_000;
-    let mut at = |now, cost| {
+    let at = |now, cost| {
         let server = &server;
         async move {
             let mut conn = server.connection().await;
