@@ -24,8 +24,9 @@
 -- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
 --          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
 --
--- The work per limit is a few reads and writes plus, for a log, removing
--- the members that expired: never a pass over a log, whatever the cost.
+-- The work per limit is a few reads and writes (for a log O(log n) each,
+-- plus at most LOG_EXPIRE_MAX expired members removed): never a pass over
+-- a log, whatever the cost.
 --
 -- State per key (a key that would equal a fresh state is deleted):
 --   sliding_window_log      sorted set, one member "<end>,<cost>" per
@@ -44,6 +45,8 @@ local tonumber, ipairs, unpack = tonumber, ipairs, unpack
 
 local TWO53 = 9007199254740992
 local PER_LIMIT = 8
+-- Expired log members removed per limit and call (see log.advance).
+local LOG_EXPIRE_MAX = 256
 -- ARGV[2], read before any limit is looked at.
 local grace_ms = 0
 
@@ -159,8 +162,8 @@ end
 -- sum key or a counter member: each limit keeps its whole state in its one
 -- key (a Cluster script may touch only its declared keys), and a stored sum
 -- would have to be corrected for every expired entry, reading each of
--- them; the running totals make expiry a single ZREMRANGEBYSCORE and find
--- the entry a denied request waits for by binary search over ranks.
+-- them; the running totals make expiry a removal by rank, never read, and
+-- find the entry a denied request waits for by binary search over ranks.
 
 local log = {}
 
@@ -194,8 +197,7 @@ end
 -- newest timestamp: they then leave the window later than they would have,
 -- never earlier. Deleting the many members is left to UNLINK's thread.
 local function log_convert(c, key, at, newest)
-  call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
-  local units = call('ZCARD', key)
+  local units = call('ZCOUNT', key, '(' .. fmt(at - c.window_us), '+inf')
   call('UNLINK', key)
   if units > 0 then
     call('ZADD', key, fmt(newest), fmt(units) .. ',' .. fmt(units))
@@ -204,7 +206,7 @@ local function log_convert(c, key, at, newest)
 end
 
 function log.load(c, key)
-  return { total = 0, newest = nil, newest_end = 0, newest_cost = 0, base = 0 }
+  return { total = 0, newest = nil, newest_end = 0, newest_cost = 0, base = 0, stale = 0 }
 end
 
 function log.advance(c, s, key, now)
@@ -226,9 +228,21 @@ function log.advance(c, s, key, now)
     end
     newest_end, newest_cost = log_member(back[1])
   end
-  -- An entry at `ts` counts while `ts > at - W`.
-  call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
-  local front = call('ZRANGE', key, '0', '0')
+  -- An entry at `ts` counts while `ts > at - W`. At most LOG_EXPIRE_MAX
+  -- expired members are removed per call, so a request meeting a whole
+  -- expired log (or 64 of them) stays quick; the rest are skipped by rank
+  -- here and removed by the next calls or with the key.
+  local stale = call('ZCOUNT', key, '-inf', fmt(at - c.window_us))
+  if stale > 0 then
+    local drop = stale
+    if drop > LOG_EXPIRE_MAX then
+      drop = LOG_EXPIRE_MAX
+    end
+    call('ZREMRANGEBYRANK', key, '0', fmt(drop - 1))
+    stale = stale - drop
+  end
+  s.stale = stale
+  local front = call('ZRANGE', key, fmt(stale), fmt(stale))
   if not front[1] then
     return at
   end
@@ -284,7 +298,7 @@ function log.until_available(c, s, key, at, need)
   -- first entry whose running total (from the base) reaches it is the last
   -- to go. Binary search over ranks: O(log n) reads, never a scan.
   local expire = s.total + need - c.limit
-  local lo = 0
+  local lo = s.stale
   local hi = call('ZCARD', key) - 1
   while lo < hi do
     local mid = div(lo + hi, 2)

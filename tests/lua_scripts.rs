@@ -672,3 +672,72 @@ async fn the_expiry_grace_extends_every_ttl() {
         assert!((30_100..=32_000).contains(&ttl), "{key}: pttl {ttl}");
     }
 }
+
+/// A request meeting a log whose entries all expired removed every one of
+/// them in one call (64 such logs in one request made one slow script);
+/// at most 256 go per call, the rest are skipped and the answer is exact.
+#[tokio::test]
+async fn expired_entries_are_removed_a_bounded_number_per_call() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(DECIDE_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut fill = redis::pipe();
+    for idx in 0..300u64 {
+        fill.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg("k")
+            .arg(T0 + idx)
+            .arg(60_000)
+            .arg("sliding_window_log")
+            .arg(1_000)
+            .arg(1_000_000)
+            .arg(1_000)
+            .arg(0)
+            .arg(1)
+            .arg(1)
+            .arg("enforce")
+            .ignore();
+    }
+    let () = fill.query_async(&mut conn).await.unwrap();
+    let card = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg("k")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    assert_eq!(card(&mut conn).await, 300);
+    let later = T0 + 2_000_000;
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(later),
+        60_000,
+        &[log_limit(1_000, 1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, later as i64, 1, 1, 999]);
+    assert_eq!(card(&mut conn).await, 300 - 256 + 1);
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(later + 1),
+        60_000,
+        &[log_limit(1_000, 1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, (later + 1) as i64, 1, 1, 998]);
+    assert_eq!(card(&mut conn).await, 2);
+}
