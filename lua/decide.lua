@@ -46,7 +46,7 @@ local tonumber, ipairs, unpack = tonumber, ipairs, unpack
 local TWO53 = 9007199254740992
 local PER_LIMIT = 8
 -- Expired log members removed per limit and call (see log.advance).
-local LOG_EXPIRE_MAX = 256
+local LOG_EXPIRE_MAX = 32
 -- ARGV[2], read before any limit is looked at.
 local grace_ms = 0
 
@@ -242,11 +242,13 @@ function log.advance(c, s, key, now)
     stale = stale - drop
   end
   s.stale = stale
-  local front = call('ZRANGE', key, fmt(stale), fmt(stale))
+  local front = call('ZRANGE', key, fmt(stale), fmt(stale), 'WITHSCORES')
   if not front[1] then
     return at
   end
   local oldest_end, oldest_cost = log_member(front[1])
+  s.oldest = tonumber(front[2])
+  s.oldest_cost = oldest_cost
   if oldest_end == nil then
     error('throttlegate: unreadable log entry at ' .. key)
   end
@@ -298,7 +300,15 @@ function log.until_available(c, s, key, at, need)
   -- first entry whose running total (from the base) reaches it is the last
   -- to go. Binary search over ranks: O(log n) reads, never a scan.
   local expire = s.total + need - c.limit
-  local lo = s.stale
+  -- The usual cases need no search: one unit at a full log waits for the
+  -- oldest entry, the whole limit for the newest.
+  if expire <= s.oldest_cost then
+    return s.oldest + c.window_us - at
+  end
+  if expire >= s.total then
+    return s.newest + c.window_us - at
+  end
+  local lo = s.stale + 1
   local hi = call('ZCARD', key) - 1
   while lo < hi do
     local mid = div(lo + hi, 2)
