@@ -151,19 +151,21 @@ end
 --
 -- One member per allowed request, "<end>,<cost>" scored by its µs, where
 -- <end> is a running total of the units this key has taken, through this
--- request, wrapping at 2^53. Requests in the same µs share one member
--- (its cost is their sum), exactly as the memory backend keeps them. The units in the window are the newest end
--- minus the end before the oldest entry in the window (its end minus its
--- cost), so a request reads two members whatever the log holds, and a
--- request's cost is one member whatever its size. The totals of the
--- members present span at most one limit (< 2^53), so the wrapped
--- differences are exact and no two members share an end: members are
--- unique without math.random. Why not a separate
--- sum key or a counter member: each limit keeps its whole state in its one
--- key (a Cluster script may touch only its declared keys), and a stored sum
--- would have to be corrected for every expired entry, reading each of
--- them; the running totals make expiry a removal by rank, never read, and
--- find the entry a denied request waits for by binary search over ranks.
+-- request, wrapping at 2^53. Requests in the same µs share one member (its
+-- cost is their sum), as the memory backend keeps them. The units in the
+-- window are the newest end minus the end before the oldest entry in the
+-- window (its end minus its cost), so a request reads two members whatever
+-- the log holds, and a request's cost is one member whatever its size. The
+-- totals of the members present span at most one limit (< 2^53), so the
+-- wrapped differences are exact and no two members share an end: members
+-- are unique without math.random.
+--
+-- Why not a separate sum key or a counter member: each limit keeps its
+-- whole state in its one key (a Cluster script may touch only its declared
+-- keys), and a stored sum would have to be corrected for every expired
+-- entry, reading each of them; the running totals make expiry a removal by
+-- rank that reads nothing, and find the entry a denied request waits for by
+-- binary search over ranks.
 
 local log = {}
 
