@@ -14,6 +14,18 @@ use throttlegate::clock::ManualClock;
 
 const T0: u64 = 1_700_000_000_000_000;
 
+/// A connection whose calls may take long: filling large logs on two
+/// loaded cores outlasts redis-rs' 500 ms default.
+async fn patient_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(120)));
+    redis::Client::open(server.url())
+        .expect("valid url")
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+        .expect("connect to the test redis")
+}
+
 async fn memory_usage(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
     redis::cmd("MEMORY")
         .arg("USAGE")
@@ -75,7 +87,7 @@ async fn evalsha_usec_per_call(conn: &mut redis::aio::MultiplexedConnection) -> 
 /// A sliding log at its limit in steady state: each request lets the
 /// oldest entry go and adds one.
 async fn sliding_log_at(server: &RedisServer, limit: u64) -> (u64, f64) {
-    let mut conn = server.connection().await;
+    let mut conn = patient_connection(server).await;
     let window_us = 60_000_000;
     let step = window_us / limit;
     let sha: String = redis::cmd("SCRIPT")
@@ -135,7 +147,7 @@ async fn sliding_log_at(server: &RedisServer, limit: u64) -> (u64, f64) {
 #[tokio::test]
 async fn sliding_log_cost_from_100_to_100_000_entries() {
     let server = RedisServer::start();
-    let mut conn = server.connection().await;
+    let mut conn = patient_connection(&server).await;
     let mut rows = Vec::new();
     for limit in [100, 1_000, 10_000, 100_000] {
         let () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
@@ -225,7 +237,7 @@ async fn time_calls(
 #[tokio::test]
 async fn worst_case_requests_stay_within_a_few_milliseconds() {
     let server = RedisServer::start();
-    let mut conn = server.connection().await;
+    let mut conn = patient_connection(&server).await;
     let sha: String = redis::cmd("SCRIPT")
         .arg("LOAD")
         .arg(DECIDE_LUA)
