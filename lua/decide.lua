@@ -19,14 +19,21 @@
 --          when the state becomes equal to a fresh one)
 -- ARGV[3 + 8(i-1)] .. ARGV[10 + 8(i-1)]: limit i as algorithm name, limit,
 --          window_us, capacity, rate per_us, rate scale, cost, mode
---          (enforce | shadow | quota)
+--          (enforce | shadow | quota); the cost may be any non-negative
+--          integer, also 2^53 and above
 -- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
 --          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
 --
+-- The work per limit is a few reads and writes (for a log O(log n) each,
+-- plus at most LOG_EXPIRE_MAX expired members removed): never a pass over
+-- a log, whatever the cost.
+--
 -- State per key (a key that would equal a fresh state is deleted):
---   sliding_window_log      sorted set, one member "<µs>:<seq>" per unit of
---                           cost, score = µs; seq continues the members at
---                           that score, so equal timestamps never collide
+--   sliding_window_log      sorted set, one member "<end>,<cost>" per
+--                           allowed request (requests in one µs share one),
+--                           score = µs; <end> is the key's running total of
+--                           units through that entry, modulo 2^53 (see the
+--                           section below)
 --   token_bucket            string "<scaled tokens>:<last µs>:<scale>"
 --   gcra                    string "<tat µs>:<frac>:<per_us>"
 --   sliding_window_counter  string "<window start µs>:<current>:<previous>"
@@ -38,7 +45,10 @@ local tonumber, ipairs, unpack = tonumber, ipairs, unpack
 
 local TWO53 = 9007199254740992
 local PER_LIMIT = 8
-local ZADD_CHUNK = 500
+-- Expired log members removed per limit and call (see log.advance).
+local LOG_EXPIRE_MAX = 32
+-- ARGV[2], read before any limit is looked at.
+local grace_ms = 0
 
 local function fmt(n)
   return format('%d', n)
@@ -138,29 +148,117 @@ local function store_string(key, value, ttl_ms)
 end
 
 -- === sliding_window_log ===
+--
+-- One member per allowed request, "<end>,<cost>" scored by its µs, where
+-- <end> is a running total of the units this key has taken, through this
+-- request, wrapping at 2^53. Requests in the same µs share one member (its
+-- cost is their sum), as the memory backend keeps them. The units in the
+-- window are the newest end minus the end before the oldest entry in the
+-- window (its end minus its cost), so a request reads two members whatever
+-- the log holds, and a request's cost is one member whatever its size. The
+-- totals of the members present span at most one limit (< 2^53), so the
+-- wrapped differences are exact and no two members share an end: members
+-- are unique without math.random.
+--
+-- Why not a separate sum key or a counter member: each limit keeps its
+-- whole state in its one key (a Cluster script may touch only its declared
+-- keys), and a stored sum would have to be corrected for every expired
+-- entry, reading each of them; the running totals make expiry a removal by
+-- rank that reads nothing, and find the entry a denied request waits for by
+-- binary search over ranks.
 
 local log = {}
 
+-- a + b and a - b modulo 2^53, for 0 <= a, b < 2^53, without forming a
+-- value at or above 2^53.
+local function wrap_add(a, b)
+  if a >= TWO53 - b then
+    return a - (TWO53 - b)
+  end
+  return a + b
+end
+
+local function wrap_sub(a, b)
+  if a >= b then
+    return a - b
+  end
+  return (TWO53 - b) + a
+end
+
+-- The running total and the cost of a member, or nil for a member of the
+-- older layout (one member "<µs>:<seq>" per unit of cost).
+local function log_member(member)
+  local e, cost = string.match(member, '^(%d+),(%d+)$')
+  if not e then
+    return nil
+  end
+  return tonumber(e), tonumber(cost)
+end
+
+-- A key of the older layout becomes one entry holding all its units at its
+-- newest timestamp: they then leave the window later than they would have,
+-- never earlier. Deleting the many members is left to UNLINK's thread.
+local function log_convert(c, key, at, newest)
+  local units = call('ZCOUNT', key, '(' .. fmt(at - c.window_us), '+inf')
+  call('UNLINK', key)
+  if units > 0 then
+    call('ZADD', key, fmt(newest), fmt(units) .. ',' .. fmt(units))
+    call('PEXPIRE', key, fmt(div_ceil(newest + c.window_us - at, 1000) + grace_ms))
+  end
+end
+
 function log.load(c, key)
-  return { total = 0, newest = nil }
+  return { total = 0, newest = nil, newest_end = 0, newest_cost = 0, base = 0, stale = 0 }
 end
 
 function log.advance(c, s, key, now)
   local back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+  if not back[1] then
+    return now
+  end
+  local newest = tonumber(back[2])
   local at = now
-  if back[2] then
-    local newest = tonumber(back[2])
-    if newest > now then
-      at = newest
+  if newest > at then
+    at = newest
+  end
+  local newest_end, newest_cost = log_member(back[1])
+  if newest_end == nil then
+    log_convert(c, key, at, newest)
+    back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    if not back[1] then
+      return at
     end
-    s.newest = newest
+    newest_end, newest_cost = log_member(back[1])
   end
-  -- An entry at `ts` counts while `ts > at - W`.
-  call('ZREMRANGEBYSCORE', key, '-inf', fmt(at - c.window_us))
-  s.total = call('ZCARD', key)
-  if s.total == 0 then
-    s.newest = nil
+  -- An entry at `ts` counts while `ts > at - W`. At most LOG_EXPIRE_MAX
+  -- expired members are removed per call, so a request meeting a whole
+  -- expired log (or 64 of them) stays quick; the rest are skipped by rank
+  -- here and removed by the next calls or with the key.
+  local stale = call('ZCOUNT', key, '-inf', fmt(at - c.window_us))
+  if stale > 0 then
+    local drop = stale
+    if drop > LOG_EXPIRE_MAX then
+      drop = LOG_EXPIRE_MAX
+    end
+    call('ZREMRANGEBYRANK', key, '0', fmt(drop - 1))
+    stale = stale - drop
   end
+  s.stale = stale
+  local front = call('ZRANGE', key, fmt(stale), fmt(stale), 'WITHSCORES')
+  if not front[1] then
+    return at
+  end
+  local oldest_end, oldest_cost = log_member(front[1])
+  s.oldest = tonumber(front[2])
+  s.oldest_cost = oldest_cost
+  if oldest_end == nil then
+    error('throttlegate: unreadable log entry at ' .. key)
+  end
+  s.base = wrap_sub(oldest_end, oldest_cost)
+  s.total = wrap_sub(newest_end, s.base)
+  s.newest = newest
+  s.newest_end = newest_end
+  s.newest_cost = newest_cost
   return at
 end
 
@@ -172,17 +270,22 @@ function log.available(c, s, at)
 end
 
 function log.consume(c, s, key, at, cost)
-  local seq = call('ZCOUNT', key, fmt(at), fmt(at))
-  local score = fmt(at)
-  local args = {}
-  for unit = 1, cost do
-    args[#args + 1] = score
-    args[#args + 1] = score .. ':' .. fmt(seq + unit)
-    if #args >= 2 * ZADD_CHUNK or unit == cost then
-      call('ZADD', key, unpack(args))
-      args = {}
-    end
+  if s.total == 0 then
+    s.newest_end = 0
+    s.base = 0
   end
+  -- One member per timestamp: a request in the same µs as the newest entry
+  -- joins it. Members of one score are ordered by their bytes, not by
+  -- insertion, so distinct scores are what keeps ranks in running-total
+  -- order (for the binary search) and the last rank the newest entry.
+  local entry_cost = cost
+  if s.newest == at then
+    call('ZREM', key, fmt(s.newest_end) .. ',' .. fmt(s.newest_cost))
+    entry_cost = s.newest_cost + cost
+  end
+  s.newest_end = wrap_add(s.newest_end, cost)
+  s.newest_cost = entry_cost
+  call('ZADD', key, fmt(at), fmt(s.newest_end) .. ',' .. fmt(entry_cost))
   s.total = s.total + cost
   s.newest = at
 end
@@ -195,9 +298,30 @@ function log.until_full(c, s, at)
 end
 
 function log.until_available(c, s, key, at, need)
-  -- The `expire`-th oldest unit must leave the window.
+  -- The oldest entries holding `expire` units must leave the window: the
+  -- first entry whose running total (from the base) reaches it is the last
+  -- to go. Binary search over ranks: O(log n) reads, never a scan.
   local expire = s.total + need - c.limit
-  local it = call('ZRANGE', key, fmt(expire - 1), fmt(expire - 1), 'WITHSCORES')
+  -- The usual cases need no search: one unit at a full log waits for the
+  -- oldest entry, the whole limit for the newest.
+  if expire <= s.oldest_cost then
+    return s.oldest + c.window_us - at
+  end
+  if expire >= s.total then
+    return s.newest + c.window_us - at
+  end
+  local lo = s.stale + 1
+  local hi = call('ZCARD', key) - 1
+  while lo < hi do
+    local mid = div(lo + hi, 2)
+    local it = call('ZRANGE', key, fmt(mid), fmt(mid))
+    if wrap_sub(log_member(it[1]), s.base) >= expire then
+      hi = mid
+    else
+      lo = mid + 1
+    end
+  end
+  local it = call('ZRANGE', key, fmt(lo), fmt(lo), 'WITHSCORES')
   return tonumber(it[2]) + c.window_us - at
 end
 
@@ -534,6 +658,21 @@ local function integer(raw)
   return n
 end
 
+-- A cost is any non-negative integer (a uint64 from the wire arrives
+-- rounded to a double). Costs above the capacity can never pass and are
+-- all alike: they become capacity + 1 (<= 2^53, exact), so no arithmetic
+-- ever sees a larger one.
+local function cost_of(raw, capacity)
+  local n = tonumber(raw)
+  if n == nil or n < 0 or n ~= floor(n) then
+    return nil
+  end
+  if capacity ~= nil and n > capacity then
+    return capacity + 1
+  end
+  return n
+end
+
 -- Validates every argument before anything is read or written.
 local function parse_checks()
   local n = #KEYS
@@ -550,7 +689,7 @@ local function parse_checks()
       capacity = integer(ARGV[base + 4]),
       per_us = integer(ARGV[base + 5]),
       scale = integer(ARGV[base + 6]),
-      cost = integer(ARGV[base + 7]),
+      cost = cost_of(ARGV[base + 7]),
       mode = ARGV[base + 8],
     }
     if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
@@ -558,6 +697,7 @@ local function parse_checks()
       or c.window_us == 0 or c.scale == 0 then
       return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx)
     end
+    c.cost = cost_of(c.cost, c.capacity)
     checks[idx] = c
   end
   return checks
@@ -567,7 +707,7 @@ local checks, problem = parse_checks()
 if not checks then
   return redis.error_reply(problem)
 end
-local grace_ms = integer(ARGV[2])
+grace_ms = integer(ARGV[2])
 if grace_ms == nil then
   return redis.error_reply('ERR throttlegate: bad expiry grace')
 end
@@ -642,7 +782,9 @@ for idx, c in ipairs(checks) do
   local remaining = impl.available(c, s, at)
   local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
   if keep_for == 0 then
-    -- Equal to a fresh state, whatever the algorithm: no key at all.
+    -- Equal to a fresh state, whatever the algorithm: no key at all (DEL
+    -- of an absent key changes nothing and is not replicated, so a limit
+    -- never used writes nothing, whatever the cost asked).
     call('DEL', key)
   else
     impl.store(c, s, key, div_ceil(keep_for, 1000) + grace_ms)

@@ -107,6 +107,11 @@ struct ServeArgs {
         default_value = "throttlegate"
     )]
     redis_key_prefix: String,
+    /// Added to the expiry of every Redis key, in ms. With `--clock local`,
+    /// set it to the largest clock skew between replicas, so a replica
+    /// whose clock lags never finds a key already expired.
+    #[arg(long, env = "THROTTLEGATE_REDIS_EXPIRY_GRACE_MS", default_value_t = 0)]
+    redis_expiry_grace_ms: u64,
     /// Redis Cluster seed nodes, `host:port,host:port,...`.
     #[arg(long, env = "THROTTLEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
     redis_cluster_nodes: Vec<String>,
@@ -473,7 +478,7 @@ fn redis_settings(args: &ServeArgs) -> Result<Option<RedisSettings>, String> {
             ClockArg::Redis => ClockSource::Redis,
             ClockArg::Local => ClockSource::Local(Arc::new(SystemClock)),
         },
-        expiry_grace_ms: 0,
+        expiry_grace_ms: args.redis_expiry_grace_ms,
     }))
 }
 

@@ -291,3 +291,43 @@ async fn two_instances_on_one_redis_share_the_limit() {
         vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
 }
+
+/// `--redis-expiry-grace-ms` reaches the script: a key's TTL is its
+/// window plus the grace (nothing set it before).
+#[tokio::test]
+async fn the_redis_expiry_grace_extends_key_ttls() {
+    let redis = support::redis::RedisServer::start();
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let url = redis.url();
+    let flags = [
+        "--redis-url",
+        &url,
+        "--redis-key-prefix",
+        "grace",
+        "--redis-expiry-grace-ms",
+        "30000",
+    ];
+    let (mut server, addr) = spawn_serve(&path, &flags);
+    let mut client = RateLimitServiceClient::new(connect_with_retry(addr, &mut server).await);
+    let res = client
+        .should_rate_limit(alice())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    let mut conn = redis.connection().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("grace:*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // One minute of window plus 30 s of grace.
+    assert!((85_000..=90_000).contains(&ttl), "pttl {ttl}");
+}

@@ -162,10 +162,7 @@ async fn injected_time_is_used_and_redis_time_otherwise() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert_eq!(
-        scores,
-        vec![("42000000:1".to_owned(), "42000000".to_owned())]
-    );
+    assert_eq!(scores, vec![("1,1".to_owned(), "42000000".to_owned())]);
 
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
     let before = secs * 1_000_000 + micros;
@@ -198,16 +195,7 @@ async fn microsecond_timestamps_are_stored_exactly() {
         .unwrap();
     assert_eq!(
         members,
-        vec![
-            (
-                "1700000000000001:1".to_owned(),
-                "1700000000000001".to_owned()
-            ),
-            (
-                "1700000000000001:2".to_owned(),
-                "1700000000000001".to_owned()
-            ),
-        ]
+        vec![("2,2".to_owned(), "1700000000000001".to_owned())]
     );
     // A token bucket of 3 per second (scale 1_000_000 / 1 … reduced: per_us
     // 3, scale 1_000_000), one taken.
@@ -232,8 +220,9 @@ async fn microsecond_timestamps_are_stored_exactly() {
 
 /// With math.random() as the member suffix, Redis 5/6 reseed the PRNG per
 /// script and every member at one timestamp collided: 8 of 8 passed.
+/// Requests in one µs now share one member holding their summed cost.
 #[tokio::test]
-async fn same_microsecond_requests_get_distinct_members() {
+async fn same_microsecond_requests_are_all_counted() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     let mut allowed = 0;
@@ -244,16 +233,13 @@ async fn same_microsecond_requests_get_distinct_members() {
         allowed += reply[0];
     }
     assert_eq!(allowed, 5);
-    let card: u64 = redis::cmd("ZCARD")
-        .arg("k")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(card, 5);
+    assert_eq!(members(&mut conn, "k").await, [("5,5".to_owned(), T0)]);
 }
 
-/// One ZADD per request would let (limit - cost + 1) requests of cost 5
-/// through a limit of 10.
+/// Counting members instead of units would let (limit - cost + 1)
+/// requests of cost 5 through a limit of 10; one member per unit made a
+/// request's work and memory grow with its cost. Each request is one member
+/// carrying its cost.
 #[tokio::test]
 async fn cost_counts_as_cost_in_the_log() {
     let server = RedisServer::start();
@@ -266,12 +252,10 @@ async fn cost_counts_as_cost_in_the_log() {
         allowed += reply[0];
     }
     assert_eq!(allowed, 2);
-    let card: u64 = redis::cmd("ZCARD")
-        .arg("k")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(card, 10);
+    assert_eq!(
+        members(&mut conn, "k").await,
+        [("5,5".to_owned(), T0), ("10,5".to_owned(), T0 + 1)]
+    );
 }
 
 #[tokio::test]
@@ -346,8 +330,9 @@ fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> Limit {
 }
 
 /// Float refill (0.1 token added ten times is below 1) moved a boundary by
-/// one step. Here every call stores the refilled state, so ten refills of a
-/// tenth of a token each must make exactly one token.
+/// one step. Here every take stores a bucket holding a fraction of a token
+/// (10 per second: a token every 100 ms), so the fractions must add up to
+/// whole tokens exactly.
 #[tokio::test]
 async fn token_bucket_refill_has_no_float_drift() {
     let server = RedisServer::start();
@@ -358,21 +343,23 @@ async fn token_bucket_refill_has_no_float_drift() {
         assert_eq!(take(T0).await[0], 1);
     }
     assert_eq!(take(T0).await[0], 0);
-    // 10 per second: a tenth of a token every 10 ms, stored each time.
+    // 1.1 tokens at +110 ms: one taken, a tenth stored; and so on, each
+    // take leaving one more tenth behind.
     for step in 1..10 {
-        let reply = call_with_grace(
-            &mut conn,
-            &["k"],
-            Some(T0 + step * 10_000),
-            grace,
-            &[bucket_limit(10, 1, 0)],
-        )
-        .await
-        .unwrap();
-        assert_eq!(reply[4], 0, "step {step}: no whole token yet");
+        assert_eq!(take(T0 + step * 110_000).await[0], 1, "step {step}");
     }
-    assert_eq!(take(T0 + 99_999).await[0], 0);
-    assert_eq!(take(T0 + 100_000).await[0], 1);
+    // 0.9 stored at +990 ms: the next whole token is at +1000 ms exactly.
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(T0 + 999_999),
+        grace,
+        &[bucket_limit(10, 1, 0)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[4], 0, "no whole token a µs early");
+    assert_eq!(take(T0 + 1_000_000).await[0], 1);
 }
 
 /// A request whose clock lags the stored state never moves its timestamp
@@ -411,4 +398,346 @@ async fn call_with_grace_owned(
     call_with_grace(&mut conn, &["k"], Some(now), grace, &[limit])
         .await
         .unwrap()
+}
+
+// === the sliding log's layout: one member per request ===
+
+/// The log's members as (member, score).
+async fn members(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, u64)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+/// Writes since start-up: unchanged across a call means it wrote nothing.
+async fn writes(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
+        .and_then(|it| it.trim().parse().ok())
+        .expect("INFO persistence reports rdb_changes_since_last_save")
+}
+
+/// A request of cost equal to a large limit wrote that many members (a
+/// 3,000,000-unit request ran the script for seconds); it is one member,
+/// and the key has the window's TTL from its first hit.
+#[tokio::test]
+async fn a_request_at_the_cap_is_one_member_with_the_window_ttl() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let reply = call(
+        &mut conn,
+        &["k"],
+        Some(T0),
+        &[log_limit(10_000, 60, 10_000)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply, vec![1, T0 as i64, 1, 1, 0, 60_000_000]);
+    assert_eq!(
+        members(&mut conn, "k").await,
+        [("10000,10000".to_owned(), T0)]
+    );
+    let ttl = pttl(&mut conn, "k").await;
+    assert!((59_000..=60_000).contains(&ttl), "pttl {ttl}");
+    let bytes: u64 = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg("k")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(bytes < 1_024, "{bytes} bytes");
+}
+
+/// Expiry must subtract each leaving entry's cost, not one unit per
+/// member, and a denied request waits for exactly the entries it needs.
+#[tokio::test]
+async fn expiry_subtracts_the_costs_of_the_entries_that_left() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let grace = 60_000;
+    let at = |now, cost| {
+        let server = &server;
+        async move {
+            let mut conn = server.connection().await;
+            call_with_grace(
+                &mut conn,
+                &["k"],
+                Some(now),
+                grace,
+                &[log_limit(10, 1, cost)],
+            )
+            .await
+            .unwrap()
+        }
+    };
+    for (offset, cost) in [(0, 2), (10, 3), (20, 4)] {
+        assert_eq!(at(T0 + offset, cost).await[0], 1);
+    }
+    // 9 of 10 held: a request of 5 waits for the first two entries (5
+    // units) to leave, a request of 2 only for the first.
+    assert_eq!(at(T0 + 30, 5).await[2..], [0, 0, 1, 1_000_010 - 30]);
+    assert_eq!(at(T0 + 30, 2).await[2..], [0, 0, 1, 1_000_000 - 30]);
+    // The first entry (2 units) leaves at T0 + 1 s exactly.
+    assert_eq!(at(T0 + 999_999, 0).await[4], 1);
+    assert_eq!(at(T0 + 1_000_000, 0).await[4], 3);
+    assert_eq!(at(T0 + 1_000_010, 0).await[4], 6);
+    // Consuming removes the expired entries and keeps the running total.
+    assert_eq!(
+        at(T0 + 1_000_010, 6).await[..6],
+        [1, (T0 + 1_000_010) as i64, 1, 1, 0, 1_000_000]
+    );
+    assert_eq!(
+        members(&mut conn, "k").await,
+        [
+            ("9,4".to_owned(), T0 + 20),
+            ("15,6".to_owned(), T0 + 1_000_010)
+        ]
+    );
+}
+
+/// Requests in the same µs never overwrite each other: they join one
+/// member. Members of one score sort by their bytes ("10,.." before
+/// "5,.."), so separate members at one µs made an older entry look newest
+/// and lost the units of the requests after it.
+#[tokio::test]
+async fn equal_timestamps_never_collide() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for _ in 0..4 {
+        let reply = call(&mut conn, &["k"], Some(T0), &[log_limit(20, 1, 5)])
+            .await
+            .unwrap();
+        assert_eq!(reply[0], 1);
+    }
+    assert_eq!(members(&mut conn, "k").await, [("20,20".to_owned(), T0)]);
+    let reply = call(&mut conn, &["k"], Some(T0), &[log_limit(20, 1, 1)])
+        .await
+        .unwrap();
+    assert_eq!(reply[..5], [0, T0 as i64, 0, 0, 0]);
+    // Once the window has passed, the expired member goes and a new one
+    // starts the running total over.
+    let reply = call(
+        &mut conn,
+        &["k"],
+        Some(T0 + 1_000_000),
+        &[log_limit(20, 1, 12)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, (T0 + 1_000_000) as i64, 1, 1, 8]);
+    assert_eq!(
+        members(&mut conn, "k").await,
+        [("12,12".to_owned(), T0 + 1_000_000)]
+    );
+}
+
+/// Running totals wrap at 2^53 (exact in a double); the units in the
+/// window are a wrapped difference, and the wrapped ends stay distinct.
+#[tokio::test]
+async fn running_totals_wrap_at_two_to_the_53() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let top = (1u64 << 53) - 2;
+    let _: () = redis::cmd("ZADD")
+        .arg("k")
+        .arg(T0)
+        .arg(format!("{top},3"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(T0 + 1),
+        60_000,
+        &[log_limit(10, 1, 4)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, (T0 + 1) as i64, 1, 1, 3]);
+    assert_eq!(
+        members(&mut conn, "k").await,
+        [(format!("{top},3"), T0), ("2,4".to_owned(), T0 + 1)]
+    );
+    // 7 held: a request of 5 waits for the first entry, one of 8 for both.
+    for (cost, reset) in [(5, 1_000_000 - 2), (8, 1_000_001 - 2)] {
+        let reply = call_with_grace(
+            &mut conn,
+            &["k"],
+            Some(T0 + 2),
+            60_000,
+            &[log_limit(10, 1, cost)],
+        )
+        .await
+        .unwrap();
+        assert_eq!(reply[2..], [0, 0, 3, reset], "cost {cost}");
+    }
+}
+
+/// A key written by the older layout (one "<µs>:<seq>" member per unit) is
+/// read as all its units held until its newest timestamp leaves: never
+/// fewer units than it held.
+#[tokio::test]
+async fn a_log_of_the_older_layout_keeps_its_units() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for (seq, at) in [(1, T0), (2, T0), (1, T0 + 5)] {
+        let _: () = redis::cmd("ZADD")
+            .arg("k")
+            .arg(at)
+            .arg(format!("{at}:{seq}"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(T0 + 10),
+        60_000,
+        &[log_limit(5, 1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, (T0 + 10) as i64, 1, 1, 1]);
+    assert_eq!(
+        members(&mut conn, "k").await,
+        [("3,3".to_owned(), T0 + 5), ("4,1".to_owned(), T0 + 10)]
+    );
+    assert!(pttl(&mut conn, "k").await > 0);
+}
+
+/// Costs at and above 2^53 (a descriptor's uint64 hits_addend) were refused
+/// as bad parameters, an error the service answers with UNAVAILABLE; a cost
+/// above the capacity is denied and, on a limit never used, writes nothing.
+#[tokio::test]
+async fn costs_up_to_two_to_the_64_are_denied_without_a_write() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let costs = [
+        "9007199254740991",
+        "9007199254740992",
+        "9223372036854775808",
+        "18446744073709551615",
+    ];
+    for limit in [log_limit(5, 1, 0), bucket_limit(5, 1, 0)] {
+        for cost in costs {
+            let script = redis::Script::new(DECIDE_LUA);
+            let before = writes(&mut conn).await;
+            let reply: Vec<i64> = script
+                .key("k")
+                .arg(T0)
+                .arg(0)
+                .arg(limit.algorithm)
+                .arg(limit.limit)
+                .arg(limit.window_us)
+                .arg(limit.capacity)
+                .arg(limit.per_us)
+                .arg(limit.scale)
+                .arg(cost)
+                .arg(limit.mode)
+                .invoke_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(reply, vec![0, T0 as i64, 0, 0, 5, 1_000_000], "{cost}");
+            assert_eq!(writes(&mut conn).await, before, "{cost}");
+        }
+    }
+    let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
+    assert_eq!(size, 0);
+}
+
+/// The expiry grace (ARGV[2]) is added to the TTL of every written key.
+#[tokio::test]
+async fn the_expiry_grace_extends_every_ttl() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for limit in [log_limit(10, 2, 1), bucket_limit(10, 2, 1)] {
+        let key = limit.algorithm;
+        call_with_grace(&mut conn, &[key], Some(T0), 30_000, &[limit])
+            .await
+            .unwrap();
+        let ttl = pttl(&mut conn, key).await;
+        // The log's state lasts 2 s, the bucket's 0.2 s, each plus 30 s.
+        assert!((30_100..=32_000).contains(&ttl), "{key}: pttl {ttl}");
+    }
+}
+
+/// A request meeting a log whose entries all expired removed every one of
+/// them in one call (64 such logs in one request made one slow script);
+/// at most 32 go per call, the rest are skipped and the answer is exact.
+#[tokio::test]
+async fn expired_entries_are_removed_a_bounded_number_per_call() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(DECIDE_LUA)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let mut fill = redis::pipe();
+    for idx in 0..300u64 {
+        fill.cmd("EVALSHA")
+            .arg(&sha)
+            .arg(1)
+            .arg("k")
+            .arg(T0 + idx)
+            .arg(60_000)
+            .arg("sliding_window_log")
+            .arg(1_000)
+            .arg(1_000_000)
+            .arg(1_000)
+            .arg(0)
+            .arg(1)
+            .arg(1)
+            .arg("enforce")
+            .ignore();
+    }
+    let () = fill.query_async(&mut conn).await.unwrap();
+    let card = |conn: &mut MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg("k")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n
+        }
+    };
+    assert_eq!(card(&mut conn).await, 300);
+    let later = T0 + 2_000_000;
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(later),
+        60_000,
+        &[log_limit(1_000, 1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, later as i64, 1, 1, 999]);
+    assert_eq!(card(&mut conn).await, 300 - 32 + 1);
+    let reply = call_with_grace(
+        &mut conn,
+        &["k"],
+        Some(later + 1),
+        60_000,
+        &[log_limit(1_000, 1, 1)],
+    )
+    .await
+    .unwrap();
+    assert_eq!(reply[..5], [1, (later + 1) as i64, 1, 1, 998]);
+    assert_eq!(card(&mut conn).await, 300 - 64 + 2);
 }

@@ -5,6 +5,8 @@ mod support;
 
 use std::sync::Arc;
 
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use support::redis::RedisServer;
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, Verdict};
 use throttlegate::backends::memory::MemoryBackend;
@@ -115,11 +117,15 @@ fn random_request(rng: &mut Rng, slots: &[Slot]) -> Vec<KeyedCheck> {
         .map(|idx| {
             let slot = &slots[idx];
             let params = slot.variants[rng.below(slot.variants.len() as u64) as usize];
-            let cost = match rng.below(10) {
+            let cost = match rng.below(12) {
                 0 => 0,
                 1 => 2,
                 2 => 5,
                 3 => params.capacity() + 1,
+                4 => params.capacity(),
+                // Costs no Lua number holds exactly (descriptor hits_addend
+                // is a uint64).
+                5 => rng.pick(&[(1 << 53) - 1, 1 << 53, 1 << 63, u64::MAX]),
                 _ => 1,
             };
             let mode = match rng.below(8) {
@@ -268,4 +274,123 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
             assert_eq!(actual, expected, "case {idx} step {step}: {checks:?}");
         }
     }
+}
+
+/// A cost anywhere in the uint64 range a descriptor's hits_addend can
+/// carry, weighted towards the edges of what a double holds exactly.
+fn arb_cost() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        4 => 0..=12u64,
+        2 => any::<u64>(),
+        2 => (1u64 << 52)..=(1u64 << 54),
+        1 => prop::sample::select(vec![
+            (1u64 << 53) - 1,
+            1 << 53,
+            (1 << 53) + 1,
+            1 << 63,
+            u64::MAX - 1,
+            u64::MAX,
+        ]),
+    ]
+}
+
+/// Limits of every algorithm, small and large, that the random requests
+/// below draw from: (algorithm, limit, window in s, burst).
+const COST_LIMITS: [(Algorithm, u64, u64, Option<u64>); 10] = [
+    (Algorithm::SlidingWindowLog, 10, 60, None),
+    (Algorithm::SlidingWindowLog, 3_000_000, 3_600, None),
+    (Algorithm::TokenBucket, 10, 60, Some(20)),
+    (Algorithm::TokenBucket, 1_000_000, 3_600, None),
+    (Algorithm::Gcra, 10, 60, None),
+    (Algorithm::Gcra, 100_003, 3_600, None),
+    (Algorithm::SlidingWindowCounter, 10, 60, None),
+    (Algorithm::SlidingWindowCounter, 1_000_000, 3_600, None),
+    (Algorithm::FixedWindow, 10, 60, None),
+    (Algorithm::FixedWindow, (1 << 53) - 1, 1, None),
+];
+
+/// Requests of 1–4 limits, each (limit index, cost), with µs since the
+/// previous request.
+type CostTrace = Vec<(u64, Vec<(usize, u64)>)>;
+
+fn arb_cost_trace() -> impl Strategy<Value = CostTrace> {
+    let request = prop::collection::vec((0..COST_LIMITS.len(), arb_cost()), 1..=4);
+    let delta = prop_oneof![Just(0u64), 0..2_000_000u64, Just(61_000_000u64)];
+    prop::collection::vec((delta, request), 1..=12)
+}
+
+/// Costs across the whole uint64 range, alone or on several limits of a
+/// request, get the same verdict from both backends: costs at and above
+/// 2^53 were refused by the script as bad parameters (a backend error)
+/// while the memory backend answered OVER_LIMIT.
+#[test]
+fn memory_and_redis_agree_on_costs_across_the_u64_range() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    // Every case (and every shrinking step) gets keys of its own.
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let res = runner.run(&arb_cost_trace(), |trace| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        runtime.block_on(run_cost_trace(&server, case, &trace))
+    });
+    if let Err(err) = res {
+        panic!("{err}");
+    }
+}
+
+async fn run_cost_trace(
+    server: &RedisServer,
+    case: u64,
+    trace: &CostTrace,
+) -> Result<(), TestCaseError> {
+    let mut now = T0;
+    let clock = ManualClock::new(now);
+    let memory = MemoryBackend::new(Arc::new(clock.clone()));
+    let mut settings =
+        support::redis::settings(server, ClockSource::Local(Arc::new(clock.clone())));
+    settings.key_prefix = format!("costs{case}");
+    settings.expiry_grace_ms = 3_600_000;
+    let redis = RedisBackend::connect(settings).await.expect("connect");
+    for (step, (delta, limits)) in trace.iter().enumerate() {
+        now += delta;
+        clock.set(now);
+        let mut checks: Vec<KeyedCheck> = Vec::new();
+        for &(idx, cost) in limits {
+            let (algorithm, limit, window_s, burst) = COST_LIMITS[idx];
+            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst)
+                .expect("valid params");
+            let key =
+                support::redis::counter_key(algorithm, window_s, &[("limit", &idx.to_string())]);
+            // Two costs on one counter add up, as the limiter merges them.
+            if let Some(it) = checks.iter_mut().find(|it| it.key == key) {
+                it.check.cost = it.check.cost.saturating_add(cost);
+                continue;
+            }
+            checks.push(KeyedCheck {
+                key,
+                check: Check {
+                    params,
+                    cost,
+                    mode: Mode::Enforce,
+                },
+            });
+        }
+        let expected = memory.decide(&checks).await.expect("memory decides");
+        let actual = redis
+            .decide(&checks)
+            .await
+            .map_err(|err| TestCaseError::fail(format!("step {step}: redis failed: {err}")))?;
+        prop_assert_eq!(&actual, &expected, "step {} for {:?}", step, checks);
+        for (check, outcome) in checks.iter().zip(&expected.outcomes) {
+            if check.check.cost > check.check.params.capacity() {
+                prop_assert!(!outcome.has_room && !outcome.consumed);
+            }
+        }
+    }
+    Ok(())
 }

@@ -1,21 +1,42 @@
-//! Sliding-window log: exact; remembers when each unit of cost was taken.
+//! Sliding-window log: exact; remembers when each request took its cost.
 
 use std::collections::VecDeque;
 
 use super::LimitParams;
 
-/// Costs taken in the last window, oldest first, as (time µs, units) runs;
-/// one run per distinct timestamp. Redis keeps one sorted-set member per unit.
+/// Requests taken in the last window, oldest first, one entry per distinct
+/// timestamp: `(time µs, running total through this entry)`.
+///
+/// The running total is a counter of every unit ever taken by this state
+/// (wrapping, only differences matter): the units in the window are the
+/// newest entry's total minus `base`, the total before the oldest entry, so
+/// the sum needs no pass over the entries, and the entry at which a given
+/// number of units has left the window is found by binary search. Memory
+/// is one entry per request in the window, whatever the costs; Redis keeps
+/// the same layout (one sorted-set member per request).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SlidingWindowLog {
     entries: VecDeque<(u64, u64)>,
-    total: u64,
+    /// Running total before the oldest entry.
+    base: u64,
 }
 
 impl SlidingWindowLog {
     /// Units currently in the window.
     pub fn total(&self) -> u64 {
-        self.total
+        self.entries
+            .back()
+            .map_or(0, |&(_, end)| end.wrapping_sub(self.base))
+    }
+
+    /// Entries kept (one per distinct timestamp of an allowed request).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no entry is kept.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
     }
 
     pub(super) fn advance(&mut self, params: &LimitParams, now: u64) -> u64 {
@@ -23,27 +44,32 @@ impl SlidingWindowLog {
             .entries
             .back()
             .map_or(now, |&(newest, _)| now.max(newest));
-        // An entry at `ts` counts while `ts > at - W`.
-        while let Some(&(ts, units)) = self.entries.front() {
+        // An entry at `ts` counts while `ts > at - W`; each pop is one
+        // expired entry, so the work is bounded by what expires.
+        while let Some(&(ts, end)) = self.entries.front() {
             if ts + params.window_us() > at {
                 break;
             }
-            self.total -= units;
+            self.base = end;
             self.entries.pop_front();
+        }
+        if self.entries.is_empty() {
+            self.base = 0;
         }
         at
     }
 
     pub(super) fn available(&self, params: &LimitParams) -> u64 {
-        params.limit().saturating_sub(self.total)
+        params.limit().saturating_sub(self.total())
     }
 
     pub(super) fn consume(&mut self, at: u64, cost: u64) {
+        let newest_end = self.entries.back().map_or(self.base, |&(_, end)| end);
+        let end = newest_end.wrapping_add(cost);
         match self.entries.back_mut() {
-            Some((ts, units)) if *ts == at => *units += cost,
-            _ => self.entries.push_back((at, cost)),
+            Some((ts, last)) if *ts == at => *last = end,
+            _ => self.entries.push_back((at, end)),
         }
-        self.total += cost;
     }
 
     pub(super) fn until_full(&self, params: &LimitParams, at: u64) -> u64 {
@@ -54,15 +80,17 @@ impl SlidingWindowLog {
     }
 
     pub(super) fn until_available(&self, params: &LimitParams, at: u64, need: u64) -> u64 {
-        // The `expire`-th oldest unit must leave the window.
-        let expire = self.total + need - params.limit();
-        let mut seen = 0;
-        for &(ts, units) in &self.entries {
-            seen += units;
-            if seen >= expire {
-                return ts + params.window_us() - at;
-            }
+        // The oldest entries holding `expire` units must leave the window:
+        // the first entry whose running total reaches it is the last to go.
+        let expire = self.total() + need - params.limit();
+        let idx = self
+            .entries
+            .partition_point(|&(_, end)| end.wrapping_sub(self.base) < expire);
+        // `need <= limit` puts it inside the log; the newest entry is the
+        // safe answer should a caller break that.
+        match self.entries.get(idx).or(self.entries.back()) {
+            Some(&(ts, _)) => ts + params.window_us() - at,
+            None => params.window_us(),
         }
-        unreachable!("need <= capacity guarantees enough units in the log")
     }
 }

@@ -1147,3 +1147,36 @@ proptest! {
         }
     }
 }
+
+// === sliding-log layout ===
+
+/// One unit per entry made a single request of cost N write N entries:
+/// the work and memory of a request must not grow with its cost.
+#[test]
+fn a_sliding_log_keeps_one_entry_per_request_whatever_its_cost() {
+    let limit = 3_000_000;
+    let params = params(Algorithm::SlidingWindowLog, limit, MINUTE, None);
+    let mut state = None;
+    assert_eq!(step(&params, &mut state, T0, limit), (true, 0, MINUTE));
+    assert_eq!(step(&params, &mut state, T0 + 1, 1), (false, 0, MINUTE - 1));
+    let Some(State::SlidingWindowLog(log)) = &state else {
+        panic!("a log state is kept");
+    };
+    assert_eq!((log.len(), log.total()), (1, limit));
+
+    // Costs 2, 3, 4 at three times: a request of 5 waits for the first two
+    // entries (5 units) to leave, a request of 2 only for the first.
+    let params = self::params(Algorithm::SlidingWindowLog, 10, SECOND, None);
+    let mut state = None;
+    for (at, cost) in [(0, 2), (10, 3), (20, 4)] {
+        assert!(step(&params, &mut state, T0 + at, cost).0);
+    }
+    assert_eq!(step(&params, &mut state, T0 + 30, 5).2, SECOND + 10 - 30);
+    assert_eq!(step(&params, &mut state, T0 + 30, 2).2, SECOND - 30);
+    let Some(State::SlidingWindowLog(log)) = &state else {
+        panic!("a log state is kept");
+    };
+    assert_eq!((log.len(), log.total()), (3, 9));
+    // Expiry subtracts exactly the costs of the entries that left.
+    assert_eq!(step(&params, &mut state, T0 + SECOND, 0), (true, 3, 20));
+}
