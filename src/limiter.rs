@@ -6,13 +6,13 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
 use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
 use crate::backends::{self, Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
+use crate::log_gate::LogGate;
 use crate::metrics::{self, BackendMetrics, MetricRule, Metrics};
 use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 
@@ -152,6 +152,8 @@ pub struct Limiter {
     backend: Arc<dyn Backend>,
     options: Options,
     backend_errors: LogGate,
+    /// Requests whose cost exceeds a limit's capacity: clients choose them.
+    never_pass: LogGate,
     metrics: Arc<Metrics>,
     /// `metrics`' series for `backend`, resolved once.
     backend_metrics: BackendMetrics,
@@ -173,6 +175,7 @@ impl Limiter {
             backend,
             options,
             backend_errors: LogGate::new(),
+            never_pass: LogGate::new(),
             metrics,
             backend_metrics,
         }
@@ -224,12 +227,15 @@ impl Limiter {
             return Ok(self.answer(domain, &plan, None));
         }
         for (check, rule) in plan.checks.iter().zip(&plan.check_rules) {
-            if check.check.cost > check.check.params.capacity() {
+            if check.check.cost > check.check.params.capacity()
+                && let Some(suppressed) = self.never_pass.admit()
+            {
                 tracing::warn!(
                     domain = %request.domain,
                     rule = %rule,
                     cost = check.check.cost,
                     capacity = check.check.params.capacity(),
+                    suppressed,
                     "cost exceeds the limit's capacity: this request can never pass"
                 );
             }
@@ -834,46 +840,6 @@ fn clamp_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Lets one log line through per second and counts the ones it held back,
-/// so a backend outage does not flood the logs.
-#[derive(Debug)]
-struct LogGate {
-    last_s: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl LogGate {
-    fn new() -> Self {
-        Self {
-            last_s: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(lines suppressed since the last one)` when this line may be logged.
-    fn admit(&self) -> Option<u64> {
-        let now_s = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|it| it.as_secs())
-            .unwrap_or(0);
-        self.admit_at(now_s)
-    }
-
-    fn admit_at(&self, now_s: u64) -> Option<u64> {
-        let last = self.last_s.load(Ordering::Relaxed);
-        if now_s != last
-            && self
-                .last_s
-                .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            return Some(self.suppressed.swap(0, Ordering::Relaxed));
-        }
-        self.suppressed.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1456,16 +1422,6 @@ mod tests {
             ],
         )
         .await;
-    }
-
-    #[test]
-    fn log_gate_lets_one_line_through_per_second() {
-        let gate = LogGate::new();
-        let got: Vec<Option<u64>> = [100, 100, 100, 100, 101, 101, 105]
-            .into_iter()
-            .map(|at| gate.admit_at(at))
-            .collect();
-        assert_eq!(got, vec![Some(0), None, None, None, Some(3), None, Some(1)]);
     }
 
     #[tokio::test]
