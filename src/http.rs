@@ -371,6 +371,7 @@ mod tests {
         let options = LoadOptions {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindowLog,
+            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
         };
         let rules = config::parse_str("api.yaml", CONFIG, &options)
             .unwrap()

@@ -61,6 +61,11 @@ struct ConfigArgs {
     /// Algorithm where neither the rule nor its file names one.
     #[arg(long, env = "THROTTLEGATE_DEFAULT_ALGORITHM", default_value = "sliding_window_log", value_parser = parse_algorithm)]
     default_algorithm: Algorithm,
+    /// Most requests per window of a sliding-window log, which keeps one
+    /// entry per request: a rule over it that inherits the log uses
+    /// sliding_window_counter, one that names the log is refused.
+    #[arg(long, env = "THROTTLEGATE_MAX_LOG_ENTRIES", default_value_t = config::DEFAULT_MAX_LOG_ENTRIES)]
+    max_log_entries: u32,
 }
 
 #[derive(Debug, Args)]
@@ -214,6 +219,7 @@ fn load_options(args: &ConfigArgs) -> LoadOptions {
     LoadOptions {
         merge_domains: args.merge_domains,
         default_algorithm: args.default_algorithm,
+        max_log_entries: args.max_log_entries,
     }
 }
 

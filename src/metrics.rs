@@ -399,6 +399,7 @@ mod tests {
         let load = LoadOptions {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindowLog,
+            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
         };
         let rules = config::parse_str("api.yaml", yaml, &load).unwrap().rules;
         Limiter::new(
