@@ -66,6 +66,10 @@ pub enum Error {
     /// The backend answered with something we cannot use.
     #[error("backend error: {0}")]
     Protocol(String),
+    /// The in-memory backend holds its most counters and the request needs
+    /// a new one; existing counters keep working.
+    #[error("backend full: {0} counters, the most allowed")]
+    Full(usize),
 }
 
 impl Error {
