@@ -62,8 +62,12 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 }
 
 /// `serve` with `config` and `extra` flags on free ports, stderr captured.
-async fn serve(config: &str, extra: &[&str]) -> (Running, RateLimitServiceClient<Channel>) {
+async fn serve(
+    config: &str,
+    extra: &[&str],
+) -> (Running, RateLimitServiceClient<Channel>, SocketAddr) {
     let grpc = free_addr();
+    let http = free_addr();
     let mut command = Command::new(BIN);
     for (key, _) in std::env::vars() {
         if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" || key == "RUST_LOG" {
@@ -74,7 +78,7 @@ async fn serve(config: &str, extra: &[&str]) -> (Running, RateLimitServiceClient
         .args(["serve", "--config", config, "--watch-config", "off"])
         .args(["--drain-timeout-ms", "1000"])
         .args(["--grpc-addr", &grpc.to_string()])
-        .args(["--http-addr", &free_addr().to_string()])
+        .args(["--http-addr", &http.to_string()])
         .args(extra)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -95,7 +99,7 @@ async fn serve(config: &str, extra: &[&str]) -> (Running, RateLimitServiceClient
             }
         }
     };
-    (child, RateLimitServiceClient::new(channel))
+    (child, RateLimitServiceClient::new(channel), http)
 }
 
 /// A request of one descriptor per value, each `key=value`.
@@ -153,7 +157,7 @@ async fn requests_that_can_never_pass_cannot_flood_the_log() {
         "blocked.yaml",
         "domain: api\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n",
     );
-    let (server, mut client) = serve(&config, &[]).await;
+    let (server, mut client, _) = serve(&config, &[]).await;
     const WARNING: &str = "this request can never pass";
     // 10 requests of 64 distinct counters each: 640 lines without a gate.
     for round in 0..10 {
@@ -194,5 +198,125 @@ async fn requests_that_can_never_pass_cannot_flood_the_log() {
         lines.len() as u64 + suppressed.iter().sum::<u64>(),
         10 * 64 + 1,
         "{stderr}"
+    );
+}
+
+/// Resident memory of `pid`, from /proc.
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let kib: u64 = status
+        .lines()
+        .find(|it| it.starts_with("VmRSS:"))
+        .and_then(|it| it.split_whitespace().nth(1))
+        .and_then(|it| it.parse().ok())
+        .expect("VmRSS in kB");
+    kib * 1024
+}
+
+/// One metric's value from the Prometheus text of `http`.
+fn metric(http: SocketAddr, name: &str) -> u64 {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(http).expect("connect to http");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).expect("read metrics");
+    text.lines()
+        .find(|it| it.starts_with(name))
+        .and_then(|it| it.rsplit(' ').next())
+        .and_then(|it| it.parse::<f64>().ok())
+        .map(|it| it as u64)
+        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+}
+
+#[tokio::test]
+async fn a_flood_of_fresh_values_stays_within_the_memory_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "ip.yaml",
+        "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
+    );
+    const BOUND: u64 = 500;
+    let (server, mut client, http) = serve(
+        &config,
+        &[
+            "--memory-max-counters",
+            &BOUND.to_string(),
+            "--failure-mode",
+            "deny",
+        ],
+    )
+    .await;
+    // A known client, before the flood.
+    let known = || request("ip", ["known".to_owned()]);
+    let res = client
+        .should_rate_limit(known())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    let rss_before = rss_bytes(server.0.id());
+    // 300 requests of 64 fresh values: 19,200 counters asked for.
+    let mut denied = 0;
+    for round in 0..300 {
+        let res = client
+            .should_rate_limit(request("ip", (0..64).map(|idx| format!("{round}.{idx}"))))
+            .await
+            .expect("always answered")
+            .into_inner();
+        if res.overall_code == Code::OverLimit as i32 {
+            denied += 1;
+        }
+        if round % 50 == 0 {
+            assert!(metric(http, "throttlegate_memory_counters") <= BOUND);
+        }
+    }
+    // The first requests fit, the rest were refused under --failure-mode.
+    assert!(denied >= 290, "{denied} denied");
+    assert!(metric(http, "throttlegate_memory_counters") <= BOUND);
+    assert!(
+        metric(
+            http,
+            "throttlegate_backend_errors_total{backend=\"memory\",kind=\"full\"}"
+        ) >= 290
+    );
+    // The existing counter keeps working: its second request passes, the
+    // third is over its limit.
+    let codes: Vec<i32> = [
+        client
+            .should_rate_limit(known())
+            .await
+            .unwrap()
+            .into_inner(),
+        client
+            .should_rate_limit(known())
+            .await
+            .unwrap()
+            .into_inner(),
+    ]
+    .iter()
+    .map(|it| it.overall_code)
+    .collect();
+    assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32]);
+    // Generous: the bound holds memory, whatever the allocator keeps.
+    let grown = rss_bytes(server.0.id()).saturating_sub(rss_before);
+    assert!(grown < 64 << 20, "RSS grew by {grown} bytes");
+    drop(client);
+    let stderr = server.stop();
+    let full_lines = stderr
+        .lines()
+        .filter(|it| it.contains("memory backend full"))
+        .count();
+    // One line a second at most; the flood takes a few seconds.
+    assert!(
+        (1..=30).contains(&full_lines),
+        "{full_lines} lines:\n{stderr}"
     );
 }
