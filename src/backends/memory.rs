@@ -25,7 +25,7 @@ use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Backend, CounterKey, Error, KeyedCheck};
+use super::{Backend, CounterKey, Error, KeyValue, KeyedCheck};
 use crate::algorithms::{self, Check, State, Verdict};
 use crate::clock::{Clock, Micros};
 use crate::log_gate::LogGate;
@@ -42,6 +42,11 @@ const MIN_SWEEP_LEN: usize = 1024;
 /// for the measured bytes per counter it is chosen from.
 pub const DEFAULT_MAX_COUNTERS: usize = 1_000_000;
 
+/// Key bytes per unit of the bound: a counter whose key text (domain,
+/// rule, entries) is longer counts once more per this many bytes, so that
+/// clients sending long descriptors cannot hold more memory per counter.
+const KEY_BYTES_PER_COUNTER: usize = 1024;
+
 /// Least time between two whole-table sweeps made because the table is
 /// full: a flood of new keys must not turn every refusal into a sweep.
 const FULL_SWEEP_EVERY_US: u64 = 1_000_000;
@@ -56,10 +61,11 @@ pub struct MemoryBackend {
     /// seed would let them aim every key at one bucket.
     hasher: foldhash::fast::RandomState,
     shards: Box<[Shard]>,
-    /// Most entries held, expired ones not yet swept included.
+    /// Most entries held, expired ones not yet swept included, each
+    /// weighted by [`weight`].
     max_counters: usize,
-    /// Entries held plus the new ones requests in progress reserved: never
-    /// above `max_counters`.
+    /// Weight of the entries held plus of the new ones requests in
+    /// progress reserved: never above `max_counters`.
     len: AtomicUsize,
     /// When the table was last swept because it was full (clock µs).
     full_sweep_us: AtomicU64,
@@ -142,10 +148,11 @@ impl MemoryBackend {
         }
     }
 
-    /// Holds at most `max` counters: a request that needs a new one beyond
-    /// that fails with [`Error::Full`] (answered under `--failure-mode`),
-    /// while requests on existing counters keep working. Room comes back
-    /// as counters expire.
+    /// Holds at most `max` counters (one whose key text is over 1 KiB
+    /// counts once per KiB): a request that needs a new one beyond that
+    /// fails with [`Error::Full`] (answered under `--failure-mode`), while
+    /// requests on existing counters keep working. Room comes back as
+    /// counters expire.
     pub fn with_max_counters(mut self, max: usize) -> Self {
         self.max_counters = max;
         self
@@ -230,11 +237,12 @@ impl MemoryBackend {
 
         // Reserve room for the keys not stored yet before touching any
         // state: a refused request changes nothing.
-        let new = slots
+        let new: usize = slots
             .iter()
             .zip(checks)
             .filter(|(slot, it)| !guards[slot.guard].contains(slot.hash, &it.key))
-            .count();
+            .map(|(_, it)| weight(&it.key))
+            .sum();
         if new > 0 {
             let before = self.len.fetch_add(new, Ordering::Relaxed);
             if before.saturating_add(new) > self.max_counters {
@@ -261,7 +269,7 @@ impl MemoryBackend {
         for ((slot, it), state) in slots.into_iter().zip(checks).zip(states) {
             let Some(mut state) = state else {
                 // Equal to a fresh state: its entry (or reservation) goes.
-                self.len.fetch_sub(1, Ordering::Relaxed);
+                self.len.fetch_sub(weight(&it.key), Ordering::Relaxed);
                 continue;
             };
             let params = &it.check.params;
@@ -349,8 +357,8 @@ impl MemoryBackend {
 
     fn purge_shard(&self, idx: usize) -> usize {
         let now = self.clock.now_us();
-        let removed = self.shards[idx].lock().purge(now);
-        self.len.fetch_sub(removed, Ordering::Relaxed);
+        let (removed, weight) = self.shards[idx].lock().purge(now);
+        self.len.fetch_sub(weight, Ordering::Relaxed);
         removed
     }
 
@@ -429,34 +437,61 @@ impl Table {
 
     /// Inserts an entry whose key is absent, sweeping first when the shard
     /// has doubled since its last sweep (amortised O(1) per insert);
-    /// returns how many expired entries the sweep removed.
+    /// returns the weight of the expired entries the sweep removed.
     fn insert(&mut self, entry: Entry, now: Micros) -> usize {
         let mut removed = 0;
         if self.entries.len() >= self.sweep_at {
-            removed = self.purge(now);
+            removed = self.purge(now).1;
             self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP_LEN);
         }
         self.entries.insert_unique(entry.hash, entry, |it| it.hash);
         removed
     }
 
-    fn purge(&mut self, now: Micros) -> usize {
+    /// Removes the expired entries; returns how many, and their weight.
+    fn purge(&mut self, now: Micros) -> (usize, usize) {
         let before = self.entries.len();
-        self.entries.retain(|it| it.expires_us > now);
+        let mut removed_weight = 0;
+        self.entries.retain(|it| {
+            let live = it.expires_us > now;
+            if !live {
+                removed_weight += weight(&it.key);
+            }
+            live
+        });
         let after = self.entries.len();
         // Give memory back after a wave of distinct keys has passed.
         if self.entries.capacity() > MIN_SWEEP_LEN && after * 4 < self.entries.capacity() {
             self.entries.shrink_to(after * 2, |it| it.hash);
         }
-        before - after
+        (before - after, removed_weight)
     }
+}
+
+/// What a counter counts against the bound: 1, plus 1 per
+/// [`KEY_BYTES_PER_COUNTER`] bytes of key text.
+fn weight(key: &CounterKey) -> usize {
+    let bytes = key.domain.len()
+        + key.rule.len()
+        + key
+            .entries
+            .iter()
+            .map(|it| {
+                it.key.len()
+                    + match &it.value {
+                        KeyValue::Value(value) => value.len(),
+                        KeyValue::Shared(pattern) => pattern.len(),
+                    }
+            })
+            .sum::<usize>();
+    1 + bytes / KEY_BYTES_PER_COUNTER
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithms::{Algorithm, LimitParams, Mode};
-    use crate::backends::{KeyEntry, KeyValue};
+    use crate::backends::KeyEntry;
     use crate::clock::ManualClock;
 
     fn key(value: String) -> CounterKey {
@@ -556,6 +591,25 @@ mod tests {
         assert_eq!(backend.purge_expired(), 1);
         assert_eq!(backend.len.load(Ordering::Relaxed), 1);
         assert!(backend.decide_sync(&[check("other", 60)]).unwrap().allowed);
+    }
+
+    #[test]
+    fn a_long_key_counts_once_per_kib() {
+        let clock = ManualClock::new(0);
+        let backend = MemoryBackend::with_shards(Arc::new(clock.clone()), 4).with_max_counters(8);
+        let long = "x".repeat(5 * 1024);
+        assert_eq!(weight(&check(&long, 60).key), 6);
+        assert!(backend.decide_sync(&[check(&long, 60)]).unwrap().allowed);
+        assert!(backend.decide_sync(&[check("a", 60)]).unwrap().allowed);
+        assert!(backend.decide_sync(&[check("b", 60)]).unwrap().allowed);
+        assert!(matches!(
+            backend.decide_sync(&[check("c", 60)]),
+            Err(Error::Full(8))
+        ));
+        // Its expiry gives all of its weight back.
+        clock.advance(61_000_000);
+        assert_eq!(backend.purge_expired(), 3);
+        assert_eq!(backend.len.load(Ordering::Relaxed), 0);
     }
 
     #[test]
