@@ -21,13 +21,7 @@ use serde_yaml_ng::{Mapping, Value};
 use crate::algorithms::{Algorithm, LimitParams};
 use crate::rules::{Domain, LevelIndex, Node, NodeLimits, RateLimit, RuleSet, Unit, ValueMatcher};
 
-/// A sliding-window log above this many requests per window earns a
-/// memory warning.
-pub const SLIDING_LOG_WARN_LIMIT: u32 = 10_000;
-
-/// Approximate bytes per sliding-log entry once a Redis sorted set leaves
-/// its compact encoding (beyond 128 entries).
-const SLIDING_LOG_ENTRY_BYTES: u64 = 130;
+pub use crate::rules::DEFAULT_MAX_LOG_ENTRIES;
 
 /// How to load a config. Deliberately no `Default`: callers say what they
 /// want (it comes from the command line).
@@ -37,6 +31,10 @@ pub struct LoadOptions {
     pub merge_domains: bool,
     /// Algorithm of limits where neither the limit nor its file names one.
     pub default_algorithm: Algorithm,
+    /// Most requests per window of a sliding-window log (it keeps one
+    /// entry per request): a limit over it that inherits the log uses the
+    /// sliding-window counter, one that names the log is refused.
+    pub max_log_entries: u32,
 }
 
 /// A validated config.
@@ -212,7 +210,7 @@ pub fn summary(rules: &RuleSet) -> String {
             out.push_str("  (no rules)\n");
         }
         for node in &domain.children {
-            summarize_node(node, &mut out);
+            summarize_node(node, rules.max_log_entries, &mut out);
         }
     }
     out
@@ -224,7 +222,7 @@ pub fn describe(rules: &RuleSet) -> String {
     summary(rules)
 }
 
-fn summarize_node(node: &Node, out: &mut String) {
+fn summarize_node(node: &Node, max_log_entries: u32, out: &mut String) {
     let _ = write!(out, "  {}  ", node.path);
     match &node.limits {
         NodeLimits::None => out.push_str("(no limit)"),
@@ -244,6 +242,12 @@ fn summarize_node(node: &Node, out: &mut String) {
                     out.push_str(limit.unit.name());
                 }
                 let _ = write!(out, " {}", limit.algorithm());
+                if limit.log_capped {
+                    let _ = write!(
+                        out,
+                        " (not sliding_window_log: over --max-log-entries {max_log_entries})"
+                    );
+                }
                 if limit.algorithm().has_burst() && limit.params.capacity() != limit.params.limit()
                 {
                     let _ = write!(out, " burst={}", limit.params.capacity());
@@ -267,7 +271,7 @@ fn summarize_node(node: &Node, out: &mut String) {
     }
     out.push('\n');
     for child in &node.children {
-        summarize_node(child, out);
+        summarize_node(child, max_log_entries, out);
     }
 }
 
@@ -414,7 +418,10 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
             (name, domain)
         })
         .collect();
-    RuleSet { domains }
+    RuleSet {
+        domains,
+        max_log_entries: options.max_log_entries,
+    }
 }
 
 // === one file ===
@@ -450,6 +457,7 @@ struct Walk<'a> {
     file: &'a str,
     domain: String,
     default_algorithm: Algorithm,
+    max_log_entries: u32,
     problems: &'a mut Vec<Problem>,
     warnings: &'a mut Vec<String>,
 }
@@ -499,6 +507,7 @@ fn parse_file(
         file,
         domain: String::new(),
         default_algorithm: options.default_algorithm,
+        max_log_entries: options.max_log_entries,
         problems,
         warnings,
     };
@@ -563,14 +572,6 @@ fn show(value: &Value) -> String {
         Value::Mapping(_) => "a mapping".to_owned(),
         _ => "a tagged value".to_owned(),
     })
-}
-
-fn human_bytes(bytes: u64) -> String {
-    if bytes >= 1 << 20 {
-        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
-    } else {
-        format!("{:.1} KiB", bytes as f64 / 1024.0)
-    }
 }
 
 /// A limit as written, before it joins its node.
@@ -974,6 +975,7 @@ impl Walk<'_> {
             );
             return None;
         };
+        let named = algorithm.is_some();
         let algorithm = algorithm.unwrap_or(self.default_algorithm);
         if let Some(burst) = burst {
             if burst < 1 {
@@ -1019,6 +1021,25 @@ impl Walk<'_> {
             );
             return None;
         };
+        // A sliding log keeps one entry per request of its window (in Redis,
+        // one sorted-set member per unit of cost): its number bounds the
+        // memory of every key.
+        let cap = self.max_log_entries;
+        let log_capped = algorithm == Algorithm::SlidingWindowLog && requests_per_unit > cap;
+        if log_capped && named {
+            self.problem(
+                &join(path, "algorithm"),
+                format!(
+                    "descriptor '{composite}': sliding_window_log with {requests_per_unit} per window is over the cap of {cap} entries per key (--max-log-entries); use sliding_window_counter or gcra, or raise the cap"
+                ),
+            );
+            return None;
+        }
+        let algorithm = if log_capped {
+            Algorithm::SlidingWindowCounter
+        } else {
+            algorithm
+        };
         let params = match LimitParams::new(
             algorithm,
             u64::from(requests_per_unit),
@@ -1026,16 +1047,23 @@ impl Walk<'_> {
             burst.map(u64::from),
         ) {
             Ok(params) => params,
+            Err(err) if log_capped => {
+                self.problem(
+                    path,
+                    format!(
+                        "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries), and {err}"
+                    ),
+                );
+                return None;
+            }
             Err(err) => {
                 self.problem(path, format!("descriptor '{composite}': {err}"));
                 return None;
             }
         };
-        if algorithm == Algorithm::SlidingWindowLog && requests_per_unit > SLIDING_LOG_WARN_LIMIT {
-            let bytes = u64::from(requests_per_unit) * SLIDING_LOG_ENTRY_BYTES;
+        if log_capped {
             self.warn(format!(
-                "descriptor '{composite}': sliding_window_log with {requests_per_unit} per window keeps up to {requests_per_unit} entries per key (about {} per key); consider gcra or sliding_window_counter",
-                human_bytes(bytes)
+                "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another"
             ));
         }
         Some(LimitSpec::Limited(RateLimit {
@@ -1045,6 +1073,7 @@ impl Walk<'_> {
             name,
             replaces,
             params,
+            log_capped,
         }))
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Crate map: `config` (YAML → `rules`), `rules` (descriptor matching),
 //! `algorithms` (pure rate-limit math), `backends` (memory, Redis),
-//! `clock`, `limiter` (the decision on a request), `metrics` (Prometheus),
+//! `clock`, `limiter` (the decision on a request), `log_gate`
+//! (rate-limited log lines), `metrics` (Prometheus),
 //! `reload` (hot reload of the config), `proto` (generated wire types),
 //! `service` (gRPC <-> limiter) and `server` (the gRPC server).
 
@@ -12,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod limiter;
+pub mod log_gate;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

@@ -8,13 +8,13 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 
-use crate::algorithms::{Check, LimitParams, MAX_EXACT, Mode, Outcome};
+use crate::algorithms::{Algorithm, Check, LimitParams, MAX_EXACT, Mode, Outcome, ParamsError};
 use crate::backends::{self, Backend, CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
+use crate::log_gate::LogGate;
 use crate::metrics::{self, BackendMetrics, MetricRule, Metrics};
 use crate::rules::{Domain, Node, NodeLimits, RuleSet, Unit, ValueMatcher};
 
@@ -55,7 +55,7 @@ pub struct Entry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LimitOverride {
     pub requests_per_unit: u32,
-    /// `None`: the wire said UNKNOWN, which is refused.
+    /// `None`: the wire said UNKNOWN; the override is then ignored.
     pub unit: Option<Unit>,
 }
 
@@ -154,6 +154,8 @@ pub struct Limiter {
     backend: Arc<dyn Backend>,
     options: Options,
     backend_errors: LogGate,
+    /// Requests whose cost exceeds a limit's capacity: clients choose them.
+    never_pass: LogGate,
     metrics: Arc<Metrics>,
     /// `metrics`' series for `backend`, resolved once.
     backend_metrics: BackendMetrics,
@@ -175,6 +177,7 @@ impl Limiter {
             backend,
             options,
             backend_errors: LogGate::new(),
+            never_pass: LogGate::new(),
             metrics,
             backend_metrics,
         }
@@ -221,17 +224,20 @@ impl Limiter {
                 headers: Vec::new(),
             });
         };
-        let plan = plan(domain, request)?;
+        let plan = plan(domain, request, rules.max_log_entries)?;
         if plan.checks.is_empty() {
             return Ok(self.answer(domain, &plan, None));
         }
         for (check, rule) in plan.checks.iter().zip(&plan.check_rules) {
-            if check.check.cost > check.check.params.capacity() {
+            if check.check.cost > check.check.params.capacity()
+                && let Some(suppressed) = self.never_pass.admit()
+            {
                 tracing::warn!(
                     domain = %request.domain,
                     rule = %rule,
                     cost = check.check.cost,
                     capacity = check.check.params.capacity(),
+                    suppressed,
                     "cost exceeds the limit's capacity: this request can never pass"
                 );
             }
@@ -327,7 +333,13 @@ impl Limiter {
                 .collect();
             let over = candidates.iter().any(|it| it.denied);
             let chosen = most_restrictive(&candidates).clone();
-            let remaining = if over { 0 } else { chosen.remaining };
+            // Never more than the reported limit: a token bucket or GCRA
+            // can hold more than its number per window, up to its capacity.
+            let remaining = if over {
+                0
+            } else {
+                chosen.remaining.min(chosen.limit.limit)
+            };
             let result = if over {
                 if self.options.shadow_mode && !allowed {
                     metrics::Outcome::Shadow
@@ -351,7 +363,12 @@ impl Limiter {
             statuses.push(Status {
                 code: if over { Code::OverLimit } else { Code::Ok },
                 current_limit: Some(chosen.limit.reported.clone()),
-                limit_remaining: clamp_u32(remaining),
+                // Envoy's own X-RateLimit headers pair this with
+                // `current_limit.requests_per_unit` (the rate, which is all
+                // the proto carries): a burst above it is not reported here.
+                limit_remaining: clamp_u32(
+                    remaining.min(u64::from(chosen.limit.reported.requests_per_unit)),
+                ),
                 duration_until_reset_s: Some(ceil_seconds(chosen.reset_us)),
             });
             reported.push(Candidate {
@@ -441,7 +458,8 @@ struct PlannedLimit {
     reported: CurrentLimit,
     /// The real window, for ties and for the headers.
     window_us: u64,
-    /// The real number per window, for `RateLimit-Limit`.
+    /// The most that can pass at once, for `RateLimit-Limit`: the number
+    /// per window, or the `burst` of a token bucket or GCRA.
     limit: u64,
 }
 
@@ -517,7 +535,7 @@ struct Matched<'a> {
     limit: &'a crate::rules::RateLimit,
 }
 
-fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
+fn plan(domain: &Domain, request: &Request, max_log_entries: u32) -> Result<Plan, Error> {
     let request_cost = u64::from(request.hits_addend.max(1));
     // First pass: what each descriptor matched, so that `replaces` can look
     // at every matched limit of the request.
@@ -531,7 +549,7 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
             .collect();
         let found = domain.find(&entries);
         let nodes = found.map(|it| it.levels).unwrap_or_default();
-        let res = if descriptor.limit.is_some() {
+        let res = if enforced_override(descriptor).is_some() {
             // An override ignores the tree's limits (and `replaces`).
             Found::Nothing
         } else {
@@ -582,8 +600,7 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
             .hits_addend
             .unwrap_or(request_cost)
             .min(MAX_EXACT);
-        if let Some(limit_override) = &descriptor.limit {
-            let unit = limit_override.unit.expect("validated");
+        if let Some((limit_override, unit)) = enforced_override(descriptor) {
             let algorithm = match levels[idx].last().map(|it| &it.limits) {
                 Some(NodeLimits::Limited(limits)) => limits.first().map(|it| it.algorithm()),
                 _ => None,
@@ -591,12 +608,17 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
             .unwrap_or(domain.default_algorithm);
             let window_us = unit.seconds() * 1_000_000;
             let requests = u64::from(limit_override.requests_per_unit);
-            let params = LimitParams::new(algorithm, requests, window_us, None).map_err(|err| {
-                Error::InvalidArgument(format!(
-                    "descriptor {idx}: override of {requests} per {} cannot be enforced: {err}",
-                    unit.name()
-                ))
-            })?;
+            let params = override_params(algorithm, requests, window_us, max_log_entries).map_err(
+                |err| {
+                    Error::InvalidArgument(format!(
+                        "descriptor {idx}: override of {requests} per {} cannot be enforced: {err}",
+                        unit.name()
+                    ))
+                },
+            )?;
+            let algorithm = params.algorithm();
+            // What is enforced, which can be below what was asked.
+            let enforced = params.limit();
             let keys: Vec<String> = descriptor
                 .entries
                 .iter()
@@ -631,12 +653,12 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                     check: check_idx,
                     mode: Mode::Enforce,
                     reported: CurrentLimit {
-                        requests_per_unit: limit_override.requests_per_unit,
+                        requests_per_unit: clamp_u32(enforced),
                         unit,
                         name: Arc::from(""),
                     },
                     window_us,
-                    limit: requests,
+                    limit: params.capacity(),
                 }],
                 metric: MetricRule::Override,
                 cost,
@@ -720,7 +742,7 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
                     name: limit.name.clone().unwrap_or_else(|| Arc::from("")),
                 },
                 window_us: limit.params.window_us(),
-                limit: limit.params.limit(),
+                limit: limit.params.capacity(),
             });
         }
         descriptors.push(if planned.is_empty() {
@@ -738,6 +760,99 @@ fn plan(domain: &Domain, request: &Request) -> Result<Plan, Error> {
         checks,
         check_rules,
     })
+}
+
+/// The parameters enforced for a RateLimitOverride of `requests` per
+/// `window_us` on `algorithm` (the matched rule's, else the domain's
+/// default). A client chooses the number, so every number is decided:
+///
+/// - a sliding-window log over `max_log_entries` uses the sliding-window
+///   counter, as a rule that inherits the log does (the log would keep one
+///   entry per request);
+/// - where the algorithm cannot hold the number exactly in 53 bits (see
+///   [`LimitParams::new`]), the largest number below it that it can hold at
+///   the same window: the same algorithm with a smaller number admits no
+///   more, in any state, than with the number asked.
+fn override_params(
+    algorithm: Algorithm,
+    requests: u64,
+    window_us: u64,
+    max_log_entries: u32,
+) -> Result<LimitParams, ParamsError> {
+    let algorithm =
+        if algorithm == Algorithm::SlidingWindowLog && requests > u64::from(max_log_entries) {
+            Algorithm::SlidingWindowCounter
+        } else {
+            algorithm
+        };
+    let exact = LimitParams::new(algorithm, requests, window_us, None);
+    if exact.is_ok() {
+        return exact;
+    }
+    let fitted = match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => largest_exact_rate(requests, window_us),
+        // `(N + 1) × W_ms < 2^53`.
+        Algorithm::SlidingWindowCounter => ((MAX_EXACT - 1) / (window_us / 1_000))
+            .saturating_sub(1)
+            .min(requests),
+        // Exact for every number a request can carry.
+        Algorithm::SlidingWindowLog | Algorithm::FixedWindow => requests,
+    };
+    LimitParams::new(algorithm, fitted, window_us, None)
+}
+
+/// The largest `n <= requests` for which a token bucket or GCRA of `n` per
+/// `window_us` (capacity `n`) stays exact: `n × W / gcd(n, W) < 2^53`.
+///
+/// Write `n = m × g` with `g = gcd(n, W)`: the condition is `m × W < 2^53`,
+/// so `m <= M = (2^53 - 1) / W`, and `g` divides `W`. The best `n` for a
+/// divisor `g` is `min(requests / g, M) × g` (a larger gcd only helps), so
+/// the largest over the divisors of `W` is the answer.
+fn largest_exact_rate(requests: u64, window_us: u64) -> u64 {
+    let most_m = (MAX_EXACT - 1) / window_us;
+    divisors(window_us)
+        .into_iter()
+        .map(|g| (requests / g).min(most_m) * g)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Every divisor of `n > 0`. Windows are whole seconds of µs (products of
+/// 2, 3, 5, 7 and 73 for the units a request can name), so trial division
+/// ends quickly.
+fn divisors(mut n: u64) -> Vec<u64> {
+    let mut primes: Vec<(u64, u32)> = Vec::new();
+    let mut p = 2;
+    while p * p <= n {
+        let mut power = 0;
+        while n.is_multiple_of(p) {
+            n /= p;
+            power += 1;
+        }
+        if power > 0 {
+            primes.push((p, power));
+        }
+        p += 1;
+    }
+    if n > 1 {
+        primes.push((n, 1));
+    }
+    let mut out = vec![1u64];
+    for (p, power) in primes {
+        let mut next = Vec::with_capacity(out.len() * (power as usize + 1));
+        for &d in &out {
+            let mut it = d;
+            for k in 0..=power {
+                next.push(it);
+                // Never past `d × p^power`, which divides `n`: no overflow.
+                if k < power {
+                    it *= p;
+                }
+            }
+        }
+        out = next;
+    }
+    out
 }
 
 /// The `rule` label of a descriptor that reached `levels`: the rule's path,
@@ -769,6 +884,15 @@ fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
         }
     }
     MetricRule::Values(label)
+}
+
+/// The descriptor's override with its unit, if it has one that can be
+/// enforced. An override whose unit is UNKNOWN says nothing enforceable, so
+/// the descriptor is decided by the rules as if it had none: refusing the
+/// request would let it through Envoy.
+fn enforced_override(descriptor: &Descriptor) -> Option<(&LimitOverride, Unit)> {
+    let limit_override = descriptor.limit.as_ref()?;
+    Some((limit_override, limit_override.unit?))
 }
 
 // === bounds ===
@@ -807,13 +931,6 @@ fn validate(request: &Request) -> Result<(), Error> {
                     "descriptor {idx}, entry {entry_idx}: empty entry key"
                 ));
             }
-        }
-        if descriptor
-            .limit
-            .as_ref()
-            .is_some_and(|it| it.unit.is_none())
-        {
-            return invalid(format!("descriptor {idx}: override with unit UNKNOWN"));
         }
     }
     Ok(())
@@ -878,50 +995,9 @@ fn clamp_u32(n: u64) -> u32 {
     u32::try_from(n).unwrap_or(u32::MAX)
 }
 
-/// Lets one log line through per second and counts the ones it held back,
-/// so a backend outage does not flood the logs.
-#[derive(Debug)]
-struct LogGate {
-    last_s: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl LogGate {
-    fn new() -> Self {
-        Self {
-            last_s: AtomicU64::new(0),
-            suppressed: AtomicU64::new(0),
-        }
-    }
-
-    /// `Some(lines suppressed since the last one)` when this line may be logged.
-    fn admit(&self) -> Option<u64> {
-        let now_s = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|it| it.as_secs())
-            .unwrap_or(0);
-        self.admit_at(now_s)
-    }
-
-    fn admit_at(&self, now_s: u64) -> Option<u64> {
-        let last = self.last_s.load(Ordering::Relaxed);
-        if now_s != last
-            && self
-                .last_s
-                .compare_exchange(last, now_s, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            return Some(self.suppressed.swap(0, Ordering::Relaxed));
-        }
-        self.suppressed.fetch_add(1, Ordering::Relaxed);
-        None
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::Algorithm;
     use crate::backends::memory::MemoryBackend;
     use crate::clock::ManualClock;
     use crate::rules::{LevelIndex, RateLimit, ValueMatcher};
@@ -949,6 +1025,7 @@ mod tests {
             replaces: Vec::new(),
             params: LimitParams::new(algorithm, u64::from(requests_per_unit), window_us, None)
                 .unwrap(),
+            log_capped: false,
         }
     }
 
@@ -1004,6 +1081,7 @@ mod tests {
         };
         RuleSet {
             domains: HashMap::from([(domain.name.clone(), domain)]),
+            ..RuleSet::default()
         }
     }
 
@@ -1174,16 +1252,6 @@ mod tests {
             (
                 req(vec![desc(&many_entries)]),
                 "descriptor 0 has too many entries: 33, at most 32",
-            ),
-            (
-                req(vec![Descriptor {
-                    limit: Some(LimitOverride {
-                        requests_per_unit: 5,
-                        unit: None,
-                    }),
-                    ..desc(&[("k", "v")])
-                }]),
-                "descriptor 0: override with unit UNKNOWN",
             ),
         ];
         let fixture = fixture(rules(vec![]), options());
@@ -1600,16 +1668,6 @@ mod tests {
         .await;
     }
 
-    #[test]
-    fn log_gate_lets_one_line_through_per_second() {
-        let gate = LogGate::new();
-        let got: Vec<Option<u64>> = [100, 100, 100, 100, 101, 101, 105]
-            .into_iter()
-            .map(|at| gate.admit_at(at))
-            .collect();
-        assert_eq!(got, vec![Some(0), None, None, None, Some(3), None, Some(1)]);
-    }
-
     #[tokio::test]
     async fn override_uses_its_own_counter_and_reports_no_name() {
         let fixture = fixture(
@@ -1700,6 +1758,130 @@ mod tests {
             ..with_override(0)
         };
         check(&fixture, &[(unknown, OK, vec![ok_none()])]).await;
+    }
+
+    /// Numbers a client may send that some algorithm cannot hold exactly.
+    const EXTREME_OVERRIDES: [(u32, Unit); 5] = [
+        (1, Unit::Year),
+        (u32::MAX, Unit::Second),
+        (999_999, Unit::Month),
+        (1_000_003, Unit::Year),
+        (1_000_000, Unit::Year),
+    ];
+
+    #[test]
+    fn override_params_are_exact_and_never_above_the_number_asked() {
+        for algorithm in Algorithm::ALL {
+            for (requests, unit) in EXTREME_OVERRIDES {
+                let asked = u64::from(requests);
+                let window_us = unit.seconds() * 1_000_000;
+                let params = override_params(algorithm, asked, window_us, 10_000)
+                    .unwrap_or_else(|err| panic!("{algorithm} {requests}/{unit:?}: {err}"));
+                let case = format!("{algorithm} {requests}/{}", unit.name());
+                assert!(params.limit() <= asked, "{case}: {params:?}");
+                assert!(params.capacity() <= asked, "{case}: {params:?}");
+                assert!(params.limit() > 0, "{case}: {params:?}");
+                assert_eq!(params.window_us(), window_us, "{case}");
+                let exact = LimitParams::new(params.algorithm(), asked, window_us, None).is_ok();
+                if exact {
+                    assert_eq!(params.limit(), asked, "{case}: exact, so unchanged");
+                } else {
+                    // The nearest below: the next numbers up are not exact.
+                    let above = (params.limit() + 1)..=asked.min(params.limit() + 2_000);
+                    for n in above {
+                        assert!(
+                            LimitParams::new(params.algorithm(), n, window_us, None).is_err(),
+                            "{case}: {n} is exact and nearer than {}",
+                            params.limit()
+                        );
+                    }
+                }
+                let expected = if algorithm == Algorithm::SlidingWindowLog && asked > 10_000 {
+                    Algorithm::SlidingWindowCounter
+                } else {
+                    algorithm
+                };
+                assert_eq!(params.algorithm(), expected, "{case}");
+            }
+        }
+        // The numbers the exactness rule refuses do change.
+        let refused = |algorithm, requests: u64, unit: Unit| {
+            LimitParams::new(algorithm, requests, unit.seconds() * 1_000_000, None).is_err()
+        };
+        assert!(refused(Algorithm::TokenBucket, 999_999, Unit::Month));
+        assert!(refused(Algorithm::Gcra, 1_000_003, Unit::Year));
+        assert!(refused(
+            Algorithm::SlidingWindowCounter,
+            1_000_000,
+            Unit::Year
+        ));
+    }
+
+    #[test]
+    fn divisors_of_a_window() {
+        let mut got = divisors(360);
+        got.sort_unstable();
+        let expected: Vec<u64> = (1..=360).filter(|it| 360 % it == 0).collect();
+        assert_eq!(got, expected);
+        assert_eq!(divisors(1), vec![1]);
+        // A year in µs: 2^13 · 3^3 · 5^9 · 73.
+        assert_eq!(
+            divisors(Unit::Year.seconds() * 1_000_000).len(),
+            14 * 4 * 10 * 2
+        );
+    }
+
+    #[tokio::test]
+    async fn every_override_is_decided_on_every_algorithm() {
+        for algorithm in Algorithm::ALL {
+            let fixture = fixture(
+                rules(vec![key_node(
+                    "k",
+                    vec![limit_with(5, Unit::Minute, 1, algorithm)],
+                )]),
+                options(),
+            );
+            for (requests, unit) in EXTREME_OVERRIDES {
+                let case = format!("{algorithm} {requests}/{}", unit.name());
+                let with_cost = |cost: u64| {
+                    req(vec![Descriptor {
+                        limit: Some(LimitOverride {
+                            requests_per_unit: requests,
+                            unit: Some(unit),
+                        }),
+                        hits_addend: Some(cost),
+                        // One counter per case: overrides of one unit share theirs.
+                        ..desc(&[("k", &case)])
+                    }])
+                };
+                // More than asked at once never passes.
+                let decision = fixture
+                    .limiter
+                    .decide(&with_cost(u64::from(requests) + 1))
+                    .await
+                    .unwrap_or_else(|err| panic!("{case}: {err}"));
+                assert_eq!(decision.overall, OVER, "{case}");
+                let current = decision.statuses[0].current_limit.clone().unwrap();
+                assert_eq!(current.unit, unit, "{case}");
+                let enforced = current.requests_per_unit;
+                assert!(enforced > 0 && enforced <= requests, "{case}: {enforced}");
+                let limit: u64 = header(&decision, "RateLimit-Limit")
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                assert_eq!(limit, u64::from(enforced), "{case}");
+                // The whole enforced number passes, then nothing more.
+                let decision = fixture
+                    .limiter
+                    .decide(&with_cost(u64::from(enforced)))
+                    .await
+                    .unwrap();
+                assert_eq!(decision.overall, OK, "{case}");
+                assert_eq!(decision.statuses[0].limit_remaining, 0, "{case}");
+                let decision = fixture.limiter.decide(&with_cost(1)).await.unwrap();
+                assert_eq!(decision.overall, OVER, "{case}");
+            }
+        }
     }
 
     #[tokio::test]
@@ -1809,6 +1991,53 @@ mod tests {
         assert_eq!(header(&decision, "RateLimit-Limit"), Some("10"));
         assert_eq!(header(&decision, "RateLimit-Remaining"), Some("9"));
         assert_eq!(header(&decision, "RateLimit-Reset"), Some("100"));
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_the_header_limit_and_remaining_never_exceeds_a_limit() {
+        let mut bucket = limit_with(10, Unit::Second, 1, Algorithm::TokenBucket);
+        bucket.params = LimitParams::new(Algorithm::TokenBucket, 10, 1_000_000, Some(20)).unwrap();
+        let mut gcra = limit_with(10, Unit::Second, 1, Algorithm::Gcra);
+        gcra.params = LimitParams::new(Algorithm::Gcra, 10, 1_000_000, Some(20)).unwrap();
+        let fixture = fixture(
+            rules(vec![
+                key_node("bucket", vec![bucket]),
+                key_node("gcra", vec![gcra]),
+            ]),
+            options(),
+        );
+        for key in ["bucket", "gcra"] {
+            let one = || req(vec![desc(&[(key, "v")])]);
+            let mut seen = Vec::new();
+            for _ in 0..20 {
+                let decision = fixture.limiter.decide(&one()).await.unwrap();
+                let status = &decision.statuses[0];
+                let current = status.current_limit.as_ref().unwrap();
+                let limit: u32 = header(&decision, "RateLimit-Limit")
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let remaining: u32 = header(&decision, "RateLimit-Remaining")
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                // The header reports the capacity, which Remaining can reach;
+                // the status reports the rate, and Remaining up to it.
+                assert_eq!(limit, 20, "{key}");
+                assert!(remaining <= limit, "{key}: {remaining} > {limit}");
+                assert_eq!(
+                    (current.requests_per_unit, current.unit),
+                    (10, Unit::Second)
+                );
+                assert!(status.limit_remaining <= current.requests_per_unit, "{key}");
+                assert_eq!(status.limit_remaining, remaining.min(10), "{key}");
+                seen.push(remaining);
+            }
+            assert_eq!(seen, (0..20).rev().collect::<Vec<u32>>(), "{key}");
+            let decision = fixture.limiter.decide(&one()).await.unwrap();
+            assert_eq!(decision.overall, OVER, "{key}");
+            assert_eq!(header(&decision, "RateLimit-Remaining"), Some("0"));
+        }
     }
 
     #[tokio::test]

@@ -13,7 +13,7 @@ use tracing_subscriber::EnvFilter;
 
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
-use throttlegate::backends::memory::MemoryBackend;
+use throttlegate::backends::memory::{DEFAULT_MAX_COUNTERS, MemoryBackend};
 use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use throttlegate::clock::SystemClock;
 use throttlegate::config::{self, LoadOptions};
@@ -61,6 +61,11 @@ struct ConfigArgs {
     /// Algorithm where neither the rule nor its file names one.
     #[arg(long, env = "THROTTLEGATE_DEFAULT_ALGORITHM", default_value = "sliding_window_log", value_parser = parse_algorithm)]
     default_algorithm: Algorithm,
+    /// Most requests per window of a sliding-window log, which keeps one
+    /// entry per request: a rule over it that inherits the log uses
+    /// sliding_window_counter, one that names the log is refused.
+    #[arg(long, env = "THROTTLEGATE_MAX_LOG_ENTRIES", default_value_t = config::DEFAULT_MAX_LOG_ENTRIES)]
+    max_log_entries: u32,
 }
 
 #[derive(Debug, Args)]
@@ -166,6 +171,10 @@ struct ServeArgs {
     /// Log format; verbosity comes from RUST_LOG (default `info`).
     #[arg(long, env = "THROTTLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+    /// Most counters the in-memory backend holds; a request needing a new
+    /// one beyond it is answered under --failure-mode.
+    #[arg(long, env = "THROTTLEGATE_MEMORY_MAX_COUNTERS", default_value_t = DEFAULT_MAX_COUNTERS)]
+    memory_max_counters: usize,
     /// How long in-flight requests may run after SIGTERM.
     #[arg(long, env = "THROTTLEGATE_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     drain_timeout_ms: u64,
@@ -219,6 +228,7 @@ fn load_options(args: &ConfigArgs) -> LoadOptions {
     LoadOptions {
         merge_domains: args.merge_domains,
         default_algorithm: args.default_algorithm,
+        max_log_entries: args.max_log_entries,
     }
 }
 
@@ -314,7 +324,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
         },
         Ok(None) => {
             tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
-            let memory = Arc::new(MemoryBackend::new(Arc::new(SystemClock)));
+            let memory = Arc::new(
+                MemoryBackend::new(Arc::new(SystemClock))
+                    .with_max_counters(args.memory_max_counters),
+            );
             _sweeper = Some(memory.spawn_sweeper(SWEEP_EVERY));
             // Weak: the gauge must not keep the counters alive.
             let weak = Arc::downgrade(&memory);

@@ -168,6 +168,7 @@ pub struct BackendMetrics {
     timeout: Counter,
     unavailable: Counter,
     protocol: Counter,
+    full: Counter,
 }
 
 impl BackendMetrics {
@@ -182,6 +183,7 @@ impl BackendMetrics {
             backends::Error::Timeout(_) => self.timeout.inc(),
             backends::Error::Unavailable(_) => self.unavailable.inc(),
             backends::Error::Protocol(_) => self.protocol.inc(),
+            backends::Error::Full(_) => self.full.inc(),
         };
     }
 }
@@ -226,7 +228,7 @@ impl Metrics {
         let backend_errors = Family::<BackendErrorLabels, Counter>::default();
         registry.register(
             "backend_errors",
-            "Failed backend calls by kind (timeout, unavailable, protocol)",
+            "Failed backend calls by kind (timeout, unavailable, protocol, full)",
             backend_errors.clone(),
         );
         let in_flight = Gauge::<i64, AtomicI64>::default();
@@ -313,6 +315,7 @@ impl Metrics {
             timeout: error("timeout"),
             unavailable: error("unavailable"),
             protocol: error("protocol"),
+            full: error("full"),
         }
     }
 
@@ -399,6 +402,7 @@ mod tests {
         let load = LoadOptions {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindowLog,
+            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
         };
         let rules = config::parse_str("api.yaml", yaml, &load).unwrap().rules;
         Limiter::new(

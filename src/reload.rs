@@ -462,6 +462,7 @@ mod tests {
         LoadOptions {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindowLog,
+            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
         }
     }
 

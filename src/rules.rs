@@ -79,6 +79,9 @@ pub struct RateLimit {
     pub replaces: Vec<Arc<str>>,
     /// Algorithm, window and capacity, validated for exact arithmetic.
     pub params: LimitParams,
+    /// The rule inherited `sliding_window_log` with a number over the log
+    /// cap, and uses `sliding_window_counter` instead.
+    pub log_capped: bool,
 }
 
 impl RateLimit {
@@ -164,10 +167,27 @@ struct KeySlot {
     any: Option<usize>,
 }
 
+/// Default of `--max-log-entries`: the most requests per window a
+/// sliding-window log may count, since it keeps one entry per request.
+pub const DEFAULT_MAX_LOG_ENTRIES: u32 = 10_000;
+
 /// Every loaded domain: what a config file set compiles to.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSet {
     pub domains: HashMap<Arc<str>, Domain>,
+    /// Most requests per window a sliding-window log may count: a
+    /// RateLimitOverride above it on a sliding log uses the
+    /// sliding-window counter instead, as a rule that inherits the log does.
+    pub max_log_entries: u32,
+}
+
+impl Default for RuleSet {
+    fn default() -> Self {
+        Self {
+            domains: HashMap::new(),
+            max_log_entries: DEFAULT_MAX_LOG_ENTRIES,
+        }
+    }
 }
 
 /// The node a descriptor reached, with the node of every level on the way.
@@ -371,6 +391,7 @@ descriptors:
         let options = LoadOptions {
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindowLog,
+            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
         };
         config::parse_str("rules.yaml", RULES, &options)
             .expect("test rules are valid")

@@ -331,3 +331,59 @@ async fn the_redis_expiry_grace_extends_key_ttls() {
     // One minute of window plus 30 s of grace.
     assert!((85_000..=90_000).contains(&ttl), "pttl {ttl}");
 }
+
+#[test]
+fn check_config_says_where_the_sliding_log_cap_applies() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 600}\n";
+    let path = write(dir.path(), "big.yaml", yaml);
+    // Under the default cap: the sliding log, no warning.
+    let out = run(&["check-config", &path]);
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stderr.is_empty(), "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout
+            .lines()
+            .any(|it| it == "  user  600/minute sliding_window_log"),
+        "{stdout}"
+    );
+    // Over a lowered cap, by flag or environment: the counter, said twice.
+    let by_env = command()
+        .env("THROTTLEGATE_MAX_LOG_ENTRIES", "500")
+        .args(["check-config", &path])
+        .output()
+        .unwrap();
+    for out in [
+        run(&["check-config", &path, "--max-log-entries", "500"]),
+        by_env,
+    ] {
+        assert!(out.status.success(), "{out:?}");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stdout.lines().any(|it| it
+                == "  user  600/minute sliding_window_counter (not sliding_window_log: over --max-log-entries 500)"),
+            "{stdout}"
+        );
+        assert_eq!(
+            stderr.trim_end(),
+            format!(
+                "warning: {path}: descriptor 'api.user': 600 per window is over the sliding_window_log cap of 500 entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another"
+            )
+        );
+    }
+    // Naming the log over the cap is refused.
+    let named = write(
+        dir.path(),
+        "named.yaml",
+        "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 600, algorithm: sliding_window_log}\n",
+    );
+    let out = run(&["check-config", &named, "--max-log-entries", "500"]);
+    assert!(!out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("sliding_window_log with 600 per window is over the cap of 500 entries per key (--max-log-entries); use sliding_window_counter or gcra, or raise the cap"),
+        "{stderr}"
+    );
+}

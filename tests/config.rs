@@ -12,6 +12,7 @@ fn options() -> LoadOptions {
     LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::SlidingWindowLog,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     }
 }
 
@@ -187,6 +188,7 @@ fn burst_depends_on_the_effective_algorithm() {
     let bucket = LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::TokenBucket,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     };
     let loaded = config::parse_str("burst.yaml", yaml, &bucket).expect("token bucket default");
     let node = &loaded.rules.domain("d").expect("domain").children[0];
@@ -498,6 +500,7 @@ fn merged_domains() {
     let merge = LoadOptions {
         merge_domains: true,
         default_algorithm: Algorithm::SlidingWindowLog,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     };
     let loaded = load_ok(&dir, &merge);
     let domain = loaded.rules.domain("test-domain").expect("domain");
@@ -513,6 +516,7 @@ fn merged_domains_still_refuse_duplicate_keys() {
     let merge = LoadOptions {
         merge_domains: true,
         default_algorithm: Algorithm::SlidingWindowLog,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     };
     let err = config::load(&dir, &merge).expect_err("duplicate key across files");
     assert_eq!(
@@ -541,6 +545,7 @@ fn default_algorithm_precedence() {
     let bucket = LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::TokenBucket,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     };
     let loaded = config::parse_str("d.yaml", yaml, &bucket).expect("valid");
     assert_eq!(
@@ -550,14 +555,69 @@ fn default_algorithm_precedence() {
 }
 
 #[test]
-fn large_sliding_log_warns_with_bytes_per_key() {
-    let yaml = "domain: d\ndescriptors:\n  - key: big\n    rate_limit: {unit: minute, requests_per_unit: 20000}\n  - key: small\n    rate_limit: {unit: minute, requests_per_unit: 10000}\n  - key: bucket\n    rate_limit: {unit: minute, requests_per_unit: 20000, algorithm: gcra}\n";
-    let loaded = config::parse_str("d.yaml", yaml, &options()).expect("valid");
+fn an_inherited_sliding_log_over_the_cap_becomes_a_counter() {
+    let path = fixture("valid/log_over_cap.yaml");
+    let loaded = load_ok(&path, &options());
     assert_eq!(
         loaded.warnings,
-        [
-            "d.yaml: descriptor 'd.big': sliding_window_log with 20000 per window keeps up to 20000 entries per key (about 2.5 MiB per key); consider gcra or sliding_window_counter"
-        ]
+        [format!(
+            "{}: descriptor 'capped.big': 20000 per window is over the sliding_window_log cap of 10000 entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another",
+            path.display()
+        )]
+    );
+    let domain = loaded.rules.domain("capped").unwrap();
+    let algorithm_of = |key: &str| match &domain.find(&[(key, "x")]).unwrap().rule().limits {
+        NodeLimits::Limited(limits) => (limits[0].algorithm(), limits[0].log_capped),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(algorithm_of("big"), (Algorithm::SlidingWindowCounter, true));
+    assert_eq!(algorithm_of("at_cap"), (Algorithm::SlidingWindowLog, false));
+    assert_eq!(algorithm_of("bucket"), (Algorithm::Gcra, false));
+    let summary = config::summary(&loaded.rules);
+    assert!(
+        summary.lines().any(|it| it
+            == "  big  20000/minute sliding_window_counter (not sliding_window_log: over --max-log-entries 10000)"),
+        "{summary}"
+    );
+    assert!(
+        summary
+            .lines()
+            .any(|it| it == "  at_cap  10000/minute sliding_window_log"),
+        "{summary}"
+    );
+
+    // The cap comes from the options, and so does the inherited default.
+    let raised = LoadOptions {
+        max_log_entries: 20_000,
+        ..options()
+    };
+    let loaded = load_ok(&path, &raised);
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+    let lowered = LoadOptions {
+        max_log_entries: 100,
+        ..options()
+    };
+    let loaded = load_ok(&path, &lowered);
+    assert_eq!(loaded.warnings.len(), 2, "{:?}", loaded.warnings);
+    let counter = LoadOptions {
+        default_algorithm: Algorithm::TokenBucket,
+        ..options()
+    };
+    assert!(load_ok(&path, &counter).warnings.is_empty());
+    let file_default = "domain: d\ndefault_algorithm: sliding_window_log\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 10001}\n";
+    let loaded = config::parse_str("d.yaml", file_default, &counter).expect("valid");
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+}
+
+#[test]
+fn a_named_sliding_log_over_the_cap_is_refused() {
+    check_refused(
+        "log_over_cap.yaml",
+        "descriptor 'test-domain.user': sliding_window_log with 10001 per window is over the cap of 10000 entries per key (--max-log-entries); use sliding_window_counter or gcra, or raise the cap",
+    );
+    check_refused(
+        "log_over_cap_inexact.yaml",
+        "descriptor 'test-domain.user': 1000000 per window is over the sliding_window_log cap of 10000 entries per key (--max-log-entries), and sliding_window_counter with 1000000 per 31536000s and capacity 1000000 needs more than 53 bits of exact state; use a coarser unit or a smaller number",
     );
 }
 
@@ -639,6 +699,7 @@ fn merged_files_must_agree_on_the_default_algorithm() {
     let merge = LoadOptions {
         merge_domains: true,
         default_algorithm: Algorithm::SlidingWindowLog,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     };
     let err = config::load(dir.path(), &merge).expect_err("conflict");
     assert_eq!(

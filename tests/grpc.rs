@@ -230,7 +230,6 @@ async fn invalid_requests_are_invalid_argument() {
             "too many descriptors",
         ),
         (request(vec![desc(&many)]), "too many entries"),
-        (request(vec![with_unknown_unit]), "unit UNKNOWN"),
     ];
     for (request, reason) in cases {
         let status = service
@@ -248,6 +247,18 @@ async fn invalid_requests_are_invalid_argument() {
     // Nothing was counted by the refused requests.
     let res = call(&service, request(vec![desc(&[("user", "x")])])).await;
     assert_eq!(res.statuses[0].limit_remaining, 2);
+    // An override whose unit is UNKNOWN enforces nothing, so it is ignored
+    // and the rules decide (an error would let the request through Envoy).
+    let res = call(&service, request(vec![with_unknown_unit])).await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    assert_eq!(res.statuses[0].limit_remaining, 1);
+    assert_eq!(
+        res.statuses[0]
+            .current_limit
+            .as_ref()
+            .map(|it| it.requests_per_unit),
+        Some(3)
+    );
 }
 
 #[tokio::test]

@@ -444,3 +444,75 @@ proptest! {
         }
     }
 }
+
+/// Resident memory of this process, from /proc.
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find(|it| it.starts_with("VmRSS:"))
+        .expect("VmRSS");
+    let kib: u64 = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|it| it.parse().ok())
+        .expect("VmRSS in kB");
+    kib * 1024
+}
+
+/// Bytes of resident memory per live counter, for three shapes of state.
+/// The figures choose `--memory-max-counters`' default (README, "Memory
+/// backend bound"); run alone, as it reads the whole process's RSS:
+/// `cargo test --test memory_backend bytes_per_counter -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: reads the process RSS, run alone"]
+fn bytes_per_counter() {
+    // Each backend is kept until the end, so that no measurement reuses
+    // memory another one freed.
+    let mut kept = Vec::new();
+    let mut measure =
+        |label: &str, keys: usize, value_len: usize, algorithm: Algorithm, hits: u64| {
+            let (backend, clock) = backend_at(T0);
+            let before = rss_bytes();
+            for idx in 0..keys {
+                let mut value = format!("{idx:08}");
+                value.extend(std::iter::repeat_n(
+                    'v',
+                    value_len.saturating_sub(value.len()),
+                ));
+                let check = keyed(key(&value, algorithm, 3_600), 10_000, 1);
+                for _ in 0..hits {
+                    // Distinct timestamps: one log entry per hit.
+                    clock.advance(1);
+                    assert!(decide(&backend, std::slice::from_ref(&check)).allowed);
+                }
+            }
+            let per_key = rss_bytes().saturating_sub(before) / keys as u64;
+            println!("{label}: {per_key} bytes per counter ({keys} counters)");
+            assert_eq!(backend.stored_entries(), keys);
+            kept.push(backend);
+            per_key
+        };
+    let small = measure(
+        "fixed_window, 8-byte value",
+        200_000,
+        8,
+        Algorithm::FixedWindow,
+        1,
+    );
+    let big_key = measure(
+        "sliding_window_log of 1, 1 KiB value",
+        100_000,
+        1_024,
+        Algorithm::SlidingWindowLog,
+        1,
+    );
+    let full_log = measure(
+        "sliding_window_log of 10,000, 8-byte value",
+        100,
+        8,
+        Algorithm::SlidingWindowLog,
+        10_000,
+    );
+    assert!(small < big_key && big_key < full_log);
+}

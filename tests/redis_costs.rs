@@ -47,8 +47,8 @@ const HUGE_COSTS: [u64; 4] = [(1 << 53) - 1, 1 << 53, 1 << 63, u64::MAX];
 fn descriptor(key: &str, value: &str, hits_addend: Option<u64>) -> RateLimitDescriptor {
     RateLimitDescriptor {
         entries: vec![Entry {
-            key: key.to_owned(),
-            value: value.to_owned(),
+            key: key.into(),
+            value: value.into(),
         }],
         limit: None,
         hits_addend,

@@ -32,6 +32,7 @@ fn options() -> LoadOptions {
     LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::SlidingWindowLog,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     }
 }
 

@@ -15,6 +15,7 @@
 
 use std::fmt;
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -24,9 +25,10 @@ use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Backend, CounterKey, Error, KeyedCheck};
+use super::{Backend, CounterKey, Error, KeyValue, KeyedCheck};
 use crate::algorithms::{self, Check, State, Verdict};
 use crate::clock::{Clock, Micros};
+use crate::log_gate::LogGate;
 
 /// Shards of [`MemoryBackend::new`]: enough that 64 concurrent requests on
 /// distinct keys rarely share a lock, few enough that a sweep is cheap.
@@ -35,6 +37,19 @@ pub const DEFAULT_SHARDS: usize = 64;
 /// Smallest shard length that triggers a sweep on insert; below it a shard
 /// is too small for expired entries to matter.
 const MIN_SWEEP_LEN: usize = 1024;
+
+/// Default of `--memory-max-counters`: see README ("Memory backend bound")
+/// for the measured bytes per counter it is chosen from.
+pub const DEFAULT_MAX_COUNTERS: usize = 1_000_000;
+
+/// Key bytes per unit of the bound: a counter whose key text (domain,
+/// rule, entries) is longer counts once more per this many bytes, so that
+/// clients sending long descriptors cannot hold more memory per counter.
+const KEY_BYTES_PER_COUNTER: usize = 1024;
+
+/// Least time between two whole-table sweeps made because the table is
+/// full: a flood of new keys must not turn every refusal into a sweep.
+const FULL_SWEEP_EVERY_US: u64 = 1_000_000;
 
 /// Shortest sweeper period; a zero period would spin.
 const MIN_SWEEP_PERIOD: Duration = Duration::from_millis(1);
@@ -46,6 +61,22 @@ pub struct MemoryBackend {
     /// seed would let them aim every key at one bucket.
     hasher: foldhash::fast::RandomState,
     shards: Box<[Shard]>,
+    /// Most entries held, expired ones not yet swept included, each
+    /// weighted by [`weight`].
+    max_counters: usize,
+    /// Weight of the entries held plus of the new ones requests in
+    /// progress reserved: never above `max_counters`.
+    len: AtomicUsize,
+    /// When the table was last swept because it was full (clock µs).
+    full_sweep_us: AtomicU64,
+    full_log: LogGate,
+}
+
+/// Why a request could not run; only inside this module.
+enum Refused {
+    Error(Error),
+    /// New keys needed and no room for them.
+    Full,
 }
 
 /// Stops the background sweeper when dropped.
@@ -110,13 +141,60 @@ impl MemoryBackend {
                     table: Mutex::new(Table::default()),
                 })
                 .collect(),
+            max_counters: usize::MAX,
+            len: AtomicUsize::new(0),
+            full_sweep_us: AtomicU64::new(0),
+            full_log: LogGate::new(),
         }
+    }
+
+    /// Holds at most `max` counters (one whose key text is over 1 KiB
+    /// counts once per KiB): a request that needs a new one beyond that
+    /// fails with [`Error::Full`] (answered under `--failure-mode`), while
+    /// requests on existing counters keep working. Room comes back as
+    /// counters expire.
+    pub fn with_max_counters(mut self, max: usize) -> Self {
+        self.max_counters = max;
+        self
     }
 
     /// Decides one request at the clock's current time; what
     /// [`Backend::decide`] runs, callable without an executor.
     pub fn decide_sync(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
         let now = self.clock.now_us();
+        let refused = match self.decide_at(checks, now) {
+            Ok(verdict) => return Ok(verdict),
+            Err(Refused::Error(error)) => return Err(error),
+            Err(Refused::Full) => Error::Full(self.max_counters),
+        };
+        // Full: expired entries may be holding the room. Sweep everything
+        // (one shard at a time, no lock of this request held) and try once
+        // more, at most once a second.
+        let last = self.full_sweep_us.load(Ordering::Relaxed);
+        if now >= last.saturating_add(FULL_SWEEP_EVERY_US)
+            && self
+                .full_sweep_us
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+            && self.purge_expired() > 0
+        {
+            match self.decide_at(checks, now) {
+                Ok(verdict) => return Ok(verdict),
+                Err(Refused::Error(error)) => return Err(error),
+                Err(Refused::Full) => {}
+            }
+        }
+        if let Some(suppressed) = self.full_log.admit() {
+            tracing::warn!(
+                max_counters = self.max_counters,
+                suppressed,
+                "memory backend full: a request needing a new counter is refused"
+            );
+        }
+        Err(refused)
+    }
+
+    fn decide_at(&self, checks: &[KeyedCheck], now: Micros) -> Result<Verdict, Refused> {
         let mut slots: Inline<Slot> = checks
             .iter()
             .map(|it| {
@@ -136,10 +214,10 @@ impl MemoryBackend {
                 slots[prev].hash == slots[idx].hash && checks[prev].key == checks[idx].key
             });
             if repeated {
-                return Err(Error::Protocol(format!(
+                return Err(Refused::Error(Error::Protocol(format!(
                     "counter key repeated in one request: {:?}",
                     checks[idx].key
-                )));
+                ))));
             }
         }
         let mut locked: Inline<usize> = slots.iter().map(|it| it.shard).collect();
@@ -157,6 +235,22 @@ impl MemoryBackend {
         let mut guards: Inline<MutexGuard<'_, Table>> =
             locked.iter().map(|&idx| self.shards[idx].lock()).collect();
 
+        // Reserve room for the keys not stored yet before touching any
+        // state: a refused request changes nothing.
+        let new: usize = slots
+            .iter()
+            .zip(checks)
+            .filter(|(slot, it)| !guards[slot.guard].contains(slot.hash, &it.key))
+            .map(|(_, it)| weight(&it.key))
+            .sum();
+        if new > 0 {
+            let before = self.len.fetch_add(new, Ordering::Relaxed);
+            if before.saturating_add(new) > self.max_counters {
+                self.len.fetch_sub(new, Ordering::Relaxed);
+                return Err(Refused::Full);
+            }
+        }
+
         let mut states: Inline<Option<State>> = Inline::with_capacity(checks.len());
         for (slot, it) in slots.iter_mut().zip(checks) {
             let state = guards[slot.guard]
@@ -173,7 +267,11 @@ impl MemoryBackend {
         let verdict = algorithms::decide(&plain, &mut states, now);
 
         for ((slot, it), state) in slots.into_iter().zip(checks).zip(states) {
-            let Some(mut state) = state else { continue };
+            let Some(mut state) = state else {
+                // Equal to a fresh state: its entry (or reservation) goes.
+                self.len.fetch_sub(weight(&it.key), Ordering::Relaxed);
+                continue;
+            };
             let params = &it.check.params;
             // `decide` left the state advanced to its effective time; this
             // advance changes nothing and returns that time, which can be
@@ -186,9 +284,15 @@ impl MemoryBackend {
                 state,
                 expires_us,
             };
-            guards[slot.guard].insert(entry, now);
+            let swept = guards[slot.guard].insert(entry, now);
+            self.len.fetch_sub(swept, Ordering::Relaxed);
         }
         Ok(verdict)
+    }
+
+    /// Most counters held, as set by [`MemoryBackend::with_max_counters`].
+    pub fn max_counters(&self) -> usize {
+        self.max_counters
     }
 
     /// Removes every expired entry, locking one shard at a time; returns how
@@ -253,7 +357,9 @@ impl MemoryBackend {
 
     fn purge_shard(&self, idx: usize) -> usize {
         let now = self.clock.now_us();
-        self.shards[idx].lock().purge(now)
+        let (removed, weight) = self.shards[idx].lock().purge(now);
+        self.len.fetch_sub(weight, Ordering::Relaxed);
+        removed
     }
 
     /// Takes the shard from bits of the hash that the shard's own table
@@ -270,6 +376,7 @@ impl fmt::Debug for MemoryBackend {
         f.debug_struct("MemoryBackend")
             .field("clock", &self.clock)
             .field("shards", &self.shards.len())
+            .field("max_counters", &self.max_counters)
             .finish_non_exhaustive()
     }
 }
@@ -324,33 +431,67 @@ impl Table {
         Some(found.remove().0)
     }
 
+    fn contains(&self, hash: u64, key: &CounterKey) -> bool {
+        self.entries.find(hash, |it| it.key == *key).is_some()
+    }
+
     /// Inserts an entry whose key is absent, sweeping first when the shard
-    /// has doubled since its last sweep (amortised O(1) per insert).
-    fn insert(&mut self, entry: Entry, now: Micros) {
+    /// has doubled since its last sweep (amortised O(1) per insert);
+    /// returns the weight of the expired entries the sweep removed.
+    fn insert(&mut self, entry: Entry, now: Micros) -> usize {
+        let mut removed = 0;
         if self.entries.len() >= self.sweep_at {
-            self.purge(now);
+            removed = self.purge(now).1;
             self.sweep_at = (self.entries.len() * 2).max(MIN_SWEEP_LEN);
         }
         self.entries.insert_unique(entry.hash, entry, |it| it.hash);
+        removed
     }
 
-    fn purge(&mut self, now: Micros) -> usize {
+    /// Removes the expired entries; returns how many, and their weight.
+    fn purge(&mut self, now: Micros) -> (usize, usize) {
         let before = self.entries.len();
-        self.entries.retain(|it| it.expires_us > now);
+        let mut removed_weight = 0;
+        self.entries.retain(|it| {
+            let live = it.expires_us > now;
+            if !live {
+                removed_weight += weight(&it.key);
+            }
+            live
+        });
         let after = self.entries.len();
         // Give memory back after a wave of distinct keys has passed.
         if self.entries.capacity() > MIN_SWEEP_LEN && after * 4 < self.entries.capacity() {
             self.entries.shrink_to(after * 2, |it| it.hash);
         }
-        before - after
+        (before - after, removed_weight)
     }
+}
+
+/// What a counter counts against the bound: 1, plus 1 per
+/// [`KEY_BYTES_PER_COUNTER`] bytes of key text.
+fn weight(key: &CounterKey) -> usize {
+    let bytes = key.domain.len()
+        + key.rule.len()
+        + key
+            .entries
+            .iter()
+            .map(|it| {
+                it.key.len()
+                    + match &it.value {
+                        KeyValue::Value(value) => value.len(),
+                        KeyValue::Shared(pattern) => pattern.len(),
+                    }
+            })
+            .sum::<usize>();
+    1 + bytes / KEY_BYTES_PER_COUNTER
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::algorithms::{Algorithm, LimitParams, Mode};
-    use crate::backends::{KeyEntry, KeyValue};
+    use crate::backends::KeyEntry;
     use crate::clock::ManualClock;
 
     fn key(value: String) -> CounterKey {
@@ -383,6 +524,128 @@ mod tests {
                 "shard {shard} holds {count} of {total}"
             );
         }
+    }
+
+    fn check(value: &str, window_s: u64) -> KeyedCheck {
+        let params =
+            LimitParams::new(Algorithm::FixedWindow, 5, window_s * 1_000_000, None).unwrap();
+        KeyedCheck {
+            key: CounterKey {
+                window_s,
+                ..key(value.to_owned())
+            },
+            check: Check {
+                params,
+                cost: 1,
+                mode: Mode::Enforce,
+            },
+        }
+    }
+
+    #[test]
+    fn a_full_backend_refuses_new_keys_and_serves_existing_ones() {
+        let clock = ManualClock::new(0);
+        let backend = MemoryBackend::with_shards(Arc::new(clock.clone()), 4).with_max_counters(3);
+        for value in ["a", "b", "c"] {
+            assert!(backend.decide_sync(&[check(value, 60)]).unwrap().allowed);
+        }
+        let res = backend.decide_sync(&[check("d", 60)]);
+        assert!(matches!(res, Err(Error::Full(3))), "{res:?}");
+        // A request with an existing key and a new one is refused whole:
+        // the existing counter is untouched.
+        let res = backend.decide_sync(&[check("a", 60), check("e", 60)]);
+        assert!(matches!(res, Err(Error::Full(3))), "{res:?}");
+        let verdict = backend.decide_sync(&[check("a", 60)]).unwrap();
+        assert!(verdict.allowed);
+        assert_eq!(verdict.outcomes[0].remaining, 3, "only this request took");
+        assert_eq!(backend.stored_entries(), 3);
+        assert_eq!(backend.len.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn expired_counters_make_room_for_new_ones() {
+        let clock = ManualClock::new(0);
+        let backend = MemoryBackend::with_shards(Arc::new(clock.clone()), 4).with_max_counters(2);
+        assert!(backend.decide_sync(&[check("short", 1)]).unwrap().allowed);
+        assert!(
+            backend
+                .decide_sync(&[check("long", 3_600)])
+                .unwrap()
+                .allowed
+        );
+        assert!(matches!(
+            backend.decide_sync(&[check("new", 60)]),
+            Err(Error::Full(2))
+        ));
+        // `short` has expired but is still stored: a full table sweeps.
+        clock.advance(2_000_000);
+        assert!(backend.decide_sync(&[check("new", 60)]).unwrap().allowed);
+        assert_eq!(backend.stored_entries(), 2);
+        // Full again; a second sweep within a second is not tried.
+        assert!(matches!(
+            backend.decide_sync(&[check("other", 60)]),
+            Err(Error::Full(2))
+        ));
+        // The background sweep (or purge) frees room too.
+        clock.advance(61_000_000);
+        assert_eq!(backend.purge_expired(), 1);
+        assert_eq!(backend.len.load(Ordering::Relaxed), 1);
+        assert!(backend.decide_sync(&[check("other", 60)]).unwrap().allowed);
+    }
+
+    #[test]
+    fn a_long_key_counts_once_per_kib() {
+        let clock = ManualClock::new(0);
+        let backend = MemoryBackend::with_shards(Arc::new(clock.clone()), 4).with_max_counters(8);
+        // A value over 256 bytes is held as its 32-byte digest, so the
+        // longest key is many entries of 256 bytes: 20 of them, 5 KiB.
+        let mut long = check("x", 60);
+        long.key.entries = (0..20)
+            .map(|idx| KeyEntry {
+                key: format!("k{idx:03}").as_str().into(),
+                value: KeyValue::Value("v".repeat(252).as_str().into()),
+            })
+            .collect();
+        assert_eq!(weight(&long.key), 6);
+        // One long value alone weighs no more than a short one.
+        assert_eq!(weight(&check(&"x".repeat(5 * 1024), 60).key), 1);
+        assert!(backend.decide_sync(&[long]).unwrap().allowed);
+        assert!(backend.decide_sync(&[check("a", 60)]).unwrap().allowed);
+        assert!(backend.decide_sync(&[check("b", 60)]).unwrap().allowed);
+        assert!(matches!(
+            backend.decide_sync(&[check("c", 60)]),
+            Err(Error::Full(8))
+        ));
+        // Its expiry gives all of its weight back.
+        clock.advance(61_000_000);
+        assert_eq!(backend.purge_expired(), 3);
+        assert_eq!(backend.len.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn the_count_follows_entries_through_fresh_states_and_sweeps() {
+        let clock = ManualClock::new(0);
+        let backend =
+            MemoryBackend::with_shards(Arc::new(clock.clone()), 2).with_max_counters(10_000);
+        for idx in 0..3_000 {
+            let mut it = check(&idx.to_string(), 1);
+            // Cost 0 on every third: a fresh state is not stored.
+            if idx % 3 == 0 {
+                it.check.cost = 0;
+            }
+            backend.decide_sync(&[it]).unwrap();
+            if idx % 1_000 == 999 {
+                clock.advance(2_000_000);
+            }
+        }
+        assert_eq!(
+            backend.len.load(Ordering::Relaxed),
+            backend.stored_entries()
+        );
+        clock.advance(2_000_000);
+        backend.purge_expired();
+        assert_eq!(backend.len.load(Ordering::Relaxed), 0);
+        assert_eq!(backend.stored_entries(), 0);
     }
 
     #[test]

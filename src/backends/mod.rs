@@ -87,6 +87,18 @@ impl KeyBytes {
         KeyBytes(Repr::Digest(digest))
     }
 
+    /// Bytes held: the value's own length, or a digest's 32.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Repr::Inline(bytes) => bytes.len(),
+            Repr::Digest(digest) => digest.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// The SHA-256 digest that stands for a long key or value.
     pub fn digest(&self) -> Option<&[u8; 32]> {
         match &self.0 {
@@ -134,6 +146,10 @@ pub enum Error {
     /// The backend answered with something we cannot use.
     #[error("backend error: {0}")]
     Protocol(String),
+    /// The in-memory backend holds its most counters and the request needs
+    /// a new one; existing counters keep working.
+    #[error("backend full: {0} counters, the most allowed")]
+    Full(usize),
 }
 
 impl Error {

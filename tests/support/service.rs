@@ -75,6 +75,7 @@ pub fn rules_from(yaml: &str) -> RuleSet {
     let options = LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::SlidingWindowLog,
+        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
     };
     match config::parse_str("test.yaml", yaml, &options) {
         Ok(loaded) => loaded.rules,

@@ -1,0 +1,99 @@
+//! RateLimitOverrides through the gRPC server: every number a client can send is decided, never more than asked.
+
+mod support;
+
+use support::service::{default_options, memory_backend, start_with_config};
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use throttlegate::proto::envoy::r#type::v3::RateLimitUnit;
+
+/// One rule per algorithm, each key named after its algorithm.
+const CONFIG: &str = "domain: api
+descriptors:
+  - key: sliding_window_log
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}
+  - key: token_bucket
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: token_bucket}
+  - key: gcra
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: gcra}
+  - key: sliding_window_counter
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_counter}
+  - key: fixed_window
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
+";
+
+const ALGORITHMS: [&str; 5] = [
+    "sliding_window_log",
+    "token_bucket",
+    "gcra",
+    "sliding_window_counter",
+    "fixed_window",
+];
+
+/// Numbers at the edges of what each algorithm can hold exactly.
+const EXTREMES: [(u32, RateLimitUnit); 5] = [
+    (1, RateLimitUnit::Year),
+    (u32::MAX, RateLimitUnit::Second),
+    (999_999, RateLimitUnit::Month),
+    (1_000_003, RateLimitUnit::Year),
+    (1_000_000, RateLimitUnit::Year),
+];
+
+fn with_override(
+    key: &str,
+    value: &str,
+    requests_per_unit: u32,
+    unit: RateLimitUnit,
+    cost: u64,
+) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "api".to_owned(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            limit: Some(RateLimitOverride {
+                requests_per_unit,
+                unit: unit as i32,
+            }),
+            hits_addend: Some(cost),
+        }],
+        hits_addend: 0,
+    }
+}
+
+#[tokio::test]
+async fn extreme_overrides_are_decided_on_every_algorithm() {
+    let (backend, _clock) = memory_backend();
+    let service = start_with_config(CONFIG, backend, default_options()).await;
+    let mut client = service.client();
+    for algorithm in ALGORITHMS {
+        for (requests, unit) in EXTREMES {
+            let case = format!("{algorithm} {requests}/{unit:?}");
+            let mut decide = async |cost: u64| {
+                client
+                    .should_rate_limit(with_override(algorithm, &case, requests, unit, cost))
+                    .await
+                    .unwrap_or_else(|status| panic!("{case}: an error is a bypass: {status:?}"))
+                    .into_inner()
+            };
+            // More than asked at once never passes.
+            let res = decide(u64::from(requests) + 1).await;
+            assert_eq!(res.overall_code, Code::OverLimit as i32, "{case}");
+            let limit = res.statuses[0].current_limit.clone().expect("a limit");
+            assert_eq!(limit.unit, unit as i32, "{case}");
+            let enforced = limit.requests_per_unit;
+            assert!(enforced > 0 && enforced <= requests, "{case}: {enforced}");
+            // All of what is enforced passes at once, then nothing more.
+            let res = decide(u64::from(enforced)).await;
+            assert_eq!(res.overall_code, Code::Ok as i32, "{case}");
+            let res = decide(1).await;
+            assert_eq!(res.overall_code, Code::OverLimit as i32, "{case}");
+        }
+    }
+}
