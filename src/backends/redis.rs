@@ -7,7 +7,7 @@
 //! connections are detected here (see [`Manager`]).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -76,7 +76,9 @@ pub struct RedisBackend {
 /// response timeout. Instead every connection remembers the epoch it was
 /// made in; an I/O failure on a connection bumps the epoch past it, which
 /// marks it and every connection made before it broken (a restart of Redis
-/// kills them all at once), and bb8 drops them when they come back.
+/// kills them all at once), and bb8 drops them when they come back. A
+/// suspicion about one connection only (a probe PING with no answer) marks
+/// that connection alone, through its `retired` flag.
 struct Manager {
     client: redis::Client,
     config: AsyncConnectionConfig,
@@ -89,6 +91,9 @@ struct Manager {
 struct Pooled {
     conn: MultiplexedConnection,
     epoch: u64,
+    /// Shared by the pooled connection and the clones handed out, so a
+    /// caller can retire the one it used.
+    retired: Arc<AtomicBool>,
 }
 
 /// Records connection errors that bb8 swallows while it retries.
@@ -200,7 +205,7 @@ impl RedisBackend {
                     ))
                 }
             })?;
-            if pooled.epoch < self.epoch.load(Ordering::SeqCst) {
+            if is_retired(&pooled, &self.epoch) {
                 // Dropping it makes bb8 ask `has_broken`, which says yes.
                 drop(pooled);
                 continue;
@@ -208,6 +213,7 @@ impl RedisBackend {
             return Ok(Pooled {
                 conn: pooled.conn.clone(),
                 epoch: pooled.epoch,
+                retired: pooled.retired.clone(),
             });
         }
         Err(Error::Unavailable(format!(
@@ -241,13 +247,15 @@ impl RedisBackend {
         // A PING that gets no answer in time may be on a half-open
         // connection (a partition without a reset), which a multiplexed
         // connection never notices by itself: retire it, so the pool
-        // reconnects once the network heals. Calls are not retired on a
-        // timeout, since a slow script says nothing about the connection.
+        // reconnects once the network heals. Only this connection: the
+        // likelier cause is a slow script, and retiring every connection
+        // would make every replica reconnect at once. Calls are not retired
+        // on a timeout, since a slow script says nothing about the connection.
         let res: Result<String, RedisError> =
             match timeout_at(deadline, redis::cmd("PING").query_async(&mut conn.conn)).await {
                 Ok(res) => res,
                 Err(_) => {
-                    self.retire(&conn);
+                    conn.retired.store(true, Ordering::SeqCst);
                     return Err((Error::Timeout(self.timeout_ms), false));
                 }
             };
@@ -259,7 +267,7 @@ impl RedisBackend {
             )),
             Err(err) => {
                 if err.is_timeout() {
-                    self.retire(&conn);
+                    conn.retired.store(true, Ordering::SeqCst);
                 }
                 Err((self.fail(&conn, &err), is_broken(&err)))
             }
@@ -384,7 +392,11 @@ impl bb8::ManageConnection for Manager {
             .last_connect_error
             .lock()
             .unwrap_or_else(|it| it.into_inner()) = None;
-        Ok(Pooled { conn, epoch })
+        Ok(Pooled {
+            conn,
+            epoch,
+            retired: Arc::default(),
+        })
     }
 
     async fn is_valid(&self, conn: &mut Pooled) -> Result<(), RedisError> {
@@ -392,7 +404,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Pooled) -> bool {
-        conn.epoch < self.epoch.load(Ordering::SeqCst)
+        is_retired(conn, &self.epoch)
     }
 }
 
@@ -407,6 +419,11 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
 }
 
 // === helpers ===
+
+/// Whether `conn` was retired alone or with its epoch.
+fn is_retired(conn: &Pooled, epoch: &AtomicU64) -> bool {
+    conn.retired.load(Ordering::SeqCst) || conn.epoch < epoch.load(Ordering::SeqCst)
+}
 
 /// Whether the connection that produced `err` is dead and must be replaced.
 /// A timeout is not: the multiplexed connection still serves other calls
