@@ -6,12 +6,30 @@ mod support;
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+use tonic_health::pb::health_check_response::ServingStatus;
 
 use support::redis::{RedisServer, settings};
+use support::service::{TestService, default_options, one_entry_request, start_with_config};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error};
-use tokio::task::JoinSet;
+use throttlegate::limiter::{FailureMode, Options};
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+
+const CONFIG: &str = r#"
+domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+"#;
+
+/// Envoy's rate-limit filter often gives up after 20 ms; an answer under the
+/// failure mode must come well within that.
+const FAST: Duration = Duration::from_millis(20);
+/// Within this, health and decisions notice an outage and a recovery.
+const HEALTH_BOUND: Duration = Duration::from_secs(5);
 
 /// Redis 7 refuses `DEBUG` unless enabled; the tests use `DEBUG SLEEP` to
 /// make Redis slow while every connection stays open.
@@ -134,4 +152,169 @@ async fn a_probe_timeout_replaces_only_the_probed_connection() {
     let after = client_ids(&mut admin, &skip).await;
     let kept = pooled.intersection(&after).count();
     assert!(kept >= POOL - 1, "kept {kept} of {pooled:?}: now {after:?}");
+}
+
+/// A gRPC server over Redis at `server` with a 300 ms timeout.
+async fn service(
+    server: &RedisServer,
+    failure_mode: FailureMode,
+) -> (TestService, Arc<RedisBackend>) {
+    let mut it = settings(server, ClockSource::Redis);
+    it.timeout_ms = 300;
+    let backend = Arc::new(RedisBackend::connect(it).await.unwrap());
+    let options = Options {
+        failure_mode,
+        ..default_options()
+    };
+    let dyn_backend: Arc<dyn Backend> = backend.clone();
+    let service = start_with_config(CONFIG, dyn_backend, options).await;
+    (service, backend)
+}
+
+/// What the service answered: a decision from Redis (with the limit), an
+/// answer under the failure mode (without one), or an error status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Decided,
+    FailureOk,
+    FailureOverLimit,
+    Unavailable,
+}
+
+async fn ask(service: &TestService) -> Answer {
+    let res = service
+        .client()
+        .should_rate_limit(one_entry_request("api", "user", "alice"))
+        .await;
+    match res {
+        Ok(res) => {
+            let res = res.into_inner();
+            let status = &res.statuses[0];
+            match (status.current_limit.is_some(), res.overall_code) {
+                (true, code) if code == Code::Ok as i32 => Answer::Decided,
+                (false, code) if code == Code::Ok as i32 => Answer::FailureOk,
+                (false, code) if code == Code::OverLimit as i32 => Answer::FailureOverLimit,
+                _ => panic!("unexpected answer {res:?}"),
+            }
+        }
+        Err(status) if status.code() == tonic::Code::Unavailable => Answer::Unavailable,
+        Err(status) => panic!("unexpected status {status:?}"),
+    }
+}
+
+/// Redis killed (connections refused): once the circuit is open, every
+/// answer comes at once under the failure mode; Redis started again on the
+/// same port: decisions and health come back without a restart.
+async fn outage_fails_fast_and_recovers(failure_mode: FailureMode, expected: Answer) {
+    let mut server = RedisServer::start();
+    let (service, backend) = service(&server, failure_mode).await;
+    service
+        .wait_for_health("ratelimit", ServingStatus::Serving, HEALTH_BOUND)
+        .await;
+    assert_eq!(ask(&service).await, Answer::Decided);
+
+    server.kill();
+    let started = Instant::now();
+    while !backend.circuit_open() {
+        assert!(
+            started.elapsed() < HEALTH_BOUND,
+            "the circuit did not open within {HEALTH_BOUND:?}"
+        );
+        assert_eq!(ask(&service).await, expected);
+    }
+    let mut latencies = Vec::with_capacity(100);
+    for _ in 0..100 {
+        let started = Instant::now();
+        assert_eq!(ask(&service).await, expected);
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    let p99 = latencies[98];
+    eprintln!(
+        "{failure_mode:?} while redis is down: p50 {:?}, p99 {p99:?}, max {:?}",
+        latencies[49], latencies[99]
+    );
+    assert!(p99 < FAST, "p99 {p99:?}: {latencies:?}");
+    service
+        .wait_for_health("ratelimit", ServingStatus::NotServing, HEALTH_BOUND)
+        .await;
+
+    server.restart();
+    let restarted = Instant::now();
+    loop {
+        if ask(&service).await == Answer::Decided {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < HEALTH_BOUND,
+            "no decision within {HEALTH_BOUND:?} of redis coming back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!backend.circuit_open());
+    let left = HEALTH_BOUND.saturating_sub(restarted.elapsed());
+    service
+        .wait_for_health("ratelimit", ServingStatus::Serving, left)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_allow_at_once_and_recovers() {
+    outage_fails_fast_and_recovers(FailureMode::Allow, Answer::FailureOk).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_deny_at_once_and_recovers() {
+    outage_fails_fast_and_recovers(FailureMode::Deny, Answer::FailureOverLimit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_answers_unavailable_at_once_and_recovers() {
+    outage_fails_fast_and_recovers(FailureMode::Error, Answer::Unavailable).await;
+}
+
+/// A Redis that is connected but slow (`DEBUG SLEEP` longer than the
+/// timeout) is not an outage: each call still waits the whole timeout for
+/// its answer, and the circuit stays closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_gets_the_full_timeout_and_keeps_the_circuit_closed() {
+    let server = start_debuggable();
+    let (service, backend) = service(&server, FailureMode::Error).await;
+    service
+        .wait_for_health("ratelimit", ServingStatus::Serving, HEALTH_BOUND)
+        .await;
+    // Several pooled connections, as under load: a health probe that times
+    // out during the sleep retires one, and the others carry on.
+    use_concurrently(&backend).await;
+    assert_eq!(ask(&service).await, Answer::Decided);
+
+    let mut sleeper = patient_connection(&server).await;
+    let sleep = tokio::spawn(async move {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg("2")
+            .query_async::<()>(&mut sleeper)
+            .await
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for _ in 0..3 {
+        let started = Instant::now();
+        assert_eq!(ask(&service).await, Answer::Unavailable);
+        let elapsed = started.elapsed();
+        assert!(
+            elapsed >= Duration::from_millis(290),
+            "answered after {elapsed:?}, before the 300 ms timeout"
+        );
+        assert!(
+            elapsed < Duration::from_millis(300 + 1_000),
+            "answered after {elapsed:?} with a 300 ms timeout"
+        );
+        assert!(!backend.circuit_open(), "a slow reply opened the circuit");
+    }
+    sleep.await.expect("sleep task").expect("debug sleep");
+    assert_eq!(ask(&service).await, Answer::Decided);
+    assert!(!backend.circuit_open());
+    service
+        .wait_for_health("ratelimit", ServingStatus::Serving, HEALTH_BOUND)
+        .await;
 }
