@@ -177,6 +177,8 @@ impl RedisBackend {
     /// unreachable server is not an error here (probe and health report
     /// it, and connections are made when it answers). The script is loaded
     /// on first use (EVALSHA falls back to SCRIPT LOAD on NOSCRIPT).
+    /// Starts the task that reconnects while the circuit is open; it stops
+    /// when the backend is dropped.
     pub async fn connect(settings: RedisSettings) -> Result<RedisBackend, Error> {
         let redacted_url = redact(&settings.url);
         if settings.pool_size == 0 {
