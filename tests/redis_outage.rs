@@ -26,8 +26,14 @@ descriptors:
 "#;
 
 /// Envoy's rate-limit filter often gives up after 20 ms; an answer under the
-/// failure mode must come well within that.
+/// failure mode must come well within that. On a loaded machine every RPC
+/// is late by the same scheduling delays, so the bound applies on top of
+/// the p99 of requests that need no backend at all, measured alongside.
 const FAST: Duration = Duration::from_millis(20);
+
+/// The tests of this file measure latencies: one at a time, so they do not
+/// slow each other down.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// Within this, health and decisions notice an outage and a recovery.
 const HEALTH_BOUND: Duration = Duration::from_secs(5);
 
@@ -89,17 +95,66 @@ async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u
         .unwrap_or_else(|| panic!("no total_connections_received in {stats}"))
 }
 
-/// Sends 32 concurrent probes, so the pool opens as many connections as it
-/// may.
-async fn use_concurrently(backend: &Arc<RedisBackend>) {
+/// Redis busy for `seconds` (`DEBUG SLEEP` on a connection of its own);
+/// returns once Redis is seen asleep, with the task that ends with the sleep.
+async fn put_to_sleep(
+    server: &RedisServer,
+    seconds: f64,
+) -> tokio::task::JoinHandle<redis::RedisResult<()>> {
+    let mut sleeper = patient_connection(server).await;
+    let mut watcher = server.connection().await;
+    let sleep = tokio::spawn(async move {
+        redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(seconds)
+            .query_async::<()>(&mut sleeper)
+            .await
+    });
+    // Asleep once a PING from another connection goes unanswered.
+    for _ in 0..100 {
+        let ping = redis::cmd("PING");
+        let reply = ping.query_async::<String>(&mut watcher);
+        if tokio::time::timeout(Duration::from_millis(50), reply)
+            .await
+            .is_err()
+        {
+            return sleep;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("redis never fell asleep");
+}
+
+/// Makes the empty pool of `backend` open at least two connections and
+/// returns the ids of all its connections (every client but `skip`).
+///
+/// A call holds its pool slot only to clone the connection, so only
+/// checkouts that find the pool empty make it open more: while Redis is
+/// stopped no connection can complete (the kernel still accepts), so every
+/// concurrent checkout finds the pool empty and asks for one.
+async fn open_several_connections(
+    server: &RedisServer,
+    backend: &Arc<RedisBackend>,
+    admin: &mut redis::aio::MultiplexedConnection,
+    skip: &[u64],
+) -> HashSet<u64> {
+    server.pause();
     let mut tasks = JoinSet::new();
-    for _ in 0..32 {
+    for _ in 0..8 {
         let backend = backend.clone();
         tasks.spawn(async move { backend.probe().await });
     }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.resume();
     while let Some(res) = tasks.join_next().await {
         res.expect("probe task").expect("redis answers");
     }
+    let pooled = client_ids(admin, skip).await;
+    assert!(
+        pooled.len() >= 2,
+        "the pool did not open several connections: {pooled:?}"
+    );
+    pooled
 }
 
 /// A probe PING that gets no answer may sit on a half-open connection, so
@@ -107,6 +162,7 @@ async fn use_concurrently(backend: &Arc<RedisBackend>) {
 /// script never makes the whole pool (of every replica) reconnect at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probe_timeout_replaces_only_the_probed_connection() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     const POOL: usize = 4;
     let server = start_debuggable();
     let mut it = settings(&server, ClockSource::Redis);
@@ -114,44 +170,42 @@ async fn a_probe_timeout_replaces_only_the_probed_connection() {
     it.timeout_ms = 300;
     let backend = Arc::new(RedisBackend::connect(it).await.unwrap());
     let mut admin = server.connection().await;
-    let mut sleeper = patient_connection(&server).await;
-    let skip = [client_id(&mut admin).await, client_id(&mut sleeper).await];
-
-    let mut pooled = HashSet::new();
-    for _ in 0..50 {
-        use_concurrently(&backend).await;
-        pooled = client_ids(&mut admin, &skip).await;
-        if pooled.len() == POOL {
-            break;
-        }
-    }
-    assert_eq!(pooled.len(), POOL, "the pool never filled: {pooled:?}");
+    let skip = [client_id(&mut admin).await];
+    let pooled = open_several_connections(&server, &backend, &mut admin, &skip).await;
     let received_before = connections_received(&mut admin).await;
 
     // DEBUG SLEEP blocks the whole server: the probe's PING gets no answer.
-    let sleep = tokio::spawn(async move {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("1.5")
-            .query_async::<()>(&mut sleeper)
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let sleep = put_to_sleep(&server, 1.5).await;
     let err = backend.probe().await.expect_err("redis is asleep");
     assert!(matches!(err, Error::Timeout(300)), "{err:?}");
     sleep.await.expect("sleep task").expect("debug sleep");
 
-    for _ in 0..3 {
-        use_concurrently(&backend).await;
+    // One call after another: the pool still has healthy connections to
+    // serve them, so none is made (retiring the whole pool made one).
+    for _ in 0..2 * POOL {
+        backend.probe().await.expect("redis is awake");
     }
-    let received = connections_received(&mut admin).await - received_before;
-    assert!(
-        received <= 1,
-        "{received} connections made after one probe timed out"
+    // The sleeper's and the watcher's connections.
+    let received = connections_received(&mut admin).await - received_before - 2;
+    assert_eq!(
+        received,
+        0,
+        "connections made after one probe timed out with {} pooled",
+        pooled.len()
     );
     let after = client_ids(&mut admin, &skip).await;
     let kept = pooled.intersection(&after).count();
-    assert!(kept >= POOL - 1, "kept {kept} of {pooled:?}: now {after:?}");
+    assert!(
+        kept >= pooled.len() - 1,
+        "kept {kept} of {pooled:?}: now {after:?}"
+    );
+}
+
+/// A backend on `server` with a 300 ms timeout.
+async fn backend(server: &RedisServer) -> Arc<RedisBackend> {
+    let mut it = settings(server, ClockSource::Redis);
+    it.timeout_ms = 300;
+    Arc::new(RedisBackend::connect(it).await.unwrap())
 }
 
 /// A gRPC server over Redis at `server` with a 300 ms timeout.
@@ -159,9 +213,13 @@ async fn service(
     server: &RedisServer,
     failure_mode: FailureMode,
 ) -> (TestService, Arc<RedisBackend>) {
-    let mut it = settings(server, ClockSource::Redis);
-    it.timeout_ms = 300;
-    let backend = Arc::new(RedisBackend::connect(it).await.unwrap());
+    service_on(backend(server).await, failure_mode).await
+}
+
+async fn service_on(
+    backend: Arc<RedisBackend>,
+    failure_mode: FailureMode,
+) -> (TestService, Arc<RedisBackend>) {
     let options = Options {
         failure_mode,
         ..default_options()
@@ -179,6 +237,22 @@ enum Answer {
     FailureOk,
     FailureOverLimit,
     Unavailable,
+}
+
+/// A request in a domain without rules: answered without a backend call.
+async fn ask_without_backend(service: &TestService) {
+    let res = service
+        .client()
+        .should_rate_limit(one_entry_request("elsewhere", "user", "alice"))
+        .await
+        .expect("answered without the backend")
+        .into_inner();
+    assert_eq!(res.overall_code, Code::Ok as i32);
+}
+
+fn p99(mut latencies: Vec<Duration>) -> Duration {
+    latencies.sort();
+    latencies[latencies.len() * 99 / 100 - 1]
 }
 
 async fn ask(service: &TestService) -> Answer {
@@ -223,18 +297,23 @@ async fn outage_fails_fast_and_recovers(failure_mode: FailureMode, expected: Ans
         assert_eq!(ask(&service).await, expected);
     }
     let mut latencies = Vec::with_capacity(100);
+    let mut baseline = Vec::with_capacity(100);
     for _ in 0..100 {
         let started = Instant::now();
         assert_eq!(ask(&service).await, expected);
         latencies.push(started.elapsed());
+        let started = Instant::now();
+        ask_without_backend(&service).await;
+        baseline.push(started.elapsed());
     }
-    latencies.sort();
-    let p99 = latencies[98];
+    let (p99, baseline_p99) = (p99(latencies), p99(baseline));
     eprintln!(
-        "{failure_mode:?} while redis is down: p50 {:?}, p99 {p99:?}, max {:?}",
-        latencies[49], latencies[99]
+        "{failure_mode:?} while redis is down: p99 {p99:?}; without a backend call: p99 {baseline_p99:?}"
     );
-    assert!(p99 < FAST, "p99 {p99:?}: {latencies:?}");
+    assert!(
+        p99 < FAST + baseline_p99,
+        "p99 {p99:?} while redis is down, {baseline_p99:?} without a backend call"
+    );
     service
         .wait_for_health("ratelimit", ServingStatus::NotServing, HEALTH_BOUND)
         .await;
@@ -260,16 +339,19 @@ async fn outage_fails_fast_and_recovers(failure_mode: FailureMode, expected: Ans
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_answers_allow_at_once_and_recovers() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     outage_fails_fast_and_recovers(FailureMode::Allow, Answer::FailureOk).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_answers_deny_at_once_and_recovers() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     outage_fails_fast_and_recovers(FailureMode::Deny, Answer::FailureOverLimit).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_down_answers_unavailable_at_once_and_recovers() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     outage_fails_fast_and_recovers(FailureMode::Error, Answer::Unavailable).await;
 }
 
@@ -278,26 +360,23 @@ async fn redis_down_answers_unavailable_at_once_and_recovers() {
 /// its answer, and the circuit stays closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_redis_gets_the_full_timeout_and_keeps_the_circuit_closed() {
+    let _serial = ONE_AT_A_TIME.lock().await;
     let server = start_debuggable();
-    let (service, backend) = service(&server, FailureMode::Error).await;
+    // Several pooled connections, as under load: a health probe that times
+    // out during the sleep retires one (at most one probe a second, and the
+    // sleep is shorter), and the others carry on.
+    let backend = backend(&server).await;
+    let mut admin = server.connection().await;
+    let skip = [client_id(&mut admin).await];
+    open_several_connections(&server, &backend, &mut admin, &skip).await;
+    let (service, backend) = service_on(backend, FailureMode::Error).await;
     service
         .wait_for_health("ratelimit", ServingStatus::Serving, HEALTH_BOUND)
         .await;
-    // Several pooled connections, as under load: a health probe that times
-    // out during the sleep retires one, and the others carry on.
-    use_concurrently(&backend).await;
     assert_eq!(ask(&service).await, Answer::Decided);
 
-    let mut sleeper = patient_connection(&server).await;
-    let sleep = tokio::spawn(async move {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg("2")
-            .query_async::<()>(&mut sleeper)
-            .await
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    for _ in 0..3 {
+    let sleep = put_to_sleep(&server, 0.95).await;
+    for _ in 0..2 {
         let started = Instant::now();
         assert_eq!(ask(&service).await, Answer::Unavailable);
         let elapsed = started.elapsed();
