@@ -30,12 +30,12 @@ descriptors:
 /// is late by the same scheduling delays, so the bound applies on top of
 /// the p99 of requests that need no backend at all, measured alongside.
 const FAST: Duration = Duration::from_millis(20);
+/// Within this, health and decisions notice an outage and a recovery.
+const HEALTH_BOUND: Duration = Duration::from_secs(5);
 
 /// The tests of this file measure latencies: one at a time, so they do not
 /// slow each other down.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-/// Within this, health and decisions notice an outage and a recovery.
-const HEALTH_BOUND: Duration = Duration::from_secs(5);
 
 /// Redis 7 refuses `DEBUG` unless enabled; the tests use `DEBUG SLEEP` to
 /// make Redis slow while every connection stays open.
