@@ -4,16 +4,20 @@
 //! limits are checked and consumed in one script call, so replicas sharing
 //! a Redis agree exactly. Connections are multiplexed: a call clones the
 //! connection out of the pool and releases the slot at once, and broken
-//! connections are detected here (see [`Manager`]).
+//! connections are detected here (see [`Manager`]). While Redis cannot be
+//! reached, calls fail at once and a background task reconnects (see
+//! [`Circuit`]).
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ErrorKind, RedisError, ServerErrorKind};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
 use super::{Backend, Error, KeyedCheck, keys};
@@ -22,6 +26,13 @@ use crate::clock::Clock;
 
 /// The decision script, embedded at build time.
 pub const DECIDE_LUA: &str = include_str!("../../lua/decide.lua");
+
+/// First wait before the background task tries to reconnect after the
+/// circuit opened; doubled after every failure up to [`RECONNECT_MAX_DELAY`].
+/// Short, so a blip costs little; capped, so recovery is seen within a
+/// second while a long outage costs Redis one connect a second per replica.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 
 /// Which clock the scripts use.
 #[derive(Debug, Clone)]
@@ -65,6 +76,48 @@ pub struct RedisBackend {
     /// timed out. A std Mutex: held only to swap a String, never across `.await`.
     last_connect_error: Arc<Mutex<Option<String>>>,
     redacted_url: String,
+    circuit: Arc<Circuit>,
+    reconnector: Arc<Reconnector>,
+    /// Owns the task that reconnects while the circuit is open.
+    _reconnecting: ReconnectGuard,
+}
+
+/// Open while Redis cannot be connected to: calls then fail at once with
+/// [`Error::Unavailable`] instead of each waiting the whole timeout (with
+/// Redis down, a wait per request would outlast Envoy's own timeout, which
+/// then lets the request through whatever the failure mode says).
+///
+/// Only a failure to connect opens it (refused, connect timeout, DNS, TLS,
+/// authentication): a slow reply on a live connection does not, so a slow
+/// Redis still gets the full timeout on every call. It closes when a fresh
+/// connection answers PING, made by the [`Reconnector`] in the background
+/// or by a health probe.
+struct Circuit {
+    open: AtomicBool,
+    /// Why it opened, for the errors answered meanwhile. A std Mutex: held
+    /// only to swap a String, never across `.await`.
+    reason: Mutex<String>,
+    /// Wakes the reconnecting task, and checkouts waiting for a connection
+    /// that will not come.
+    opened: Notify,
+    redacted_url: String,
+}
+
+/// Makes a fresh connection and PINGs it; on success the connection joins
+/// the pool and the circuit closes.
+struct Reconnector {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    pool: bb8::Pool<Manager>,
+    epoch: Arc<AtomicU64>,
+    circuit: Arc<Circuit>,
+    timeout: Duration,
+    timeout_ms: u64,
+}
+
+/// Stops the reconnecting task when the backend is dropped.
+struct ReconnectGuard {
+    task: JoinHandle<()>,
 }
 
 /// Creates multiplexed connections with our timeouts and tells bb8 which
@@ -76,7 +129,9 @@ pub struct RedisBackend {
 /// response timeout. Instead every connection remembers the epoch it was
 /// made in; an I/O failure on a connection bumps the epoch past it, which
 /// marks it and every connection made before it broken (a restart of Redis
-/// kills them all at once), and bb8 drops them when they come back.
+/// kills them all at once), and bb8 drops them when they come back. A
+/// suspicion about one connection only (a probe PING with no answer) marks
+/// that connection alone, through its `retired` flag.
 struct Manager {
     client: redis::Client,
     config: AsyncConnectionConfig,
@@ -84,11 +139,16 @@ struct Manager {
     /// Cleared by a successful connect, so that a checkout timeout never
     /// blames an error from an earlier outage.
     last_connect_error: Arc<Mutex<Option<String>>>,
+    /// Opened by any failure to connect.
+    circuit: Arc<Circuit>,
 }
 
 struct Pooled {
     conn: MultiplexedConnection,
     epoch: u64,
+    /// Shared by the pooled connection and the clones handed out, so a
+    /// caller can retire the one it used.
+    retired: Arc<AtomicBool>,
 }
 
 /// Records connection errors that bb8 swallows while it retries.
@@ -117,6 +177,8 @@ impl RedisBackend {
     /// unreachable server is not an error here (probe and health report
     /// it, and connections are made when it answers). The script is loaded
     /// on first use (EVALSHA falls back to SCRIPT LOAD on NOSCRIPT).
+    /// Starts the task that reconnects while the circuit is open; it stops
+    /// when the backend is dropped.
     pub async fn connect(settings: RedisSettings) -> Result<RedisBackend, Error> {
         let redacted_url = redact(&settings.url);
         if settings.pool_size == 0 {
@@ -139,11 +201,18 @@ impl RedisBackend {
             .set_response_timeout(Some(timeout));
         let epoch = Arc::new(AtomicU64::new(0));
         let last_connect_error = Arc::new(Mutex::new(None));
+        let circuit = Arc::new(Circuit {
+            open: AtomicBool::new(false),
+            reason: Mutex::new(String::new()),
+            opened: Notify::new(),
+            redacted_url: redacted_url.clone(),
+        });
         let manager = Manager {
-            client,
-            config,
+            client: client.clone(),
+            config: config.clone(),
             epoch: epoch.clone(),
             last_connect_error: last_connect_error.clone(),
+            circuit: circuit.clone(),
         };
         let pool = bb8::Pool::builder()
             .max_size(settings.pool_size)
@@ -151,9 +220,25 @@ impl RedisBackend {
             // connections are found by `Manager::has_broken` instead.
             .test_on_check_out(false)
             .connection_timeout(timeout)
+            // A failed connect opens the circuit, and the reconnector owns
+            // retrying: bb8's own retries would only add load on a Redis
+            // that is down.
+            .retry_connection(false)
             .error_sink(Box::new(LastErrorSink(last_connect_error.clone())))
             // Never block start-up on an unreachable server.
             .build_unchecked(manager);
+        let reconnector = Arc::new(Reconnector {
+            client,
+            config,
+            pool: pool.clone(),
+            epoch: epoch.clone(),
+            circuit: circuit.clone(),
+            timeout,
+            timeout_ms: settings.timeout_ms,
+        });
+        let reconnecting = ReconnectGuard {
+            task: tokio::spawn(reconnector.clone().run()),
+        };
         Ok(RedisBackend {
             pool,
             script: redis::Script::new(DECIDE_LUA),
@@ -165,7 +250,16 @@ impl RedisBackend {
             epoch,
             last_connect_error,
             redacted_url,
+            circuit,
+            reconnector,
+            _reconnecting: reconnecting,
         })
+    }
+
+    /// Whether calls fail at once because Redis could not be connected to
+    /// (see [`Circuit`]).
+    pub fn circuit_open(&self) -> bool {
+        self.circuit.is_open()
     }
 
     /// The SHA1 the scripts are invoked by (EVALSHA).
@@ -182,10 +276,20 @@ impl RedisBackend {
     /// before the caller uses it (a multiplexed connection serves many
     /// concurrent calls, so holding the slot would only serialise them).
     async fn connection(&self) -> Result<Pooled, Error> {
+        if self.circuit.is_open() {
+            return Err(self.circuit.error());
+        }
         // Each broken connection met is dropped by bb8 as it is put back,
         // so after pool_size of them a fresh one is made.
         for _ in 0..=self.pool.state().connections.max(1) {
-            let pooled = self.pool.get().await.map_err(|err| match err {
+            // A checkout waiting for a connection gives up as soon as a
+            // connect fails, rather than at the timeout.
+            let checkout = tokio::select! {
+                biased;
+                res = self.pool.get() => res,
+                () = self.circuit.wait_open() => return Err(self.circuit.error()),
+            };
+            let pooled = checkout.map_err(|err| match err {
                 bb8::RunError::User(err) => classify(&err, self.timeout_ms),
                 bb8::RunError::TimedOut => {
                     let why = self
@@ -200,7 +304,7 @@ impl RedisBackend {
                     ))
                 }
             })?;
-            if pooled.epoch < self.epoch.load(Ordering::SeqCst) {
+            if is_retired(&pooled, &self.epoch) {
                 // Dropping it makes bb8 ask `has_broken`, which says yes.
                 drop(pooled);
                 continue;
@@ -208,6 +312,7 @@ impl RedisBackend {
             return Ok(Pooled {
                 conn: pooled.conn.clone(),
                 epoch: pooled.epoch,
+                retired: pooled.retired.clone(),
             });
         }
         Err(Error::Unavailable(format!(
@@ -241,13 +346,15 @@ impl RedisBackend {
         // A PING that gets no answer in time may be on a half-open
         // connection (a partition without a reset), which a multiplexed
         // connection never notices by itself: retire it, so the pool
-        // reconnects once the network heals. Calls are not retired on a
-        // timeout, since a slow script says nothing about the connection.
+        // reconnects once the network heals. Only this connection: the
+        // likelier cause is a slow script, and retiring every connection
+        // would make every replica reconnect at once. Calls are not retired
+        // on a timeout, since a slow script says nothing about the connection.
         let res: Result<String, RedisError> =
             match timeout_at(deadline, redis::cmd("PING").query_async(&mut conn.conn)).await {
                 Ok(res) => res,
                 Err(_) => {
-                    self.retire(&conn);
+                    conn.retired.store(true, Ordering::SeqCst);
                     return Err((Error::Timeout(self.timeout_ms), false));
                 }
             };
@@ -259,7 +366,7 @@ impl RedisBackend {
             )),
             Err(err) => {
                 if err.is_timeout() {
-                    self.retire(&conn);
+                    conn.retired.store(true, Ordering::SeqCst);
                 }
                 Err((self.fail(&conn, &err), is_broken(&err)))
             }
@@ -351,8 +458,13 @@ impl Backend for RedisBackend {
 
     /// PING within the timeout. A connection found dead is replaced and the
     /// PING retried once (PING is idempotent), so the first probe after
-    /// Redis comes back already succeeds.
+    /// Redis comes back already succeeds. While the circuit is open, a
+    /// fresh connection is tried at once (not at the reconnector's next
+    /// turn), so health reports recovery as soon as it happens.
     async fn probe(&self) -> Result<(), Error> {
+        if self.circuit.is_open() {
+            return self.reconnector.attempt().await;
+        }
         let deadline = Instant::now() + self.timeout;
         match self.ping(deadline).await {
             Ok(()) => Ok(()),
@@ -379,12 +491,17 @@ impl bb8::ManageConnection for Manager {
         let conn = self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
-            .await?;
+            .await
+            .inspect_err(|err| self.circuit.open(err.to_string()))?;
         *self
             .last_connect_error
             .lock()
             .unwrap_or_else(|it| it.into_inner()) = None;
-        Ok(Pooled { conn, epoch })
+        Ok(Pooled {
+            conn,
+            epoch,
+            retired: Arc::default(),
+        })
     }
 
     async fn is_valid(&self, conn: &mut Pooled) -> Result<(), RedisError> {
@@ -392,7 +509,130 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Pooled) -> bool {
-        conn.epoch < self.epoch.load(Ordering::SeqCst)
+        is_retired(conn, &self.epoch)
+    }
+}
+
+// === impl Circuit ===
+
+impl Circuit {
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Opens the circuit (logged once per outage) or updates its reason.
+    fn open(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|it| it.into_inner()) = reason;
+        if !self.open.swap(true, Ordering::SeqCst) {
+            let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
+            tracing::warn!(
+                url = %self.redacted_url,
+                reason = %*reason,
+                "cannot connect to redis: answering under the failure mode until it is back"
+            );
+            drop(reason);
+            self.opened.notify_waiters();
+        }
+    }
+
+    /// Closes the circuit (logged once per outage).
+    fn close(&self) {
+        if self.open.swap(false, Ordering::SeqCst) {
+            tracing::info!(url = %self.redacted_url, "connected to redis again: deciding requests");
+        }
+    }
+
+    /// The error every call gets while the circuit is open.
+    fn error(&self) -> Error {
+        let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
+        Error::Unavailable(format!(
+            "no connection to {} (reconnecting in the background): {reason}",
+            self.redacted_url
+        ))
+    }
+
+    /// Completes once the circuit is open.
+    async fn wait_open(&self) {
+        loop {
+            let notified = self.opened.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an opening in between is not missed.
+            notified.as_mut().enable();
+            if self.is_open() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+// === impl Reconnector ===
+
+impl Reconnector {
+    /// Waits for the circuit to open, then tries to reconnect with backoff
+    /// until it closes; forever, until its guard aborts it.
+    async fn run(self: Arc<Self>) {
+        loop {
+            self.circuit.wait_open().await;
+            let mut delay = RECONNECT_MIN_DELAY;
+            while self.circuit.is_open() {
+                tokio::time::sleep(delay).await;
+                // A health probe may have closed it meanwhile.
+                if !self.circuit.is_open() || self.attempt().await.is_ok() {
+                    break;
+                }
+                delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+            }
+        }
+    }
+
+    /// One fresh connection and a PING within the timeout. On success the
+    /// connection joins the pool and the circuit closes; on failure the
+    /// circuit opens (or stays open with the new reason).
+    async fn attempt(&self) -> Result<(), Error> {
+        let res = tokio::time::timeout(self.timeout, async {
+            let mut conn = self
+                .client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await?;
+            let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+            Ok::<_, RedisError>((conn, pong))
+        })
+        .await;
+        let (err, reason) = match res {
+            Ok(Ok((conn, pong))) if pong == "PONG" => {
+                // Connections from before the outage are not trusted after
+                // it: a partition leaves them half-open, and nothing else
+                // would retire them.
+                let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+                // A full pool keeps its slots; the connection is then dropped
+                // and bb8 makes new ones as the old ones are retired.
+                let _ = self.pool.add(Pooled {
+                    conn,
+                    epoch,
+                    retired: Arc::default(),
+                });
+                self.circuit.close();
+                return Ok(());
+            }
+            Ok(Ok((_, other))) => {
+                let reason = format!("unexpected ping reply {other:?}");
+                (Error::Protocol(reason.clone()), reason)
+            }
+            Ok(Err(err)) => (classify(&err, self.timeout_ms), err.to_string()),
+            Err(_) => {
+                let reason = format!("no answer within {} ms", self.timeout_ms);
+                (Error::Unavailable(reason.clone()), reason)
+            }
+        };
+        self.circuit.open(reason);
+        Err(err)
+    }
+}
+
+impl Drop for ReconnectGuard {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -407,6 +647,11 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
 }
 
 // === helpers ===
+
+/// Whether `conn` was retired alone or with its epoch.
+fn is_retired(conn: &Pooled, epoch: &AtomicU64) -> bool {
+    conn.retired.load(Ordering::SeqCst) || conn.epoch < epoch.load(Ordering::SeqCst)
+}
 
 /// Whether the connection that produced `err` is dead and must be replaced.
 /// A timeout is not: the multiplexed connection still serves other calls
