@@ -4,7 +4,8 @@
 //! `algorithms` (pure rate-limit math), `backends` (memory, Redis),
 //! `clock`, `limiter` (the decision on a request), `metrics` (Prometheus),
 //! `reload` (hot reload of the config), `proto` (generated wire types),
-//! `service` (gRPC <-> limiter) and `server` (the gRPC server).
+//! `service` (gRPC <-> limiter), `server` (the gRPC server) and `listener`
+//! (bounded accepting for both servers).
 
 pub mod algorithms;
 pub mod backends;
@@ -12,6 +13,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod limiter;
+pub mod listener;
 pub mod metrics;
 pub mod proto;
 pub mod reload;

@@ -1,4 +1,4 @@
-//! The gRPC server: rate-limit service, health, reflection, graceful shutdown.
+//! The gRPC server: rate-limit service, health, reflection, connection limits, graceful shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,12 +7,12 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::codegen::http;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::backends::Backend;
 use crate::limiter::Limiter;
+use crate::listener::{ConnInfo, Listener};
 use crate::service::RateLimitService;
 
 /// Largest gRPC message accepted; bigger ones are refused before decoding.
@@ -39,18 +39,70 @@ pub struct App {
     pub drain_timeout: Duration,
 }
 
+/// What one client may hold of the gRPC server: connections, streams, time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Most connections open at once; further clients wait in the backlog.
+    pub max_connections: usize,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams one connection may have
+    /// open; the peer's extra streams are refused (REFUSED_STREAM).
+    pub max_concurrent_streams: u32,
+    /// A connection must send the HTTP/2 preface and one complete request's
+    /// headers within this time of being accepted, or it is closed.
+    pub handshake_timeout: Duration,
+    /// An HTTP/2 PING is sent after this much silence from the peer...
+    pub keepalive_interval: Duration,
+    /// ...and the connection closed if it is not acknowledged within this.
+    pub keepalive_timeout: Duration,
+    /// Past this age a connection gets GOAWAY (clients reconnect; running
+    /// requests finish)...
+    pub max_connection_age: Duration,
+    /// ...and is closed this much later if it still has streams open.
+    pub max_connection_age_grace: Duration,
+    /// A request not answered within this time (an unfinished body
+    /// included) is ended with CANCELLED, freeing its stream.
+    pub request_timeout: Duration,
+}
+
+impl GrpcLimits {
+    /// The defaults of the `serve` flags.
+    pub const fn standard() -> Self {
+        Self {
+            max_connections: 4096,
+            max_concurrent_streams: 1000,
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(3600),
+            max_connection_age_grace: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("grpc server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves gRPC on `listener` until `shutdown` completes, then reports
-/// NOT_SERVING, stops accepting and drains in-flight RPCs for at most
-/// `app.drain_timeout`.
+/// Serves gRPC on `listener` with [`GrpcLimits::standard`]; see
+/// [`serve_limited`].
 pub async fn serve(
     listener: TcpListener,
     app: App,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    serve_limited(listener, app, GrpcLimits::standard(), shutdown).await
+}
+
+/// Serves gRPC on `listener` within `limits` until `shutdown` completes,
+/// then reports NOT_SERVING, stops accepting and drains in-flight RPCs for
+/// at most `app.drain_timeout`.
+pub async fn serve_limited(
+    listener: TcpListener,
+    app: App,
+    limits: GrpcLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -68,15 +120,29 @@ pub async fn serve(
         .into_server()
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
 
+    let incoming = Listener::new(
+        listener,
+        "grpc",
+        limits.max_connections,
+        app.limiter.metrics(),
+    )
+    .into_incoming(Some(limits.handshake_timeout));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_connection_age(limits.max_connection_age)
+        .max_connection_age_grace(limits.max_connection_age_grace)
+        .timeout(limits.request_timeout)
+        .layer(tower::util::MapRequestLayer::new(request_received))
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_resource_exhausted,
         ))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(rate_limit)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });
     tokio::pin!(server);
@@ -157,6 +223,15 @@ impl Drop for HealthMonitor {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// hyper calls the service once a request's headers are complete: from
+/// then on the connection is past its handshake deadline.
+fn request_received<B>(request: http::Request<B>) -> http::Request<B> {
+    if let Some(info) = request.extensions().get::<ConnInfo>() {
+        info.watchdog.request_started();
+    }
+    request
 }
 
 /// tonic refuses an oversized message with OUT_OF_RANGE; Envoy operators
