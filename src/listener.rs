@@ -14,7 +14,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use futures_util::Stream;
@@ -182,7 +182,15 @@ impl ThrottledLog {
 /// header deadline from the first byte of the next request head.
 #[derive(Debug)]
 pub struct Watchdog {
-    state: Mutex<State>,
+    state: Mutex<Guarded>,
+}
+
+/// The state, and the task whose IO last waited without a deadline: arming
+/// one must wake it, or the deadline is not seen until the peer sends.
+#[derive(Debug)]
+struct Guarded {
+    state: State,
+    waiting: Option<Waker>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -204,45 +212,74 @@ impl Watchdog {
             None => State::Settled,
         };
         Self {
-            state: Mutex::new(state),
+            state: Mutex::new(Guarded {
+                state,
+                waiting: None,
+            }),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Guarded> {
         // Never held across an await; a poisoned state is still a state.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The deadline in force, if any.
     pub fn deadline(&self) -> Option<Instant> {
-        match *self.lock() {
-            State::Idle { deadline, .. } | State::Head { deadline } => Some(deadline),
-            State::Settled => None,
+        self.lock().state.deadline()
+    }
+
+    /// The deadline in force; without one, `waker` is woken when one is set.
+    fn deadline_or_wake(&self, waker: &Waker) -> Option<Instant> {
+        let mut guarded = self.lock();
+        let deadline = guarded.state.deadline();
+        if deadline.is_none() {
+            match &mut guarded.waiting {
+                Some(it) => it.clone_from(waker),
+                None => guarded.waiting = Some(waker.clone()),
+            }
         }
+        deadline
     }
 
     /// A request was received whole (its head, for HTTP/1): no deadline
     /// until [`Watchdog::idle`].
     pub fn request_started(&self) {
-        *self.lock() = State::Settled;
+        self.lock().state = State::Settled;
     }
 
     /// The connection waits for the next request: it must start within
     /// `idle`, and its head then arrive whole within `head`.
     pub fn idle(&self, idle: Duration, head: Duration) {
-        *self.lock() = State::Idle {
-            deadline: Instant::now() + idle,
-            head,
+        let waiting = {
+            let mut guarded = self.lock();
+            guarded.state = State::Idle {
+                deadline: Instant::now() + idle,
+                head,
+            };
+            guarded.waiting.take()
         };
+        if let Some(waker) = waiting {
+            waker.wake();
+        }
     }
 
     /// Bytes arrived: a waiting connection starts its header deadline.
     fn bytes_read(&self) {
-        let mut state = self.lock();
-        if let State::Idle { head, .. } = *state {
-            *state = State::Head {
+        let mut guarded = self.lock();
+        if let State::Idle { head, .. } = guarded.state {
+            guarded.state = State::Head {
                 deadline: Instant::now() + head,
             };
+        }
+    }
+}
+
+impl State {
+    fn deadline(self) -> Option<Instant> {
+        match self {
+            State::Idle { deadline, .. } | State::Head { deadline } => Some(deadline),
+            State::Settled => None,
         }
     }
 }
@@ -295,7 +332,7 @@ impl Conn {
     /// `Ready(error)` once the deadline in force has passed; otherwise
     /// registers the waker for it.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        let Some(deadline) = self.watchdog.deadline() else {
+        let Some(deadline) = self.watchdog.deadline_or_wake(cx.waker()) else {
             return Poll::Pending;
         };
         if self.sleep.deadline() != deadline {
@@ -411,7 +448,7 @@ impl DescriptorBudget {
     /// take the descriptors the other or Redis needs.
     pub fn default_caps(self) -> (usize, usize) {
         let budget = usize::try_from(self.limit.saturating_sub(self.reserve)).unwrap_or(usize::MAX);
-        let http = (budget / 4).min(Self::MAX_HTTP).max(1);
+        let http = (budget / 4).clamp(1, Self::MAX_HTTP);
         let grpc = budget.saturating_sub(http).max(1);
         (grpc, http)
     }

@@ -18,6 +18,13 @@ use crate::service::RateLimitService;
 /// Largest gRPC message accepted; bigger ones are refused before decoding.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
 
+/// Streams refused or reset by the server on one connection before it
+/// sends GOAWAY (h2's own default).
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+/// Streams reset by the peer before being served, at once, before GOAWAY
+/// (h2's own default).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
+
 /// Names reported by `grpc.health.v1.Health`: the whole server, the name
 /// envoyproxy/ratelimit uses, and the fully qualified service.
 pub const HEALTH_SERVICES: [&str; 3] = [
@@ -130,6 +137,11 @@ pub async fn serve_limited(
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
+        // tonic's unset default turns hyper's limits off; a peer that keeps
+        // opening streams past the limit (each refused) or resetting them
+        // gets GOAWAY instead (RUSTSEC-2024-0003, CVE-2023-44487).
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .max_connection_age(limits.max_connection_age)
