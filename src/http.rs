@@ -53,7 +53,8 @@ pub struct HttpLimits {
 }
 
 impl HttpLimits {
-    /// The defaults of the `serve` flags.
+    /// The defaults of the `serve` flags, with 1024 connections in place
+    /// of the cap `main` derives from the descriptor limit.
     pub const fn standard() -> Self {
         Self {
             max_connections: 1024,

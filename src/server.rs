@@ -72,7 +72,8 @@ pub struct GrpcLimits {
 }
 
 impl GrpcLimits {
-    /// The defaults of the `serve` flags.
+    /// The defaults of the `serve` flags, with 4096 connections in place
+    /// of the cap `main` derives from the descriptor limit.
     pub const fn standard() -> Self {
         Self {
             max_connections: 4096,

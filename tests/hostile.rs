@@ -210,12 +210,10 @@ async fn closed_after(stream: &mut TcpStream, since: Instant, within: Duration) 
 // === HTTP/2 frames, written by hand so a client can break the rules ===
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
-const DATA: u8 = 0x0;
 const HEADERS: u8 = 0x1;
 const RST_STREAM: u8 = 0x3;
 const SETTINGS: u8 = 0x4;
 const GOAWAY: u8 = 0x7;
-const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const ACK: u8 = 0x1;
 const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
@@ -455,7 +453,8 @@ async fn unfinished_streams_past_the_advertised_limit_are_refused_and_others_ser
 }
 
 /// Each kind of stalled peer is closed once its timeout passes, and not
-/// before; a gRPC connection past its first request is not cut.
+/// before; a gRPC connection past its first request is not cut, but its
+/// unfinished request is ended by the request timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
     let server = Server::start(
@@ -468,6 +467,8 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
             "1000",
             "--http-idle-timeout-ms",
             "1500",
+            "--grpc-request-timeout-ms",
+            "3000",
         ],
         None,
     )
@@ -499,7 +500,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
             .unwrap();
         closed_after(&mut stream, started, within).await
     });
-    let grpc_after_a_request = tokio::spawn(async move {
+    let grpc_unfinished_request = tokio::spawn(async move {
         let mut stream = TcpStream::connect(grpc).await.unwrap();
         h2_handshake(&mut stream).await;
         let block = request_header_block();
@@ -507,24 +508,27 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
             .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
             .await
             .unwrap();
-        // Open well past the handshake timeout: the request arrived.
-        let mut buf = [0u8; 1024];
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_millis(2500) {
-            let left = Duration::from_millis(2500).saturating_sub(started.elapsed());
-            match tokio::time::timeout(left, stream.read(&mut buf)).await {
-                Err(_) => break,
-                Ok(Ok(n)) if n > 0 => {}
-                Ok(other) => panic!("closed after its first request: {other:?}"),
+        let sent = Instant::now();
+        // The request arrived, so the handshake timeout no longer applies;
+        // its body never comes, so the request timeout ends the stream.
+        let answer = tokio::time::timeout(within, async {
+            loop {
+                let frame_in = read_frame(&mut stream)
+                    .await
+                    .expect("connection closed while its request was open");
+                if frame_in.stream_id == 1 && matches!(frame_in.kind, HEADERS | RST_STREAM) {
+                    return sent.elapsed();
+                }
             }
-        }
-        // Finish the request properly: an empty message.
-        let mut message = vec![0u8];
-        message.extend_from_slice(&0u32.to_be_bytes());
+        })
+        .await
+        .expect("no answer to the unfinished request");
+        // Still open after the request ended.
         stream
-            .write_all(&frame(DATA, END_STREAM, 1, &message))
+            .write_all(&frame(SETTINGS, 0, 0, &[]))
             .await
-            .unwrap();
+            .expect("connection still open");
+        answer
     });
     let http_silent = tokio::spawn(async move {
         let mut stream = TcpStream::connect(http).await.unwrap();
@@ -610,14 +614,15 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
     let grpc_silent = grpc_silent.await.unwrap();
     let grpc_preface_only = grpc_preface_only.await.unwrap();
     let grpc_partial_headers = grpc_partial_headers.await.unwrap();
-    grpc_after_a_request.await.unwrap();
+    let grpc_unfinished_request = grpc_unfinished_request.await.unwrap();
     let http_silent = http_silent.await.unwrap();
     let http_slowloris = http_slowloris.await.unwrap();
     let http_idle = http_idle.await.unwrap();
     let http_unfinished_body = http_unfinished_body.await.unwrap();
     eprintln!(
         "closed after: grpc silent {grpc_silent:?}, preface only {grpc_preface_only:?}, \
-         partial headers {grpc_partial_headers:?}; http silent {http_silent:?}, \
+         partial headers {grpc_partial_headers:?}, unfinished request answered after \
+         {grpc_unfinished_request:?}; http silent {http_silent:?}, \
          slowloris {http_slowloris:?}, idle {http_idle:?}, unfinished body {http_unfinished_body:?}"
     );
     // Not before the timeout (less a little for timer granularity)...
