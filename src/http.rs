@@ -96,7 +96,7 @@ pub async fn serve_limited(
     tokio::pin!(shutdown);
     loop {
         let conn = tokio::select! {
-            conn = listener.accept(Some(limits.header_timeout)) => conn,
+            conn = listener.accept(Some(limits.header_timeout), None) => conn,
             () = &mut shutdown => break,
         };
         let watchdog = conn.watchdog();

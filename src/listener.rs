@@ -75,8 +75,13 @@ impl Listener {
     }
 
     /// The next connection, once fewer than the cap are open; its watchdog
-    /// starts with `first_deadline` (`None`: no deadline).
-    pub async fn accept(&mut self, first_deadline: Option<Duration>) -> Conn {
+    /// starts with `first_deadline` (`None`: no deadline), and its IO fails
+    /// after `lifetime` whatever the watchdog says.
+    pub async fn accept(
+        &mut self,
+        first_deadline: Option<Duration>,
+        lifetime: Option<Duration>,
+    ) -> Conn {
         let permit = self
             .permits
             .clone()
@@ -89,7 +94,11 @@ impl Listener {
                     self.backoff = FIRST_BACKOFF;
                     // Small unary answers: never wait for Nagle.
                     let _ = stream.set_nodelay(true);
-                    return Conn::new(stream, permit, &self.metrics, first_deadline);
+                    let limits = ConnLimits {
+                        first_deadline,
+                        lifetime,
+                    };
+                    return Conn::new(stream, permit, &self.metrics, limits);
                 }
                 // The peer gave up before we took the connection: nothing to wait for.
                 Err(err) if is_peer_error(&err) => {}
@@ -102,9 +111,10 @@ impl Listener {
     pub fn into_incoming(
         self,
         first_deadline: Option<Duration>,
+        lifetime: Option<Duration>,
     ) -> impl Stream<Item = Result<Conn, Infallible>> + Send + 'static {
         futures_util::stream::unfold(self, move |mut listener| async move {
-            let conn = listener.accept(first_deadline).await;
+            let conn = listener.accept(first_deadline, lifetime).await;
             Some((Ok(conn), listener))
         })
     }
@@ -292,12 +302,21 @@ pub struct ConnInfo {
     pub watchdog: Arc<Watchdog>,
 }
 
+/// The deadlines of one accepted connection.
+#[derive(Debug, Clone, Copy)]
+struct ConnLimits {
+    first_deadline: Option<Duration>,
+    lifetime: Option<Duration>,
+}
+
 /// An accepted connection: holds its slot under the cap until dropped,
-/// and fails IO pending past its watchdog's deadline.
+/// and fails IO pending past its watchdog's deadline or its lifetime.
 #[derive(Debug)]
 pub struct Conn {
     stream: TcpStream,
     watchdog: Arc<Watchdog>,
+    /// The end of the connection's lifetime, whatever the watchdog says.
+    end_of_life: Option<Instant>,
     sleep: Pin<Box<Sleep>>,
     open: prometheus_client::metrics::gauge::Gauge,
     _permit: OwnedSemaphorePermit,
@@ -308,9 +327,10 @@ impl Conn {
         stream: TcpStream,
         permit: OwnedSemaphorePermit,
         metrics: &ListenerMetrics,
-        first_deadline: Option<Duration>,
+        limits: ConnLimits,
     ) -> Self {
-        let watchdog = Arc::new(Watchdog::new(first_deadline));
+        let watchdog = Arc::new(Watchdog::new(limits.first_deadline));
+        let end_of_life = limits.lifetime.map(|it| Instant::now() + it);
         let sleep = Box::pin(tokio::time::sleep_until(
             watchdog.deadline().unwrap_or_else(Instant::now),
         ));
@@ -318,6 +338,7 @@ impl Conn {
         Self {
             stream,
             watchdog,
+            end_of_life,
             sleep,
             open: metrics.open.clone(),
             _permit: permit,
@@ -332,8 +353,10 @@ impl Conn {
     /// `Ready(error)` once the deadline in force has passed; otherwise
     /// registers the waker for it.
     fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
-        let Some(deadline) = self.watchdog.deadline_or_wake(cx.waker()) else {
-            return Poll::Pending;
+        let deadline = match (self.watchdog.deadline_or_wake(cx.waker()), self.end_of_life) {
+            (Some(watchdog), Some(end)) => watchdog.min(end),
+            (Some(it), None) | (None, Some(it)) => it,
+            (None, None) => return Poll::Pending,
         };
         if self.sleep.deadline() != deadline {
             self.sleep.as_mut().reset(deadline);

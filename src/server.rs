@@ -134,7 +134,12 @@ pub async fn serve_limited(
         limits.max_connections,
         app.limiter.metrics(),
     )
-    .into_incoming(Some(limits.handshake_timeout));
+    // tonic's own grace period skips the GOAWAY when set (it only closes
+    // the connection at age + grace), so the connection closes itself.
+    .into_incoming(
+        Some(limits.handshake_timeout),
+        Some(limits.max_connection_age + limits.max_connection_age_grace),
+    );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
@@ -146,7 +151,6 @@ pub async fn serve_limited(
         .http2_keepalive_interval(Some(limits.keepalive_interval))
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .max_connection_age(limits.max_connection_age)
-        .max_connection_age_grace(limits.max_connection_age_grace)
         .timeout(limits.request_timeout)
         .layer(tower::util::MapRequestLayer::new(request_received))
         .layer(tower::util::MapResponseLayer::new(

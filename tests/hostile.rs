@@ -812,3 +812,95 @@ async fn many_finishing_streams_are_served_and_rapid_reset_gets_goaway() {
     .expect("an answer to the flood within 10 s");
     assert!(goaway, "the connection closed without GOAWAY");
 }
+
+/// A gRPC peer that stops answering PINGs is closed by keepalive; one that
+/// answers them but keeps a stream open forever gets GOAWAY at the maximum
+/// connection age and is closed after the grace period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalive_and_connection_age_end_dead_and_old_connections() {
+    const PING: u8 = 0x6;
+    let server = Server::start(
+        &[
+            "--grpc-keepalive-interval-ms",
+            "500",
+            "--grpc-keepalive-timeout-ms",
+            "500",
+            "--grpc-max-connection-age-ms",
+            "4000",
+            "--grpc-max-connection-age-grace-ms",
+            "500",
+            "--grpc-request-timeout-ms",
+            "60000",
+        ],
+        None,
+    )
+    .await;
+    let grpc = server.grpc;
+    // Opens a connection with one request whose body never comes, so only
+    // keepalive or the connection age can end it.
+    let open = move || async move {
+        let mut stream = TcpStream::connect(grpc).await.unwrap();
+        h2_handshake(&mut stream).await;
+        let block = request_header_block();
+        stream
+            .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
+            .await
+            .unwrap();
+        stream
+    };
+
+    let silent = tokio::spawn(async move {
+        let mut stream = open().await;
+        let started = Instant::now();
+        let mut pinged = false;
+        let mut goaway = false;
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(frame_in) = read_frame(&mut stream).await {
+                pinged |= frame_in.kind == PING && frame_in.flags & ACK == 0;
+                goaway |= frame_in.kind == GOAWAY;
+            }
+        })
+        .await
+        .expect("a peer that never answers PING still open after 10 s");
+        (started.elapsed(), pinged, goaway)
+    });
+    let answering = tokio::spawn(async move {
+        let mut stream = open().await;
+        let started = Instant::now();
+        let mut goaway_after = None;
+        tokio::time::timeout(Duration::from_secs(15), async {
+            while let Some(frame_in) = read_frame(&mut stream).await {
+                if frame_in.kind == PING && frame_in.flags & ACK == 0 {
+                    let ack = frame(PING, ACK, 0, &frame_in.payload);
+                    if stream.write_all(&ack).await.is_err() {
+                        break;
+                    }
+                }
+                if frame_in.kind == GOAWAY && goaway_after.is_none() {
+                    goaway_after = Some(started.elapsed());
+                }
+            }
+        })
+        .await
+        .expect("an old connection still open after 15 s");
+        (started.elapsed(), goaway_after)
+    });
+
+    let (silent_closed, pinged, silent_goaway) = silent.await.unwrap();
+    let (old_closed, goaway_after) = answering.await.unwrap();
+    eprintln!(
+        "no PING answers: closed after {silent_closed:?}; answering PINGs: GOAWAY after \
+         {goaway_after:?}, closed after {old_closed:?}"
+    );
+    assert!(pinged, "the server never sent a PING");
+    assert!(
+        silent_closed < Duration::from_millis(3900),
+        "the silent peer was closed by the connection age, not keepalive (goaway {silent_goaway})"
+    );
+    let goaway_after = goaway_after.expect("no GOAWAY at the maximum connection age");
+    assert!(
+        goaway_after >= Duration::from_millis(3900),
+        "GOAWAY after {goaway_after:?}, before the maximum age"
+    );
+    assert!(old_closed >= goaway_after + Duration::from_millis(400));
+}
