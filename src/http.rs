@@ -5,7 +5,9 @@
 //! envoyproxy/ratelimit's endpoint, for curl-based debugging.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::Router;
@@ -18,6 +20,7 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::limiter::{self, Limiter};
+use crate::listener::Listener;
 use crate::rules::Unit;
 
 /// A probe slower than this makes `/healthcheck` answer 503.
@@ -35,16 +38,138 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
         .with_state(limiter)
 }
 
-/// Serves HTTP on `listener` until `shutdown` completes, then lets
-/// in-flight requests finish.
+/// What one client may hold of the HTTP server: connections and time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Most connections open at once; further clients wait in the backlog.
+    pub max_connections: usize,
+    /// A request head must arrive whole within this time of its first byte
+    /// (of the accept, for a connection's first request).
+    pub header_timeout: Duration,
+    /// A request body must arrive whole within this time of its head.
+    pub body_timeout: Duration,
+    /// A keep-alive connection is closed after this long without a request.
+    pub idle_timeout: Duration,
+}
+
+impl HttpLimits {
+    /// The defaults of the `serve` flags, with 1024 connections in place
+    /// of the cap `main` derives from the descriptor limit.
+    pub const fn standard() -> Self {
+        Self {
+            max_connections: 1024,
+            header_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// Serves HTTP on `listener` with [`HttpLimits::standard`]; see
+/// [`serve_limited`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(limiter))
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_limited(listener, limiter, HttpLimits::standard(), shutdown).await
+}
+
+/// Serves HTTP/1.1 on `listener` within `limits` until `shutdown`
+/// completes, then stops accepting, closes idle connections and lets
+/// in-flight requests finish.
+pub async fn serve_limited(
+    listener: tokio::net::TcpListener,
+    limiter: Arc<Limiter>,
+    limits: HttpLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut listener = Listener::new(listener, "http", limits.max_connections, limiter.metrics());
+    let router = router(limiter);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    // The connection's watchdog times heads, and also the wait between
+    // requests, which hyper's header timeout would cut short.
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(None);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let conn = tokio::select! {
+            conn = listener.accept(Some(limits.header_timeout), None) => conn,
+            () = &mut shutdown => break,
+        };
+        let watchdog = conn.watchdog();
+        let router = router.clone();
+        let service =
+            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+                watchdog.request_started();
+                let watchdog = watchdog.clone();
+                let router = router.clone();
+                async move {
+                    let request = request.map(|body| TimedBody::new(body, limits.body_timeout));
+                    let response = tower::ServiceExt::oneshot(router, request).await;
+                    watchdog.idle(limits.idle_timeout, limits.header_timeout);
+                    response
+                }
+            });
+        let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), service);
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!("http connection ended: {err}");
+            }
+        });
+    }
+    // Closes the listening socket before waiting for the connections.
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
+/// A request body that fails once its deadline passes with data still to
+/// come, so a client cannot hold a request open by sending its body slowly.
+struct TimedBody {
+    inner: hyper::body::Incoming,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl TimedBody {
+    fn new(inner: hyper::body::Incoming, within: Duration) -> Self {
+        Self {
+            inner,
+            deadline: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+impl http_body::Body for TimedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    Poll::Ready(Some(Err("request body not received in time".into())))
+                }
+                Poll::Pending => Poll::Pending,
+            },
+            Poll::Ready(frame) => Poll::Ready(frame.map(|it| it.map_err(Into::into))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> Response {

@@ -5,7 +5,8 @@
 //! `clock`, `limiter` (the decision on a request), `log_gate`
 //! (rate-limited log lines), `metrics` (Prometheus),
 //! `reload` (hot reload of the config), `proto` (generated wire types),
-//! `service` (gRPC <-> limiter) and `server` (the gRPC server).
+//! `service` (gRPC <-> limiter), `server` (the gRPC server) and `listener`
+//! (bounded accepting for both servers).
 
 pub mod algorithms;
 pub mod backends;
@@ -13,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod http;
 pub mod limiter;
+pub mod listener;
 pub mod log_gate;
 pub mod metrics;
 pub mod proto;

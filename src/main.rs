@@ -17,11 +17,13 @@ use throttlegate::backends::memory::{DEFAULT_MAX_COUNTERS, MemoryBackend};
 use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use throttlegate::clock::SystemClock;
 use throttlegate::config::{self, LoadOptions};
+use throttlegate::http::HttpLimits;
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
+use throttlegate::listener::DescriptorBudget;
 use throttlegate::metrics::Metrics;
 use throttlegate::reload::{ReloadGuard, Reloader};
 use throttlegate::rules::RuleSet;
-use throttlegate::server::App;
+use throttlegate::server::{App, GrpcLimits};
 
 /// Exit code of a start-up failure (bad config, bad flags, unusable backend).
 const EXIT_STARTUP: u8 = 2;
@@ -178,6 +180,62 @@ struct ServeArgs {
     /// How long in-flight requests may run after SIGTERM.
     #[arg(long, env = "THROTTLEGATE_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     drain_timeout_ms: u64,
+    #[command(flatten)]
+    limits: LimitArgs,
+}
+
+/// What one client may hold of the servers.
+#[derive(Debug, Args)]
+struct LimitArgs {
+    /// Most gRPC connections open at once [default: from the descriptor
+    /// limit, see README].
+    #[arg(long, env = "THROTTLEGATE_GRPC_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_max_connections: Option<u32>,
+    /// Streams one gRPC connection may have open (advertised as
+    /// SETTINGS_MAX_CONCURRENT_STREAMS; more are refused).
+    #[arg(long, env = "THROTTLEGATE_GRPC_MAX_CONCURRENT_STREAMS", default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+    grpc_max_concurrent_streams: u32,
+    /// A gRPC connection that has not sent the HTTP/2 preface and one
+    /// complete request's headers within this time is closed.
+    #[arg(long, env = "THROTTLEGATE_GRPC_HANDSHAKE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    grpc_handshake_timeout_ms: u64,
+    /// An HTTP/2 PING is sent to a gRPC peer silent for this long.
+    #[arg(long, env = "THROTTLEGATE_GRPC_KEEPALIVE_INTERVAL_MS", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    grpc_keepalive_interval_ms: u64,
+    /// A gRPC connection whose PING is not acknowledged within this is closed.
+    #[arg(long, env = "THROTTLEGATE_GRPC_KEEPALIVE_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    grpc_keepalive_timeout_ms: u64,
+    /// A gRPC connection older than this gets GOAWAY (clients reconnect;
+    /// running requests finish).
+    #[arg(long, env = "THROTTLEGATE_GRPC_MAX_CONNECTION_AGE_MS", default_value_t = 3_600_000, value_parser = clap::value_parser!(u64).range(1..))]
+    grpc_max_connection_age_ms: u64,
+    /// How long after its GOAWAY a gRPC connection with streams still open
+    /// is closed.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_GRPC_MAX_CONNECTION_AGE_GRACE_MS",
+        default_value_t = 30_000
+    )]
+    grpc_max_connection_age_grace_ms: u64,
+    /// A gRPC request not answered within this (its body included) is ended
+    /// with CANCELLED.
+    #[arg(long, env = "THROTTLEGATE_GRPC_REQUEST_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    grpc_request_timeout_ms: u64,
+    /// Most HTTP connections open at once [default: from the descriptor
+    /// limit, see README].
+    #[arg(long, env = "THROTTLEGATE_HTTP_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
+    http_max_connections: Option<u32>,
+    /// An HTTP request head must arrive whole within this of its first
+    /// byte (of the accept, for a connection's first request).
+    #[arg(long, env = "THROTTLEGATE_HTTP_HEADER_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    http_header_timeout_ms: u64,
+    /// An HTTP request body must arrive whole within this of its head.
+    #[arg(long, env = "THROTTLEGATE_HTTP_BODY_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    http_body_timeout_ms: u64,
+    /// An HTTP keep-alive connection is closed after this long without a
+    /// request.
+    #[arg(long, env = "THROTTLEGATE_HTTP_IDLE_TIMEOUT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
+    http_idle_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -263,6 +321,81 @@ fn run_serve(args: ServeArgs) -> ExitCode {
     runtime.block_on(serve(args))
 }
 
+/// Descriptors kept free of client connections beyond the Redis pool:
+/// standard streams, the listening sockets, the config watcher, the
+/// runtime's own, and Redis reconnections.
+const DESCRIPTOR_RESERVE: u64 = 128;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, logs both, and
+/// returns the descriptor budget the connection caps come from.
+fn descriptor_budget(redis_pool_size: u32) -> DescriptorBudget {
+    let reserve = DESCRIPTOR_RESERVE + u64::from(redis_pool_size);
+    let limit = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok((soft, hard)) => match rlimit::increase_nofile_limit(hard) {
+            Ok(raised) => {
+                tracing::info!(
+                    soft = raised,
+                    hard,
+                    previous_soft = soft,
+                    "file descriptor limit"
+                );
+                raised
+            }
+            Err(err) => {
+                tracing::warn!(soft, hard, "cannot raise the file descriptor limit: {err}");
+                soft
+            }
+        },
+        Err(err) => {
+            tracing::warn!("cannot read the file descriptor limit, assuming 1024: {err}");
+            1024
+        }
+    };
+    DescriptorBudget { limit, reserve }
+}
+
+fn limits(args: &LimitArgs, budget: DescriptorBudget) -> (GrpcLimits, HttpLimits) {
+    let (grpc_default, http_default) = budget.default_caps();
+    let grpc_max_connections = args
+        .grpc_max_connections
+        .map_or(grpc_default, |it| it as usize);
+    let http_max_connections = args
+        .http_max_connections
+        .map_or(http_default, |it| it as usize);
+    let total = (grpc_max_connections + http_max_connections) as u64;
+    if total > budget.limit.saturating_sub(budget.reserve) {
+        tracing::warn!(
+            grpc_max_connections,
+            http_max_connections,
+            descriptor_limit = budget.limit,
+            reserve = budget.reserve,
+            "the connection caps exceed the descriptor limit less its reserve: clients can exhaust descriptors"
+        );
+    }
+    tracing::info!(
+        grpc_max_connections,
+        http_max_connections,
+        "connection caps"
+    );
+    let grpc = GrpcLimits {
+        max_connections: grpc_max_connections,
+        max_concurrent_streams: args.grpc_max_concurrent_streams,
+        handshake_timeout: Duration::from_millis(args.grpc_handshake_timeout_ms),
+        keepalive_interval: Duration::from_millis(args.grpc_keepalive_interval_ms),
+        keepalive_timeout: Duration::from_millis(args.grpc_keepalive_timeout_ms),
+        max_connection_age: Duration::from_millis(args.grpc_max_connection_age_ms),
+        max_connection_age_grace: Duration::from_millis(args.grpc_max_connection_age_grace_ms),
+        request_timeout: Duration::from_millis(args.grpc_request_timeout_ms),
+    };
+    let http = HttpLimits {
+        max_connections: http_max_connections,
+        header_timeout: Duration::from_millis(args.http_header_timeout_ms),
+        body_timeout: Duration::from_millis(args.http_body_timeout_ms),
+        idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
+    };
+    (grpc, http)
+}
+
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -282,6 +415,7 @@ fn startup_failure(message: impl std::fmt::Display) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
+    let (grpc_limits, http_limits) = limits(&args.limits, descriptor_budget(args.redis_pool_size));
     let rules = match &args.config {
         Some(path) => match load_config(path, &args.config_options) {
             Ok(it) => it,
@@ -369,9 +503,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
     // The gRPC server waits for the signal and passes it on to HTTP; if
     // gRPC stops on its own, the sender is dropped and HTTP stops too.
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    let http = tokio::spawn(throttlegate::http::serve(
+    let http = tokio::spawn(throttlegate::http::serve_limited(
         http_listener,
         limiter.clone(),
+        http_limits,
         async move {
             let _ = stop_rx.wait_for(|stop| *stop).await;
         },
@@ -380,7 +515,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         limiter,
         drain_timeout,
     };
-    let grpc_res = throttlegate::serve(listener, app, async move {
+    let grpc_res = throttlegate::server::serve_limited(listener, app, grpc_limits, async move {
         shutdown_signal().await;
         let _ = stop_tx.send(true);
     })

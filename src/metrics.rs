@@ -113,6 +113,17 @@ struct BackendErrorLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AcceptErrorLabels {
+    listener: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     result: &'static str,
 }
@@ -142,6 +153,8 @@ pub struct Metrics {
     in_flight: Gauge<i64, AtomicI64>,
     reloads: Family<ReloadLabels, Counter>,
     stored_counters: Gauge<i64, AtomicI64>,
+    open_connections: Family<ListenerLabels, Gauge>,
+    accept_errors: Family<AcceptErrorLabels, Counter>,
     stored_source: Mutex<Option<CounterSource>>,
     /// `domain → rule → counters`, looked up by `&str` without allocating.
     rules: RwLock<FastMap<Arc<str>, DomainCounters>>,
@@ -186,6 +199,17 @@ impl BackendMetrics {
             backends::Error::Full(_) => self.full.inc(),
         };
     }
+}
+
+/// The pre-resolved metrics of one listener (`grpc`, `http`).
+#[derive(Debug, Clone)]
+pub struct ListenerMetrics {
+    /// Connections open now.
+    pub open: Gauge,
+    /// `accept` failures for lack of file descriptors (EMFILE, ENFILE).
+    pub accept_errors_descriptors: Counter,
+    /// Other `accept` failures (ENOBUFS, ENOMEM...).
+    pub accept_errors_other: Counter,
 }
 
 /// Counts one in-flight request until dropped.
@@ -247,6 +271,18 @@ impl Metrics {
         for result in ["ok", "error"] {
             reloads.get_or_create_owned(&ReloadLabels { result });
         }
+        let open_connections = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "open_connections",
+            "Client connections open, by listener (grpc, http)",
+            open_connections.clone(),
+        );
+        let accept_errors = Family::<AcceptErrorLabels, Counter>::default();
+        registry.register(
+            "accept_errors",
+            "Failed accepts by listener and kind (descriptors: out of file descriptors, other)",
+            accept_errors.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             decisions,
@@ -256,6 +292,8 @@ impl Metrics {
             in_flight,
             reloads,
             stored_counters: Gauge::default(),
+            open_connections,
+            accept_errors,
             stored_source: Mutex::new(None),
             rules: RwLock::new(FastMap::default()),
         }
@@ -316,6 +354,23 @@ impl Metrics {
             unavailable: error("unavailable"),
             protocol: error("protocol"),
             full: error("full"),
+        }
+    }
+
+    /// The connection gauge and accept error counters of the listener `name`.
+    pub fn listener(&self, name: &'static str) -> ListenerMetrics {
+        let error = |kind| {
+            self.accept_errors.get_or_create_owned(&AcceptErrorLabels {
+                listener: name,
+                kind,
+            })
+        };
+        ListenerMetrics {
+            open: self
+                .open_connections
+                .get_or_create_owned(&ListenerLabels { listener: name }),
+            accept_errors_descriptors: error("descriptors"),
+            accept_errors_other: error("other"),
         }
     }
 

@@ -1,4 +1,4 @@
-//! The gRPC server: rate-limit service, health, reflection, graceful shutdown.
+//! The gRPC server: rate-limit service, health, reflection, connection limits, graceful shutdown.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -7,16 +7,23 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tonic::codegen::http;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::backends::Backend;
 use crate::limiter::Limiter;
+use crate::listener::{ConnInfo, Listener};
 use crate::service::RateLimitService;
 
 /// Largest gRPC message accepted; bigger ones are refused before decoding.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+
+/// Streams refused or reset by the server on one connection before it
+/// sends GOAWAY (h2's own default).
+const MAX_LOCAL_ERROR_RESETS: usize = 1024;
+/// Streams reset by the peer before being served, at once, before GOAWAY
+/// (h2's own default).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 
 /// Names reported by `grpc.health.v1.Health`: the whole server, the name
 /// envoyproxy/ratelimit uses, and the fully qualified service.
@@ -39,18 +46,71 @@ pub struct App {
     pub drain_timeout: Duration,
 }
 
+/// What one client may hold of the gRPC server: connections, streams, time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Most connections open at once; further clients wait in the backlog.
+    pub max_connections: usize,
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: streams one connection may have
+    /// open; the peer's extra streams are refused (REFUSED_STREAM).
+    pub max_concurrent_streams: u32,
+    /// A connection must send the HTTP/2 preface and one complete request's
+    /// headers within this time of being accepted, or it is closed.
+    pub handshake_timeout: Duration,
+    /// An HTTP/2 PING is sent after this much silence from the peer...
+    pub keepalive_interval: Duration,
+    /// ...and the connection closed if it is not acknowledged within this.
+    pub keepalive_timeout: Duration,
+    /// Past this age a connection gets GOAWAY (clients reconnect; running
+    /// requests finish)...
+    pub max_connection_age: Duration,
+    /// ...and is closed this much later if it still has streams open.
+    pub max_connection_age_grace: Duration,
+    /// A request not answered within this time (an unfinished body
+    /// included) is ended with CANCELLED, freeing its stream.
+    pub request_timeout: Duration,
+}
+
+impl GrpcLimits {
+    /// The defaults of the `serve` flags, with 4096 connections in place
+    /// of the cap `main` derives from the descriptor limit.
+    pub const fn standard() -> Self {
+        Self {
+            max_connections: 4096,
+            max_concurrent_streams: 1000,
+            handshake_timeout: Duration::from_secs(10),
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_connection_age: Duration::from_secs(3600),
+            max_connection_age_grace: Duration::from_secs(30),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("grpc server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves gRPC on `listener` until `shutdown` completes, then reports
-/// NOT_SERVING, stops accepting and drains in-flight RPCs for at most
-/// `app.drain_timeout`.
+/// Serves gRPC on `listener` with [`GrpcLimits::standard`]; see
+/// [`serve_limited`].
 pub async fn serve(
     listener: TcpListener,
     app: App,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), Error> {
+    serve_limited(listener, app, GrpcLimits::standard(), shutdown).await
+}
+
+/// Serves gRPC on `listener` within `limits` until `shutdown` completes,
+/// then reports NOT_SERVING, stops accepting and drains in-flight RPCs for
+/// at most `app.drain_timeout`.
+pub async fn serve_limited(
+    listener: TcpListener,
+    app: App,
+    limits: GrpcLimits,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
@@ -68,8 +128,31 @@ pub async fn serve(
         .into_server()
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
 
+    let incoming = Listener::new(
+        listener,
+        "grpc",
+        limits.max_connections,
+        app.limiter.metrics(),
+    )
+    // tonic's own grace period skips the GOAWAY when set (it only closes
+    // the connection at age + grace), so the connection closes itself.
+    .into_incoming(
+        Some(limits.handshake_timeout),
+        Some(limits.max_connection_age + limits.max_connection_age_grace),
+    );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.max_concurrent_streams)
+        // tonic's unset default turns hyper's limits off; a peer that keeps
+        // opening streams past the limit (each refused) or resetting them
+        // gets GOAWAY instead (RUSTSEC-2024-0003, CVE-2023-44487).
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
+        .http2_keepalive_interval(Some(limits.keepalive_interval))
+        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+        .max_connection_age(limits.max_connection_age)
+        .timeout(limits.request_timeout)
+        .layer(tower::util::MapRequestLayer::new(request_received))
         .layer(tower::util::MapResponseLayer::new(
             oversized_is_resource_exhausted,
         ))
@@ -79,7 +162,7 @@ pub async fn serve(
         .add_service(health_service)
         .add_service(reflection)
         .add_service(rate_limit)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener), async {
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stop_rx.await;
         });
     tokio::pin!(server);
@@ -160,6 +243,15 @@ impl Drop for HealthMonitor {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// hyper calls the service once a request's headers are complete: from
+/// then on the connection is past its handshake deadline.
+fn request_received<B>(request: http::Request<B>) -> http::Request<B> {
+    if let Some(info) = request.extensions().get::<ConnInfo>() {
+        info.watchdog.request_started();
+    }
+    request
 }
 
 /// tonic refuses an oversized message with OUT_OF_RANGE; Envoy operators

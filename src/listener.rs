@@ -1,0 +1,526 @@
+//! Bounded accepting: a cap on open connections, back-off when descriptors run out, and a deadline on every connection until it has sent a request.
+//!
+//! Both servers accept through a [`Listener`]. It takes a permit before
+//! calling `accept`, so at the cap new peers wait in the kernel's backlog
+//! and cost no descriptor. When `accept` fails (EMFILE, ENFILE, ENOBUFS...)
+//! it sleeps with a doubling back-off instead of retrying at once (the
+//! socket stays readable, so an immediate retry spins), logs at most once a
+//! second and counts the failure. Each accepted [`Conn`] carries a
+//! [`Watchdog`]: while it holds a deadline, a read or write still pending
+//! past it fails with `TimedOut`, which makes hyper drop the connection.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::{Instant, Sleep};
+use tonic::transport::server::{Connected, TcpConnectInfo};
+
+use crate::metrics::{ListenerMetrics, Metrics};
+
+/// First pause after a failed `accept`; doubled on each failure in a row.
+const FIRST_BACKOFF: Duration = Duration::from_millis(5);
+/// Longest pause: a freed descriptor is used within this time.
+const MAX_BACKOFF: Duration = Duration::from_millis(200);
+/// At most one log line per listener per this interval.
+const LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// Accepts connections on a TCP listener, at most `max_connections` open
+/// at once; `accept` never fails.
+pub struct Listener {
+    inner: TcpListener,
+    name: &'static str,
+    permits: Arc<Semaphore>,
+    metrics: ListenerMetrics,
+    backoff: Duration,
+    log: ThrottledLog,
+}
+
+impl std::fmt::Debug for Listener {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Listener")
+            .field("name", &self.name)
+            .field("available", &self.permits.available_permits())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Listener {
+    /// `name` labels the metrics and log lines (`grpc`, `http`);
+    /// `max_connections` below 1 counts as 1.
+    pub fn new(
+        inner: TcpListener,
+        name: &'static str,
+        max_connections: usize,
+        metrics: &Metrics,
+    ) -> Self {
+        Self {
+            inner,
+            name,
+            permits: Arc::new(Semaphore::new(
+                max_connections.clamp(1, Semaphore::MAX_PERMITS),
+            )),
+            metrics: metrics.listener(name),
+            backoff: FIRST_BACKOFF,
+            log: ThrottledLog::default(),
+        }
+    }
+
+    /// The next connection, once fewer than the cap are open; its watchdog
+    /// starts with `first_deadline` (`None`: no deadline), and its IO fails
+    /// after `lifetime` whatever the watchdog says.
+    pub async fn accept(
+        &mut self,
+        first_deadline: Option<Duration>,
+        lifetime: Option<Duration>,
+    ) -> Conn {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, _peer)) => {
+                    self.backoff = FIRST_BACKOFF;
+                    // Small unary answers: never wait for Nagle.
+                    let _ = stream.set_nodelay(true);
+                    let limits = ConnLimits {
+                        first_deadline,
+                        lifetime,
+                    };
+                    return Conn::new(stream, permit, &self.metrics, limits);
+                }
+                // The peer gave up before we took the connection: nothing to wait for.
+                Err(err) if is_peer_error(&err) => {}
+                Err(err) => self.back_off(&err).await,
+            }
+        }
+    }
+
+    /// The listener as the stream of connections tonic serves.
+    pub fn into_incoming(
+        self,
+        first_deadline: Option<Duration>,
+        lifetime: Option<Duration>,
+    ) -> impl Stream<Item = Result<Conn, Infallible>> + Send + 'static {
+        futures_util::stream::unfold(self, move |mut listener| async move {
+            let conn = listener.accept(first_deadline, lifetime).await;
+            Some((Ok(conn), listener))
+        })
+    }
+
+    async fn back_off(&mut self, err: &io::Error) {
+        let out_of_descriptors = matches!(err.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+        if out_of_descriptors {
+            self.metrics.accept_errors_descriptors.inc();
+        } else {
+            self.metrics.accept_errors_other.inc();
+        }
+        if let Some(suppressed) = self.log.admit(Instant::now()) {
+            let open = self.metrics.open.get();
+            if out_of_descriptors {
+                tracing::error!(
+                    listener = self.name,
+                    open_connections = open,
+                    suppressed,
+                    "cannot accept connections, out of file descriptors: {err}"
+                );
+            } else {
+                tracing::error!(
+                    listener = self.name,
+                    open_connections = open,
+                    suppressed,
+                    "cannot accept connections: {err}"
+                );
+            }
+        }
+        tokio::time::sleep(self.backoff).await;
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Errors that concern one connection the peer already abandoned, not the
+/// listener: retried at once.
+fn is_peer_error(err: &io::Error) -> bool {
+    matches!(
+        err.kind(),
+        io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionRefused
+    )
+}
+
+/// Admits one log line per [`LOG_EVERY`] and counts the others.
+#[derive(Debug, Default)]
+struct ThrottledLog {
+    last: Option<Instant>,
+    suppressed: u64,
+}
+
+impl ThrottledLog {
+    /// `Some(lines suppressed since the last one)` if a line may be logged now.
+    fn admit(&mut self, now: Instant) -> Option<u64> {
+        match self.last {
+            Some(last) if now.duration_since(last) < LOG_EVERY => {
+                self.suppressed += 1;
+                None
+            }
+            _ => {
+                self.last = Some(now);
+                Some(std::mem::take(&mut self.suppressed))
+            }
+        }
+    }
+}
+
+/// When a connection must have made progress by, as its requests go.
+///
+/// gRPC arms it at accept (the peer must send the preface and a complete
+/// request's headers) and disarms it for good at the first request: from
+/// then on HTTP/2 keepalive and the maximum connection age bound it. HTTP/1
+/// re-arms it between requests: an idle deadline after each response, a
+/// header deadline from the first byte of the next request head.
+#[derive(Debug)]
+pub struct Watchdog {
+    state: Mutex<Guarded>,
+}
+
+/// The state, and the task whose IO last waited without a deadline: arming
+/// one must wake it, or the deadline is not seen until the peer sends.
+#[derive(Debug)]
+struct Guarded {
+    state: State,
+    waiting: Option<Waker>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// Waiting for the first byte of a request head.
+    Idle { deadline: Instant, head: Duration },
+    /// A request head has begun; no request is being served.
+    Head { deadline: Instant },
+    /// Serving a request, or (gRPC) past the first one: no deadline.
+    Settled,
+}
+
+impl Watchdog {
+    fn new(first_deadline: Option<Duration>) -> Self {
+        let state = match first_deadline {
+            Some(within) => State::Head {
+                deadline: Instant::now() + within,
+            },
+            None => State::Settled,
+        };
+        Self {
+            state: Mutex::new(Guarded {
+                state,
+                waiting: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Guarded> {
+        // Never held across an await; a poisoned state is still a state.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The deadline in force, if any.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.lock().state.deadline()
+    }
+
+    /// The deadline in force; without one, `waker` is woken when one is set.
+    fn deadline_or_wake(&self, waker: &Waker) -> Option<Instant> {
+        let mut guarded = self.lock();
+        let deadline = guarded.state.deadline();
+        if deadline.is_none() {
+            match &mut guarded.waiting {
+                Some(it) => it.clone_from(waker),
+                None => guarded.waiting = Some(waker.clone()),
+            }
+        }
+        deadline
+    }
+
+    /// A request was received whole (its head, for HTTP/1): no deadline
+    /// until [`Watchdog::idle`].
+    pub fn request_started(&self) {
+        self.lock().state = State::Settled;
+    }
+
+    /// The connection waits for the next request: it must start within
+    /// `idle`, and its head then arrive whole within `head`.
+    pub fn idle(&self, idle: Duration, head: Duration) {
+        let waiting = {
+            let mut guarded = self.lock();
+            guarded.state = State::Idle {
+                deadline: Instant::now() + idle,
+                head,
+            };
+            guarded.waiting.take()
+        };
+        if let Some(waker) = waiting {
+            waker.wake();
+        }
+    }
+
+    /// Bytes arrived: a waiting connection starts its header deadline.
+    fn bytes_read(&self) {
+        let mut guarded = self.lock();
+        if let State::Idle { head, .. } = guarded.state {
+            guarded.state = State::Head {
+                deadline: Instant::now() + head,
+            };
+        }
+    }
+}
+
+impl State {
+    fn deadline(self) -> Option<Instant> {
+        match self {
+            State::Idle { deadline, .. } | State::Head { deadline } => Some(deadline),
+            State::Settled => None,
+        }
+    }
+}
+
+/// Connection info handed to tonic's services: the TCP addresses and the
+/// connection's watchdog.
+#[derive(Debug, Clone)]
+pub struct ConnInfo {
+    pub tcp: TcpConnectInfo,
+    pub watchdog: Arc<Watchdog>,
+}
+
+/// The deadlines of one accepted connection.
+#[derive(Debug, Clone, Copy)]
+struct ConnLimits {
+    first_deadline: Option<Duration>,
+    lifetime: Option<Duration>,
+}
+
+/// An accepted connection: holds its slot under the cap until dropped,
+/// and fails IO pending past its watchdog's deadline or its lifetime.
+#[derive(Debug)]
+pub struct Conn {
+    stream: TcpStream,
+    watchdog: Arc<Watchdog>,
+    /// The end of the connection's lifetime, whatever the watchdog says.
+    end_of_life: Option<Instant>,
+    sleep: Pin<Box<Sleep>>,
+    open: prometheus_client::metrics::gauge::Gauge,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Conn {
+    fn new(
+        stream: TcpStream,
+        permit: OwnedSemaphorePermit,
+        metrics: &ListenerMetrics,
+        limits: ConnLimits,
+    ) -> Self {
+        let watchdog = Arc::new(Watchdog::new(limits.first_deadline));
+        let end_of_life = limits.lifetime.map(|it| Instant::now() + it);
+        let sleep = Box::pin(tokio::time::sleep_until(
+            watchdog.deadline().unwrap_or_else(Instant::now),
+        ));
+        metrics.open.inc();
+        Self {
+            stream,
+            watchdog,
+            end_of_life,
+            sleep,
+            open: metrics.open.clone(),
+            _permit: permit,
+        }
+    }
+
+    /// The watchdog the server updates as requests come and go.
+    pub fn watchdog(&self) -> Arc<Watchdog> {
+        self.watchdog.clone()
+    }
+
+    /// `Ready(error)` once the deadline in force has passed; otherwise
+    /// registers the waker for it.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<io::Error> {
+        let deadline = match (self.watchdog.deadline_or_wake(cx.waker()), self.end_of_life) {
+            (Some(watchdog), Some(end)) => watchdog.min(end),
+            (Some(it), None) | (None, Some(it)) => it,
+            (None, None) => return Poll::Pending,
+        };
+        if self.sleep.deadline() != deadline {
+            self.sleep.as_mut().reset(deadline);
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connection made no progress before its deadline",
+            )),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.open.dec();
+    }
+}
+
+impl Connected for Conn {
+    type ConnectInfo = ConnInfo;
+
+    fn connect_info(&self) -> ConnInfo {
+        ConnInfo {
+            tcp: self.stream.connect_info(),
+            watchdog: self.watchdog.clone(),
+        }
+    }
+}
+
+impl AsyncRead for Conn {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.stream).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    this.watchdog.bytes_read();
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(err)) => Poll::Ready(Err(err)),
+            Poll::Pending => this.poll_deadline(cx).map(Err),
+        }
+    }
+}
+
+impl AsyncWrite for Conn {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write(cx, buf) {
+            Poll::Pending => this.poll_deadline(cx).map(Err),
+            ready => ready,
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_write_vectored(cx, bufs) {
+            Poll::Pending => this.poll_deadline(cx).map(Err),
+            ready => ready,
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.stream).poll_flush(cx) {
+            Poll::Pending => this.poll_deadline(cx).map(Err),
+            ready => ready,
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+/// The descriptor limit at start and how the connection caps follow from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DescriptorBudget {
+    /// The soft `RLIMIT_NOFILE` in force (after raising it).
+    pub limit: u64,
+    /// Kept free of client connections: Redis connections, the config
+    /// watcher, logs, the listening sockets.
+    pub reserve: u64,
+}
+
+impl DescriptorBudget {
+    /// Largest default HTTP cap: the port serves health checks, scrapes
+    /// and debugging, never the request path.
+    pub const MAX_HTTP: usize = 1024;
+
+    /// Default caps `(grpc, http)`: together at most `limit - reserve`, a
+    /// quarter (at most [`Self::MAX_HTTP`]) for HTTP, so neither port can
+    /// take the descriptors the other or Redis needs.
+    pub fn default_caps(self) -> (usize, usize) {
+        let budget = usize::try_from(self.limit.saturating_sub(self.reserve)).unwrap_or(usize::MAX);
+        let http = (budget / 4).clamp(1, Self::MAX_HTTP);
+        let grpc = budget.saturating_sub(http).max(1);
+        (grpc, http)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_leave_the_reserve_free_and_favour_grpc() {
+        let check = |limit, reserve, expected| {
+            assert_eq!(
+                DescriptorBudget { limit, reserve }.default_caps(),
+                expected,
+                "limit {limit}, reserve {reserve}"
+            );
+        };
+        check(1024, 136, (666, 222));
+        check(1_048_576, 136, (1_048_576 - 136 - 1024, 1024));
+        // Below the reserve every port still gets one connection.
+        check(100, 136, (1, 1));
+    }
+
+    #[test]
+    fn throttled_log_admits_one_line_a_second_and_counts_the_rest() {
+        let mut log = ThrottledLog::default();
+        let t0 = Instant::now();
+        assert_eq!(log.admit(t0), Some(0));
+        assert_eq!(log.admit(t0 + Duration::from_millis(10)), None);
+        assert_eq!(log.admit(t0 + Duration::from_millis(999)), None);
+        assert_eq!(log.admit(t0 + Duration::from_millis(1000)), Some(2));
+        assert_eq!(log.admit(t0 + Duration::from_millis(1001)), None);
+    }
+
+    #[tokio::test]
+    async fn watchdog_moves_from_idle_to_head_and_settles_on_a_request() {
+        let watchdog = Watchdog::new(Some(Duration::from_secs(5)));
+        let first = watchdog.deadline().expect("armed at accept");
+        watchdog.request_started();
+        assert_eq!(watchdog.deadline(), None);
+        watchdog.idle(Duration::from_secs(60), Duration::from_secs(2));
+        let idle = watchdog.deadline().expect("idle deadline");
+        assert!(idle > first);
+        watchdog.bytes_read();
+        let head = watchdog.deadline().expect("head deadline");
+        assert!(head < idle, "the head deadline replaces the idle one");
+        // Further bytes of the same head do not extend it.
+        watchdog.bytes_read();
+        assert_eq!(watchdog.deadline(), Some(head));
+    }
+}
