@@ -4,21 +4,21 @@
 //! (camelCase names, enum names; snake_case names are accepted too), like
 //! envoyproxy/ratelimit's endpoint, for curl-based debugging.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::limiter::{self, Limiter};
 use crate::rules::Unit;
+use crate::server::{Shutdown, Stage};
 
 /// A probe slower than this makes `/healthcheck` answer 503.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -35,19 +35,28 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
         .with_state(limiter)
 }
 
-/// Serves HTTP on `listener` until `shutdown` completes, then lets
-/// in-flight requests finish.
+/// Serves HTTP on `listener` through the stages of `shutdown`:
+/// `/healthcheck` answers 503 once it leaves `Serving`, and at `Closing`
+/// the listener closes and in-flight requests finish (the caller bounds
+/// how long).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(limiter))
-        .with_graceful_shutdown(shutdown)
+    let closing = shutdown.clone();
+    axum::serve(listener, router(limiter).layer(Extension(shutdown)))
+        .with_graceful_shutdown(async move { closing.closing().await })
         .await
 }
 
-async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> Response {
+async fn healthcheck(
+    State(limiter): State<Arc<Limiter>>,
+    shutdown: Option<Extension<Shutdown>>,
+) -> Response {
+    if shutdown.is_some_and(|it| it.stage() != Stage::Serving) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
     let backend = limiter.backend();
     match tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await {
         Ok(Ok(())) => (StatusCode::OK, "OK\n").into_response(),
