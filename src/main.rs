@@ -442,6 +442,20 @@ async fn stop_gracefully(
         tokio::time::timeout_at(deadline, &mut http),
     );
     http.abort();
+    exit_code(grpc_res, http_res, drain_timeout)
+}
+
+/// 0 unless a server failed; a drain cut short at its deadline is logged,
+/// not a failure.
+fn exit_code(
+    grpc_res: Result<Result<(), throttlegate::server::Error>, tokio::time::error::Elapsed>,
+    http_res: Result<
+        Result<std::io::Result<()>, tokio::task::JoinError>,
+        tokio::time::error::Elapsed,
+    >,
+    drain_timeout: Duration,
+) -> ExitCode {
+    let timeout_ms = drain_timeout.as_millis() as u64;
     let mut failed = false;
     match grpc_res {
         Ok(Ok(())) => {}
@@ -450,7 +464,7 @@ async fn stop_gracefully(
             failed = true;
         }
         Err(_) => tracing::warn!(
-            timeout_ms = drain_timeout.as_millis() as u64,
+            timeout_ms,
             "grpc requests still running at the drain deadline; stopping anyway"
         ),
     }
@@ -465,7 +479,7 @@ async fn stop_gracefully(
             failed = true;
         }
         Err(_) => tracing::warn!(
-            timeout_ms = drain_timeout.as_millis() as u64,
+            timeout_ms,
             "http requests still running at the drain deadline; stopping anyway"
         ),
     }

@@ -44,7 +44,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug, Clone)]
 pub struct App {
     pub limiter: Arc<Limiter>,
-    /// How long in-flight RPCs may take to finish after the shutdown signal.
+    /// How long in-flight RPCs may take to finish once the listener closes.
     pub drain_timeout: Duration,
 }
 
