@@ -380,6 +380,19 @@ impl Logged {
     }
 }
 
+/// Reads from `stream` until what was read ends with `end`.
+fn read_until(stream: &mut std::net::TcpStream, end: &str) -> String {
+    use std::io::Read;
+    let mut read = Vec::new();
+    let mut buf = [0; 512];
+    while !read.ends_with(end.as_bytes()) {
+        let n = stream.read(&mut buf).expect("read http response");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&read));
+        read.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&read).into_owned()
+}
+
 async fn watch_health(
     channel: tonic::transport::Channel,
 ) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
@@ -395,7 +408,7 @@ async fn watch_health(
 
 #[tokio::test]
 async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drain_timeout() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     use tonic_health::pb::health_check_response::ServingStatus;
 
     let drain = Duration::from_millis(3000);
@@ -421,16 +434,18 @@ async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drai
     let mut stream = std::net::TcpStream::connect(server.http).unwrap();
     stream.set_read_timeout(Some(HANG)).unwrap();
     write!(stream, "GET /healthcheck HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
-    let mut buf = [0; 512];
-    let n = stream.read(&mut buf).unwrap();
-    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    let response = read_until(&mut stream, "\r\n\r\nOK\n");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    // The server answers 100 Continue once the handler reads the body: the
+    // request is then in flight for sure.
     write!(
         stream,
-        "POST /json HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\n\r\n{{\"domain\":"
+        "POST /json HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"
     )
     .unwrap();
-    // Let the server take the request in before the signal.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let response = read_until(&mut stream, "\r\n\r\n");
+    assert!(response.starts_with("HTTP/1.1 100"), "{response}");
+    write!(stream, "{{\"domain\":").unwrap();
 
     let signalled = Instant::now();
     server.signal("TERM");
@@ -442,6 +457,10 @@ async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drai
     assert!(
         took < bound,
         "exited {took:?} after SIGTERM, over {bound:?}\n{log}"
+    );
+    assert!(
+        log.contains("http requests still running at the drain deadline"),
+        "{log}"
     );
     let (statuses, end) = watching.await.unwrap();
     assert_eq!(statuses, [ServingStatus::NotServing], "{end:?}");
