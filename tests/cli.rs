@@ -523,6 +523,24 @@ async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answer
     assert_eq!(status.code(), Some(0), "{log}");
 }
 
+#[tokio::test]
+async fn a_second_signal_cuts_the_shutdown_delay_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    // Far longer than the test waits for the exit.
+    let mut server = Logged::spawn(&path, &["--shutdown-delay-ms", "600000"]);
+    server.wait_for_line("serving");
+    server.signal("TERM");
+    server.wait_for_line("not serving; closing the listeners after the delay");
+    server.signal("INT");
+    let (status, log) = server.exit().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("SIGINT again: closing the listeners now"),
+        "{log}"
+    );
+}
+
 /// A config of `rules` descriptors (about 70 bytes each) that takes a
 /// while to load.
 fn write_big_config(dir: &Path, rules: usize) -> String {
