@@ -173,6 +173,7 @@ pub async fn serve_with(listener: TcpListener, app: App, shutdown: Shutdown) -> 
     let (end_watches, watches_ended) = watch::channel(false);
     let health_service = HealthServer::new(HealthUntilClosed {
         inner: HealthService::from_health_reporter(reporter.clone()),
+        shutdown: shutdown.clone(),
         ended: watches_ended,
     });
 
@@ -219,11 +220,15 @@ pub async fn serve_with(listener: TcpListener, app: App, shutdown: Shutdown) -> 
 
 // === health ===
 
-/// `grpc.health.v1.Health` whose Watch streams end when the listeners
-/// close. A Watch never ends on its own, so an open one would otherwise
-/// hold the drain until its deadline.
+/// `grpc.health.v1.Health` that answers NOT_SERVING from the moment a
+/// stop begins, and whose Watch streams end when the listeners close. A
+/// Watch never ends on its own, so an open one would otherwise hold the
+/// drain until its deadline.
 struct HealthUntilClosed {
     inner: HealthService,
+    /// Read by Check itself, so that it never answers SERVING once the stop
+    /// has begun, even before the reporter has been told.
+    shutdown: Shutdown,
     /// Turns true when every Watch stream is to end.
     ended: watch::Receiver<bool>,
 }
@@ -234,7 +239,14 @@ impl Health for HealthUntilClosed {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        self.inner.check(request).await
+        // Unknown service names stay NOT_FOUND.
+        let res = self.inner.check(request).await?;
+        if self.shutdown.stage() == Stage::Serving {
+            return Ok(res);
+        }
+        Ok(Response::new(HealthCheckResponse {
+            status: tonic_health::pb::health_check_response::ServingStatus::NotServing.into(),
+        }))
     }
 
     type WatchStream = WatchUntilClosed;
