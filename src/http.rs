@@ -4,24 +4,24 @@
 //! (camelCase names, enum names; snake_case names are accepted too), like
 //! envoyproxy/ratelimit's endpoint, for curl-based debugging.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::{Extension, Router};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::limiter::{self, Limiter};
 use crate::listener::Listener;
 use crate::rules::Unit;
+use crate::server::{Shutdown, Stage};
 
 /// A probe slower than this makes `/healthcheck` answer 503.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -70,22 +70,24 @@ impl HttpLimits {
 pub async fn serve(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     serve_limited(listener, limiter, HttpLimits::standard(), shutdown).await
 }
 
-/// Serves HTTP/1.1 on `listener` within `limits` until `shutdown`
-/// completes, then stops accepting, closes idle connections and lets
-/// in-flight requests finish.
+/// Serves HTTP/1.1 on `listener` within `limits` through the stages of
+/// `shutdown`: `/healthcheck` answers 503 once it leaves `Serving`, and at
+/// `Closing` the server stops accepting, closes idle connections and lets
+/// in-flight requests finish (the caller bounds how long).
 pub async fn serve_limited(
     listener: tokio::net::TcpListener,
     limiter: Arc<Limiter>,
     limits: HttpLimits,
-    shutdown: impl Future<Output = ()> + Send + 'static,
+    shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let mut listener = Listener::new(listener, "http", limits.max_connections, limiter.metrics());
-    let router = router(limiter);
+    let router = router(limiter).layer(Extension(shutdown.clone()));
+    let shutdown = shutdown.closing();
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The connection's watchdog times heads, and also the wait between
     // requests, which hyper's header timeout would cut short.
@@ -172,7 +174,13 @@ impl http_body::Body for TimedBody {
     }
 }
 
-async fn healthcheck(State(limiter): State<Arc<Limiter>>) -> Response {
+async fn healthcheck(
+    State(limiter): State<Arc<Limiter>>,
+    shutdown: Option<Extension<Shutdown>>,
+) -> Response {
+    if shutdown.is_some_and(|it| it.stage() != Stage::Serving) {
+        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
+    }
     let backend = limiter.backend();
     match tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await {
         Ok(Ok(())) => (StatusCode::OK, "OK\n").into_response(),

@@ -1,5 +1,6 @@
 //! The `throttlegate` binary: arguments, logging, start-up, signals, exit codes.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,6 +9,8 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tracing_subscriber::EnvFilter;
 
@@ -23,7 +26,7 @@ use throttlegate::listener::DescriptorBudget;
 use throttlegate::metrics::Metrics;
 use throttlegate::reload::{ReloadGuard, Reloader};
 use throttlegate::rules::RuleSet;
-use throttlegate::server::{App, GrpcLimits};
+use throttlegate::server::{App, GrpcLimits, ShutdownControl};
 
 /// Exit code of a start-up failure (bad config, bad flags, unusable backend).
 const EXIT_STARTUP: u8 = 2;
@@ -177,9 +180,16 @@ struct ServeArgs {
     /// one beyond it is answered under --failure-mode.
     #[arg(long, env = "THROTTLEGATE_MEMORY_MAX_COUNTERS", default_value_t = DEFAULT_MAX_COUNTERS)]
     memory_max_counters: usize,
-    /// How long in-flight requests may run after SIGTERM.
+    /// After SIGTERM/SIGINT, how long in-flight requests of both servers
+    /// together may run once the listeners have closed.
     #[arg(long, env = "THROTTLEGATE_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     drain_timeout_ms: u64,
+    /// After SIGTERM/SIGINT, how long health reports NOT_SERVING while
+    /// requests are still answered, before the listeners close (behind a
+    /// Kubernetes Service: a few seconds more than the readiness probe
+    /// period).
+    #[arg(long, env = "THROTTLEGATE_SHUTDOWN_DELAY_MS", default_value_t = 0)]
+    shutdown_delay_ms: u64,
     #[command(flatten)]
     limits: LimitArgs,
 }
@@ -318,7 +328,11 @@ fn run_serve(args: ServeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(serve(args))
+    let code = runtime.block_on(serve(args));
+    // Without waiting for blocking work: a config load still running (a
+    // reload, or the start-up load after SIGTERM) must not hold the exit.
+    runtime.shutdown_background();
+    code
 }
 
 /// Descriptors kept free of client connections beyond the Redis pool:
@@ -415,11 +429,20 @@ fn startup_failure(message: impl std::fmt::Display) -> ExitCode {
 }
 
 async fn serve(args: ServeArgs) -> ExitCode {
+    // First of all, before the config load (which can take seconds): from
+    // here a SIGHUP never ends the process (it reloads once we serve), and
+    // SIGTERM or SIGINT ends the start-up at once.
+    let hangups = listen_for(SignalKind::hangup(), "SIGHUP");
+    let mut stop = StopSignals::install();
     let (grpc_limits, http_limits) = limits(&args.limits, descriptor_budget(args.redis_pool_size));
     let rules = match &args.config {
-        Some(path) => match load_config(path, &args.config_options) {
-            Ok(it) => it,
-            Err(message) => return startup_failure(message),
+        Some(path) => match stop
+            .or_stop(load_config(path, load_options(&args.config_options)))
+            .await
+        {
+            Some(Ok(it)) => it,
+            Some(Err(message)) => return startup_failure(message),
+            None => return ExitCode::SUCCESS,
         },
         None => {
             tracing::warn!("no --config given: every domain is unknown and every request is OK");
@@ -440,9 +463,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             .with_observer(move |ok| reload_metrics.record_reload(ok)),
         )
     });
-    // Set up before the listeners, so a SIGHUP once we answer never takes
-    // the default action (ending the process).
-    let _reloads = reload_triggers(reloader.as_ref(), args.watch_config);
+    let _reloads = reload_triggers(reloader.as_ref(), args.watch_config, hangups);
     let headers = match response_headers(&args) {
         Ok(it) => it,
         Err(message) => return startup_failure(message),
@@ -452,9 +473,10 @@ async fn serve(args: ServeArgs) -> ExitCode {
     let mut _sweeper = None;
     let backend: Arc<dyn Backend> = match redis_settings(&args) {
         Err(message) => return startup_failure(message),
-        Ok(Some(settings)) => match RedisBackend::connect(settings).await {
-            Ok(it) => Arc::new(it),
-            Err(err) => return startup_failure(format!("redis: {err}")),
+        Ok(Some(settings)) => match stop.or_stop(RedisBackend::connect(settings)).await {
+            Some(Ok(it)) => Arc::new(it),
+            Some(Err(err)) => return startup_failure(format!("redis: {err}")),
+            None => return ExitCode::SUCCESS,
         },
         Ok(None) => {
             tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
@@ -500,48 +522,139 @@ async fn serve(args: ServeArgs) -> ExitCode {
     );
     let drain_timeout = Duration::from_millis(args.drain_timeout_ms);
 
-    // The gRPC server waits for the signal and passes it on to HTTP; if
-    // gRPC stops on its own, the sender is dropped and HTTP stops too.
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let (control, shutdown) = throttlegate::server::shutdown_channel();
     let http = tokio::spawn(throttlegate::http::serve_limited(
         http_listener,
         limiter.clone(),
         http_limits,
-        async move {
-            let _ = stop_rx.wait_for(|stop| *stop).await;
-        },
+        shutdown.clone(),
     ));
     let app = App {
         limiter,
         drain_timeout,
     };
-    let grpc_res = throttlegate::server::serve_limited(listener, app, grpc_limits, async move {
-        shutdown_signal().await;
-        let _ = stop_tx.send(true);
-    })
-    .await;
-    let http_res = match tokio::time::timeout(drain_timeout, http).await {
-        Ok(Ok(res)) => res.map_err(|err| format!("http server failed: {err}")),
-        Ok(Err(err)) => Err(format!("http server task failed: {err}")),
-        Err(_) => {
-            tracing::warn!("http requests still running at the drain deadline; stopping anyway");
-            Ok(())
-        }
-    };
-    match (grpc_res.map_err(|err| err.to_string()), http_res) {
-        (Ok(()), Ok(())) => {
-            tracing::info!("stopped");
-            ExitCode::SUCCESS
-        }
-        (Err(err), _) | (_, Err(err)) => {
-            tracing::error!("{err}");
-            ExitCode::FAILURE
-        }
-    }
+    let grpc = throttlegate::server::serve_limited(listener, app, grpc_limits, shutdown);
+    let shutdown_delay = Duration::from_millis(args.shutdown_delay_ms);
+    stop_gracefully(grpc, http, control, stop, shutdown_delay, drain_timeout).await
 }
 
-fn load_config(path: &Path, args: &ConfigArgs) -> Result<RuleSet, String> {
-    let loaded = config::load(path, &load_options(args)).map_err(|err| format!("{err:#}"))?;
+/// Serves until SIGTERM or SIGINT, then: NOT_SERVING (gRPC health and
+/// `/healthcheck`) while both servers still answer for `shutdown_delay`,
+/// so that load balancers stop sending first; then both listeners close
+/// and both servers drain within one `drain_timeout`. Health Watch streams
+/// are ended, not waited for.
+async fn stop_gracefully(
+    grpc: impl Future<Output = Result<(), throttlegate::server::Error>>,
+    mut http: JoinHandle<std::io::Result<()>>,
+    control: ShutdownControl,
+    mut stop: StopSignals,
+    shutdown_delay: Duration,
+    drain_timeout: Duration,
+) -> ExitCode {
+    tokio::pin!(grpc);
+    // gRPC only stops on its own when it fails.
+    let early = tokio::select! {
+        res = &mut grpc => Some(res),
+        name = stop.recv() => {
+            tracing::info!("{name}: shutting down");
+            None
+        }
+    };
+    let grpc_res = match early {
+        Some(res) => Some(res),
+        None => {
+            control.not_serving();
+            if shutdown_delay.is_zero() {
+                None
+            } else {
+                tracing::info!(
+                    delay_ms = shutdown_delay.as_millis() as u64,
+                    "not serving; closing the listeners after the delay"
+                );
+                tokio::select! {
+                    res = &mut grpc => Some(res),
+                    () = tokio::time::sleep(shutdown_delay) => None,
+                    name = stop.recv() => {
+                        tracing::info!("{name} again: closing the listeners now");
+                        None
+                    }
+                }
+            }
+        }
+    };
+    control.close();
+    // One deadline for both servers, from the moment the listeners close.
+    let deadline = tokio::time::Instant::now() + drain_timeout;
+    let (grpc_res, http_res) = tokio::join!(
+        async {
+            match grpc_res {
+                Some(res) => Ok(res),
+                None => tokio::time::timeout_at(deadline, &mut grpc).await,
+            }
+        },
+        tokio::time::timeout_at(deadline, &mut http),
+    );
+    http.abort();
+    exit_code(grpc_res, http_res, drain_timeout)
+}
+
+/// 0 unless a server failed; a drain cut short at its deadline is logged,
+/// not a failure.
+fn exit_code(
+    grpc_res: Result<Result<(), throttlegate::server::Error>, tokio::time::error::Elapsed>,
+    http_res: Result<
+        Result<std::io::Result<()>, tokio::task::JoinError>,
+        tokio::time::error::Elapsed,
+    >,
+    drain_timeout: Duration,
+) -> ExitCode {
+    let timeout_ms = drain_timeout.as_millis() as u64;
+    let mut failed = false;
+    match grpc_res {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => {
+            tracing::error!("{err}");
+            failed = true;
+        }
+        Err(_) => tracing::warn!(
+            timeout_ms,
+            "grpc requests still running at the drain deadline; stopping anyway"
+        ),
+    }
+    match http_res {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => {
+            tracing::error!("http server failed: {err}");
+            failed = true;
+        }
+        Ok(Err(err)) => {
+            tracing::error!("http server task failed: {err}");
+            failed = true;
+        }
+        Err(_) => tracing::warn!(
+            timeout_ms,
+            "http requests still running at the drain deadline; stopping anyway"
+        ),
+    }
+    if failed {
+        return ExitCode::FAILURE;
+    }
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
+}
+
+/// Loads the config on a blocking thread: a big one takes seconds, and the
+/// runtime keeps handling signals meanwhile.
+async fn load_config(path: &Path, options: LoadOptions) -> Result<RuleSet, String> {
+    tracing::info!(path = %path.display(), "loading the config");
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || load_config_now(&path, &options))
+        .await
+        .map_err(|err| format!("config load failed: {err}"))?
+}
+
+fn load_config_now(path: &Path, options: &LoadOptions) -> Result<RuleSet, String> {
+    let loaded = config::load(path, options).map_err(|err| format!("{err:#}"))?;
     for warning in &loaded.warnings {
         tracing::warn!("{warning}");
     }
@@ -554,18 +667,15 @@ fn load_config(path: &Path, args: &ConfigArgs) -> Result<RuleSet, String> {
     Ok(loaded.rules)
 }
 
-/// SIGHUP reloads the config, and so does a change of its files with
-/// `--watch-config on`; the guards stop both.
-fn reload_triggers(reloader: Option<&Arc<Reloader>>, watch: Switch) -> Vec<ReloadGuard> {
-    use tokio::signal::unix::{SignalKind, signal};
+/// SIGHUP (`hangups`, listened for since start-up; one received during
+/// start-up reloads right away) reloads the config, and so does a change
+/// of its files with `--watch-config on`; the guards stop both.
+fn reload_triggers(
+    reloader: Option<&Arc<Reloader>>,
+    watch: Switch,
+    hangups: Option<Signal>,
+) -> Vec<ReloadGuard> {
     let mut guards = Vec::new();
-    let hangups = match signal(SignalKind::hangup()) {
-        Ok(it) => Some(it),
-        Err(err) => {
-            tracing::error!("cannot listen for SIGHUP: {err}");
-            None
-        }
-    };
     // Without --config there is nothing to reload; the handler, once
     // registered, still keeps SIGHUP from ending the process.
     let Some(reloader) = reloader else {
@@ -630,27 +740,58 @@ fn redis_settings(args: &ServeArgs) -> Result<Option<RedisSettings>, String> {
     }))
 }
 
-/// Completes on SIGTERM or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
-    let interrupt = async {
-        if let Err(err) = tokio::signal::ctrl_c().await {
-            tracing::error!("cannot listen for SIGINT: {err}");
-            std::future::pending::<()>().await;
+/// Listens for `kind` from now on; `None` (logged) if that cannot be set up.
+fn listen_for(kind: SignalKind, name: &str) -> Option<Signal> {
+    match signal(kind) {
+        Ok(it) => Some(it),
+        Err(err) => {
+            tracing::error!("cannot listen for {name}: {err}");
+            None
         }
-    };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(err) => {
-                tracing::error!("cannot listen for SIGTERM: {err}");
-                std::future::pending::<()>().await;
+    }
+}
+
+/// SIGTERM and SIGINT (Ctrl-C), listened for from creation on: a signal
+/// received before [`StopSignals::recv`] is called is not lost.
+struct StopSignals {
+    terminate: Option<Signal>,
+    interrupt: Option<Signal>,
+}
+
+impl StopSignals {
+    fn install() -> Self {
+        StopSignals {
+            terminate: listen_for(SignalKind::terminate(), "SIGTERM"),
+            interrupt: listen_for(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT and returns its name.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(signal: &mut Option<Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
             }
         }
-    };
-    tokio::select! {
-        () = interrupt => tracing::info!("SIGINT: shutting down"),
-        () = terminate => tracing::info!("SIGTERM: shutting down"),
+        tokio::select! {
+            () = next(&mut self.terminate) => "SIGTERM",
+            () = next(&mut self.interrupt) => "SIGINT",
+        }
+    }
+
+    /// Runs a start-up `step`; `None` (logged) if SIGTERM or SIGINT comes
+    /// first. The step is dropped, but blocking work it started may still
+    /// run: the runtime is shut down without waiting for it.
+    async fn or_stop<T>(&mut self, step: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            res = step => Some(res),
+            name = self.recv() => {
+                tracing::info!("{name} during start-up: exiting");
+                None
+            }
+        }
     }
 }

@@ -387,3 +387,336 @@ fn check_config_says_where_the_sliding_log_cap_applies() {
         "{stderr}"
     );
 }
+
+// === graceful shutdown and signals ===
+
+/// A `serve` child whose stderr lines arrive as they are written.
+struct Logged {
+    child: Running,
+    grpc: SocketAddr,
+    http: SocketAddr,
+    lines: std::sync::mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+/// Longest any step may take before a test gives up: a guard against a
+/// hang, far above what a loaded machine needs.
+const HANG: Duration = Duration::from_secs(60);
+
+impl Logged {
+    fn spawn(config: &str, extra: &[&str]) -> Logged {
+        let grpc = free_addr();
+        let http = free_addr();
+        let mut child = command()
+            .args(["serve", "--config", config])
+            .args(["--grpc-addr", &grpc.to_string()])
+            .args(["--http-addr", &http.to_string()])
+            .args(["--watch-config", "off"])
+            .args(extra)
+            .env("RUST_LOG", "info,throttlegate::reload=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn the binary");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (line_tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { return };
+                if line_tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Logged {
+            child: Running(child),
+            grpc,
+            http,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a log line containing `text`.
+    fn wait_for_line(&mut self, text: &str) {
+        let deadline = Instant::now() + HANG;
+        while !self.seen.iter().any(|it| it.contains(text)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => self.seen.push(line),
+                Err(_) => panic!("no log line with {text:?}; log:\n{}", self.seen.join("\n")),
+            }
+        }
+    }
+
+    fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.0.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Waits for the exit; the status and the whole log.
+    async fn exit(&mut self) -> (std::process::ExitStatus, String) {
+        let deadline = Instant::now() + HANG;
+        let status = loop {
+            if let Some(status) = self.child.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "still running after {HANG:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        // The pipe closes with the process: every line is there.
+        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
+            self.seen.push(line);
+        }
+        (status, self.seen.join("\n"))
+    }
+}
+
+/// Reads from `stream` until what was read ends with `end`.
+fn read_until(stream: &mut std::net::TcpStream, end: &str) -> String {
+    use std::io::Read;
+    let mut read = Vec::new();
+    let mut buf = [0; 512];
+    while !read.ends_with(end.as_bytes()) {
+        let n = stream.read(&mut buf).expect("read http response");
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&read));
+        read.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&read).into_owned()
+}
+
+async fn watch_health(
+    channel: tonic::transport::Channel,
+) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .expect("watch health")
+        .into_inner()
+}
+
+#[tokio::test]
+async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drain_timeout() {
+    use std::io::Write;
+    use tonic_health::pb::health_check_response::ServingStatus;
+
+    let drain = Duration::from_millis(3000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let drain_ms = drain.as_millis().to_string();
+    let mut server = Logged::spawn(&path, &["--drain-timeout-ms", &drain_ms]);
+    let channel = connect_with_retry(server.grpc, &mut server.child).await;
+    let mut watch = watch_health(channel).await;
+    let first = watch.message().await.unwrap().unwrap();
+    assert_eq!(first.status(), ServingStatus::Serving);
+    let watching = tokio::spawn(async move {
+        let mut statuses = Vec::new();
+        loop {
+            match watch.message().await {
+                Ok(Some(it)) => statuses.push(it.status()),
+                Ok(None) => return (statuses, None),
+                Err(status) => return (statuses, Some(status)),
+            }
+        }
+    });
+    // One whole request on the connection, then a body that never ends.
+    let mut stream = std::net::TcpStream::connect(server.http).unwrap();
+    stream.set_read_timeout(Some(HANG)).unwrap();
+    write!(stream, "GET /healthcheck HTTP/1.1\r\nHost: test\r\n\r\n").unwrap();
+    let response = read_until(&mut stream, "\r\n\r\nOK\n");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    // The server answers 100 Continue once the handler reads the body: the
+    // request is then in flight for sure.
+    write!(
+        stream,
+        "POST /json HTTP/1.1\r\nHost: test\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n"
+    )
+    .unwrap();
+    let response = read_until(&mut stream, "\r\n\r\n");
+    assert!(response.starts_with("HTTP/1.1 100"), "{response}");
+    write!(stream, "{{\"domain\":").unwrap();
+
+    let signalled = Instant::now();
+    server.signal("TERM");
+    let (status, log) = server.exit().await;
+    let took = signalled.elapsed();
+    assert_eq!(status.code(), Some(0), "{log}");
+    // Twice the drain timeout would be each server draining in turn.
+    let bound = drain + Duration::from_millis(2500);
+    assert!(
+        took < bound,
+        "exited {took:?} after SIGTERM, over {bound:?}\n{log}"
+    );
+    assert!(
+        log.contains("http requests still running at the drain deadline"),
+        "{log}"
+    );
+    let (statuses, end) = watching.await.unwrap();
+    assert_eq!(statuses, [ServingStatus::NotServing], "{end:?}");
+    let end = end.expect("the watch is ended with a status");
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
+    assert!(end.message().contains("shutting down"), "{end:?}");
+    drop(stream);
+}
+
+#[tokio::test]
+async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answered() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    // Long enough for every check below on a loaded machine.
+    let mut server = Logged::spawn(
+        &path,
+        &["--shutdown-delay-ms", "6000", "--drain-timeout-ms", "1000"],
+    );
+    let channel = connect_with_retry(server.grpc, &mut server.child).await;
+    let mut health = HealthClient::new(channel);
+    let check = |service: &str| HealthCheckRequest {
+        service: service.to_owned(),
+    };
+    let before = health.check(check("")).await.unwrap().into_inner();
+    assert_eq!(before.status(), ServingStatus::Serving);
+    let healthcheck = http_get(server.http, "/healthcheck");
+    assert!(healthcheck.starts_with("HTTP/1.1 200"), "{healthcheck}");
+
+    server.signal("TERM");
+    server.wait_for_line("not serving; closing the listeners after the delay");
+    for service in [
+        "",
+        "ratelimit",
+        "envoy.service.ratelimit.v3.RateLimitService",
+    ] {
+        let res = health.check(check(service)).await.unwrap().into_inner();
+        assert_eq!(res.status(), ServingStatus::NotServing, "{service:?}");
+    }
+    // New connections are still accepted, and answered.
+    let healthcheck = http_get(server.http, "/healthcheck");
+    assert!(healthcheck.starts_with("HTTP/1.1 503"), "{healthcheck}");
+    assert!(healthcheck.ends_with("shutting down\n"), "{healthcheck}");
+    let fresh = connect_with_retry(server.grpc, &mut server.child).await;
+    let res = RateLimitServiceClient::new(fresh)
+        .should_rate_limit(alice())
+        .await
+        .expect("answered during the delay")
+        .into_inner();
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    assert!(
+        server.child.0.try_wait().unwrap().is_none(),
+        "exited during the delay"
+    );
+
+    let (status, log) = server.exit().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+#[tokio::test]
+async fn a_second_signal_cuts_the_shutdown_delay_short() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    // Far longer than the test waits for the exit.
+    let mut server = Logged::spawn(&path, &["--shutdown-delay-ms", "600000"]);
+    server.wait_for_line("serving");
+    server.signal("TERM");
+    server.wait_for_line("not serving; closing the listeners after the delay");
+    server.signal("INT");
+    let (status, log) = server.exit().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("SIGINT again: closing the listeners now"),
+        "{log}"
+    );
+}
+
+/// A config of `rules` descriptors (about 70 bytes each) that takes a
+/// while to load.
+fn write_big_config(dir: &Path, rules: usize) -> String {
+    use std::io::Write;
+    let path = dir.join("big.yaml");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    writeln!(file, "domain: api\ndescriptors:").unwrap();
+    write!(
+        file,
+        "  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 2}}\n"
+    )
+    .unwrap();
+    for idx in 0..rules {
+        writeln!(
+            file,
+            "  - key: filler_{idx}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}"
+        )
+        .unwrap();
+    }
+    file.flush().unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+/// Enough rules that the load takes over a second of CPU (debug build).
+const BIG: usize = 30_000;
+
+/// Nothing listens on `addr` yet: the server is still starting.
+fn still_starting(addr: SocketAddr) -> bool {
+    std::net::TcpStream::connect(addr).is_err()
+}
+
+#[tokio::test]
+async fn sighup_during_a_slow_start_up_does_not_end_the_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_big_config(dir.path(), BIG);
+    let mut server = Logged::spawn(&path, &[]);
+    server.wait_for_line("loading the config");
+    server.signal("HUP");
+    assert!(still_starting(server.grpc), "the load ended too soon");
+
+    let channel = connect_with_retry(server.grpc, &mut server.child).await;
+    let res = RateLimitServiceClient::new(channel)
+        .should_rate_limit(alice())
+        .await
+        .expect("rpc")
+        .into_inner();
+    assert_eq!(res.overall_code, Code::Ok as i32);
+    // The SIGHUP is acted on once serving.
+    server.wait_for_line("SIGHUP: reloading the config");
+    server.signal("TERM");
+    let (status, log) = server.exit().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+}
+
+#[tokio::test]
+async fn sigterm_during_a_slow_start_up_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_big_config(dir.path(), BIG);
+    let mut server = Logged::spawn(&path, &[]);
+    server.wait_for_line("loading the config");
+    server.signal("TERM");
+    assert!(still_starting(server.grpc), "the load ended too soon");
+    let (status, log) = server.exit().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+    assert!(log.contains("SIGTERM during start-up"), "{log}");
+    // Not waited for.
+    assert!(!log.contains("config loaded"), "{log}");
+}
+
+#[tokio::test]
+async fn sigterm_during_a_reload_does_not_wait_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_big_config(dir.path(), BIG);
+    let mut server = Logged::spawn(&path, &["--drain-timeout-ms", "200"]);
+    server.wait_for_line("serving");
+    server.signal("HUP");
+    server.wait_for_line("SIGHUP: reloading the config");
+    server.signal("TERM");
+    let (status, log) = server.exit().await;
+    assert_eq!(status.code(), Some(0), "{log}");
+    // The reload, as long as the start-up load, never got to its end.
+    assert!(!log.contains("config reloaded"), "{log}");
+}

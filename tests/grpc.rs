@@ -622,8 +622,12 @@ async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
         .unwrap()
         .unwrap();
     assert_eq!(next.status(), ServingStatus::NotServing);
-    // The watch stream is itself in flight: end it so draining can finish.
-    drop(watch);
+    // The server ends the Watch itself rather than wait for it to drain.
+    let end = tokio::time::timeout(Duration::from_secs(5), watch.message())
+        .await
+        .expect("the watch ends at the close")
+        .expect_err("ended with a status");
+    assert_eq!(end.code(), tonic::Code::Unavailable, "{end:?}");
 
     let res = in_flight
         .await

@@ -1,0 +1,160 @@
+//! Server reflection in both versions clients speak, and the size of its errors.
+
+mod support;
+
+use tonic::Code;
+
+use support::service::{TestService, memory_backend, start_with_config};
+
+const CONFIG: &str = "domain: test\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 3}\n";
+
+/// A symbol name as long as a client cares to send.
+const HUGE_SYMBOL_BYTES: usize = 60 * 1024;
+
+async fn start() -> TestService {
+    let (backend, _clock) = memory_backend();
+    start_with_config(CONFIG, backend, support::service::default_options()).await
+}
+
+/// The services every reflection version lists.
+const SERVICES: [&str; 4] = [
+    "envoy.service.ratelimit.v3.RateLimitService",
+    "grpc.health.v1.Health",
+    "grpc.reflection.v1.ServerReflection",
+    "grpc.reflection.v1alpha.ServerReflection",
+];
+
+#[tokio::test]
+async fn v1alpha_lists_the_services_and_resolves_a_symbol() {
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+
+    let service = start().await;
+    let mut client = ServerReflectionClient::new(service.channel.clone());
+    let requests = [
+        MessageRequest::ListServices(String::new()),
+        MessageRequest::FileContainingSymbol(
+            "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
+        ),
+    ];
+    let outbound = tokio_stream::iter(requests.into_iter().map(|it| ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(it),
+    }));
+    let mut inbound = client
+        .server_reflection_info(outbound)
+        .await
+        .expect("v1alpha reflection call")
+        .into_inner();
+    let first = inbound.message().await.unwrap().unwrap().message_response;
+    let Some(MessageResponse::ListServicesResponse(list)) = first else {
+        panic!("{first:?}");
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
+    names.sort();
+    assert_eq!(names, SERVICES);
+    let second = inbound.message().await.unwrap().unwrap().message_response;
+    assert!(
+        matches!(&second, Some(MessageResponse::FileDescriptorResponse(it)) if !it.file_descriptor_proto.is_empty()),
+        "{second:?}"
+    );
+}
+
+#[tokio::test]
+async fn v1_lists_the_v1alpha_service_too() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let service = start().await;
+    let mut client = ServerReflectionClient::new(service.channel.clone());
+    let outbound = tokio_stream::iter([ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    }]);
+    let mut inbound = client
+        .server_reflection_info(outbound)
+        .await
+        .expect("v1 reflection call")
+        .into_inner();
+    let first = inbound.message().await.unwrap().unwrap().message_response;
+    let Some(MessageResponse::ListServicesResponse(list)) = first else {
+        panic!("{first:?}");
+    };
+    let mut names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
+    names.sort();
+    assert_eq!(names, SERVICES);
+}
+
+/// The status of a 60 KB unknown symbol is NOT_FOUND with a message short
+/// enough for any client, and the connection stays usable.
+fn assert_short_not_found(status: &tonic::Status) {
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    let message = status.message();
+    assert!(
+        message.len() <= throttlegate::server::MAX_REFLECTION_STATUS_MESSAGE,
+        "{} bytes: {}...",
+        message.len(),
+        &message[..message.len().min(80)]
+    );
+    assert!(message.starts_with("symbol 'xxxx"), "{message}");
+    assert!(message.ends_with("..."), "{message}");
+}
+
+#[tokio::test]
+async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1() {
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+
+    let service = start().await;
+    let mut client = ServerReflectionClient::new(service.channel.clone());
+    let outbound = tokio_stream::iter([ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "x".repeat(HUGE_SYMBOL_BYTES),
+        )),
+    }]);
+    let res = client.server_reflection_info(outbound).await;
+    let status = match res {
+        Ok(stream) => stream
+            .into_inner()
+            .message()
+            .await
+            .expect_err("an unknown symbol is an error"),
+        Err(status) => status,
+    };
+    assert_short_not_found(&status);
+    // The server still answers on the same connection.
+    assert!(service.health("").await.is_ok());
+}
+
+#[tokio::test]
+async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1alpha() {
+    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+
+    let service = start().await;
+    let mut client = ServerReflectionClient::new(service.channel.clone());
+    let outbound = tokio_stream::iter([ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::FileContainingSymbol(
+            "x".repeat(HUGE_SYMBOL_BYTES),
+        )),
+    }]);
+    let res = client.server_reflection_info(outbound).await;
+    let status = match res {
+        Ok(stream) => stream
+            .into_inner()
+            .message()
+            .await
+            .expect_err("an unknown symbol is an error"),
+        Err(status) => status,
+    };
+    assert_short_not_found(&status);
+    assert!(service.health("").await.is_ok());
+}
