@@ -24,14 +24,13 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 use tonic::transport::server::{Connected, TcpConnectInfo};
 
+use crate::log_gate::LogGate;
 use crate::metrics::{ListenerMetrics, Metrics};
 
 /// First pause after a failed `accept`; doubled on each failure in a row.
 const FIRST_BACKOFF: Duration = Duration::from_millis(5);
 /// Longest pause: a freed descriptor is used within this time.
 const MAX_BACKOFF: Duration = Duration::from_millis(200);
-/// At most one log line per listener per this interval.
-const LOG_EVERY: Duration = Duration::from_secs(1);
 
 /// Accepts connections on a TCP listener, at most `max_connections` open
 /// at once; `accept` never fails.
@@ -41,7 +40,7 @@ pub struct Listener {
     permits: Arc<Semaphore>,
     metrics: ListenerMetrics,
     backoff: Duration,
-    log: ThrottledLog,
+    log: LogGate,
 }
 
 impl std::fmt::Debug for Listener {
@@ -70,7 +69,7 @@ impl Listener {
             )),
             metrics: metrics.listener(name),
             backoff: FIRST_BACKOFF,
-            log: ThrottledLog::default(),
+            log: LogGate::new(),
         }
     }
 
@@ -126,7 +125,7 @@ impl Listener {
         } else {
             self.metrics.accept_errors_other.inc();
         }
-        if let Some(suppressed) = self.log.admit(Instant::now()) {
+        if let Some(suppressed) = self.log.admit() {
             let open = self.metrics.open.get();
             if out_of_descriptors {
                 tracing::error!(
@@ -158,29 +157,6 @@ fn is_peer_error(err: &io::Error) -> bool {
             | io::ErrorKind::ConnectionReset
             | io::ErrorKind::ConnectionRefused
     )
-}
-
-/// Admits one log line per [`LOG_EVERY`] and counts the others.
-#[derive(Debug, Default)]
-struct ThrottledLog {
-    last: Option<Instant>,
-    suppressed: u64,
-}
-
-impl ThrottledLog {
-    /// `Some(lines suppressed since the last one)` if a line may be logged now.
-    fn admit(&mut self, now: Instant) -> Option<u64> {
-        match self.last {
-            Some(last) if now.duration_since(last) < LOG_EVERY => {
-                self.suppressed += 1;
-                None
-            }
-            _ => {
-                self.last = Some(now);
-                Some(std::mem::take(&mut self.suppressed))
-            }
-        }
-    }
 }
 
 /// When a connection must have made progress by, as its requests go.
@@ -494,17 +470,6 @@ mod tests {
         check(1_048_576, 136, (1_048_576 - 136 - 1024, 1024));
         // Below the reserve every port still gets one connection.
         check(100, 136, (1, 1));
-    }
-
-    #[test]
-    fn throttled_log_admits_one_line_a_second_and_counts_the_rest() {
-        let mut log = ThrottledLog::default();
-        let t0 = Instant::now();
-        assert_eq!(log.admit(t0), Some(0));
-        assert_eq!(log.admit(t0 + Duration::from_millis(10)), None);
-        assert_eq!(log.admit(t0 + Duration::from_millis(999)), None);
-        assert_eq!(log.admit(t0 + Duration::from_millis(1000)), Some(2));
-        assert_eq!(log.admit(t0 + Duration::from_millis(1001)), None);
     }
 
     #[tokio::test]

@@ -147,7 +147,7 @@ descriptors:
   - key: big
     rate_limit: {unit: hour, requests_per_unit: 10000, algorithm: sliding_window_log}
   - key: user
-    rate_limit: {unit: minute, requests_per_unit: 100000, algorithm: sliding_window_log}
+    rate_limit: {unit: minute, requests_per_unit: 100000, algorithm: gcra}
 "#;
 
 /// A sliding log at the cap (10,000 per hour) taking its whole limit in one
