@@ -164,6 +164,15 @@ struct ServeArgs {
     /// How long in-flight requests may run after SIGTERM.
     #[arg(long, env = "THROTTLEGATE_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
     drain_timeout_ms: u64,
+    /// Most `rule` label values a rule with `detailed_metric` or
+    /// `value_to_metric` creates; later values are counted under
+    /// `<rule>:_overflow`.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_MAX_METRIC_VALUES_PER_RULE",
+        default_value_t = 10_000
+    )]
+    max_metric_values_per_rule: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -278,7 +287,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let rules = Arc::new(ArcSwap::from_pointee(rules));
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_max_values_per_rule(
+        args.max_metric_values_per_rule,
+    ));
     // Right after the load: the reloader records the files as loaded.
     let reloader = args.config.as_ref().map(|path| {
         let reload_metrics = metrics.clone();
