@@ -24,9 +24,9 @@ fn values() -> Vec<(&'static str, Vec<u8>)> {
     };
     // Occurs in no pattern: one automaton pass, no candidate.
     let no_segment = fit(Vec::new());
-    // Hundreds of `mid{n}` segments and an `end` inside, but not at the end:
-    // every pattern counts a segment, hundreds become candidates, none
-    // matches (each rejected by its suffix).
+    // Hundreds of `mid{n}` segments and `end`s inside, but not at the end:
+    // hundreds of patterns become candidates, none matches (each rejected
+    // by its suffix).
     let mut dense = Vec::new();
     let mut n = 0;
     while dense.len() < 1000 {
@@ -34,13 +34,14 @@ fn values() -> Vec<(&'static str, Vec<u8>)> {
         n += 37;
     }
     let dense = fit(dense);
-    // Matches the last pattern of 10,000 (and no earlier one).
+    // Ends with `mid9999end`: contains `mid9`, `mid99`, `mid999` and
+    // `mid9999`, so the first match is `*mid9*end`.
     let mut last = vec![b'x'; 1024 - b"mid9999end".len()];
     last.extend_from_slice(b"mid9999end");
     vec![
         ("no_segment", no_segment),
         ("dense_no_match", dense),
-        ("matches_last", last),
+        ("ends_mid9999end", last),
     ]
 }
 

@@ -1,50 +1,45 @@
 //! The wildcard patterns of one rule level, indexed so that finding the first one a value matches does not try every pattern in turn.
 //!
-//! A pattern is literal segments separated by `*`. One Aho-Corasick
-//! automaton over every distinct segment of the level finds, in one pass
-//! over the value, which segments occur anywhere in it; only a pattern all
-//! of whose segments occur can match, and only those candidates are checked
-//! with [`glob_match`], in config order, stopping at the first match.
+//! A pattern is literal segments separated by `*`; a value it matches
+//! contains every one of them. Each pattern is keyed by its rarest segment
+//! (the one fewest patterns of the level share, the longest on a tie), and
+//! one Aho-Corasick automaton over the key segments finds, in one pass over
+//! the value, which of them occur. Only the patterns keyed by an occurring
+//! segment are candidates; they are checked with [`glob_match`] in config
+//! order, stopping at the first match.
 //!
 //! Cost of one lookup: one automaton pass over the value (plus one step per
-//! segment occurrence), one step per (occurring segment, pattern using it)
-//! pair, and a linear [`glob_match`] per candidate. A value cannot make the
-//! service try patterns whose segments it does not contain, which is what
-//! made the plain scan of 10,000 patterns expensive.
+//! key-segment occurrence) and a linear [`glob_match`] per candidate. A
+//! value cannot make the service try patterns whose key segment it does not
+//! contain, which is what made the plain scan of 10,000 patterns expensive;
+//! and keying by the rarest segment keeps a segment many patterns share
+//! (`*mid1*end`, `*mid2*end`, ...) from making all of them candidates.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
 /// The wildcard patterns of one level (one key), in config order.
 #[derive(Debug, Clone)]
 pub struct WildcardIndex {
-    patterns: Vec<Pattern>,
-    /// Over every distinct non-empty segment; `None` when no pattern has one.
+    patterns: Vec<Box<[u8]>>,
+    /// Over the key segments; `None` when no pattern has a segment.
     automaton: Option<AhoCorasick>,
-    /// Segment id → the patterns containing it, ascending (config order).
+    /// Key segment id → the patterns keyed by it, ascending (config order).
     users: Vec<Vec<u32>>,
-    /// The first pattern made only of `*`: it matches every value, so no
-    /// later pattern can ever be the first match.
-    catch_all: Option<u32>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Pattern {
-    text: Box<[u8]>,
-    /// How many distinct segments must occur in a value it matches.
-    segments: u32,
+    /// Patterns without any segment (`*`-only, or empty), ascending: they
+    /// are tried on every value.
+    unkeyed: Vec<u32>,
 }
 
 /// Per-thread working memory of [`WildcardIndex::first_match`], so a lookup
 /// allocates nothing once the thread has seen its largest level. Every
-/// entry is back to false/0 between lookups.
+/// entry of `seen` is back to false between lookups.
 #[derive(Default)]
 struct Scratch {
-    segment_seen: Vec<bool>,
-    seen: Vec<u32>,
-    counts: Vec<u32>,
-    touched: Vec<u32>,
+    seen: Vec<bool>,
+    seen_ids: Vec<u32>,
     candidates: Vec<u32>,
 }
 
@@ -67,58 +62,61 @@ impl Default for WildcardIndex {
     }
 }
 
+fn segments(pattern: &[u8]) -> impl Iterator<Item = &[u8]> {
+    pattern
+        .split(|byte| *byte == b'*')
+        .filter(|segment| !segment.is_empty())
+}
+
 impl WildcardIndex {
     /// Indexes `patterns`; [`first_match`](Self::first_match) answers
     /// positions in this order.
     pub fn new<'p>(patterns: impl IntoIterator<Item = &'p [u8]>) -> WildcardIndex {
-        let mut literals: Vec<&[u8]> = Vec::new();
-        let mut literal_ids: std::collections::HashMap<&[u8], u32> =
-            std::collections::HashMap::new();
-        let mut users: Vec<Vec<u32>> = Vec::new();
-        let mut compiled = Vec::new();
-        let mut catch_all = None;
-        for (position, text) in patterns.into_iter().enumerate() {
-            let position = u32::try_from(position).unwrap_or(u32::MAX);
-            let mut segments = 0;
-            for segment in text.split(|byte| *byte == b'*') {
-                if segment.is_empty() {
-                    continue;
-                }
-                let id = *literal_ids.entry(segment).or_insert_with(|| {
-                    literals.push(segment);
-                    users.push(Vec::new());
-                    u32::try_from(literals.len() - 1).unwrap_or(u32::MAX)
-                });
-                let list = &mut users[id as usize];
-                // A segment repeated within one pattern counts once.
-                if list.last() != Some(&position) {
-                    list.push(position);
-                    segments += 1;
-                }
+        let patterns: Vec<&[u8]> = patterns.into_iter().collect();
+        // How many patterns contain each segment.
+        let mut sharing: HashMap<&[u8], usize> = HashMap::new();
+        for pattern in &patterns {
+            let mut mine: Vec<&[u8]> = segments(pattern).collect();
+            mine.sort_unstable();
+            mine.dedup();
+            for segment in mine {
+                *sharing.entry(segment).or_default() += 1;
             }
-            if segments == 0 && text.contains(&b'*') && catch_all.is_none() {
-                catch_all = Some(position);
-            }
-            compiled.push(Pattern {
-                text: text.into(),
-                segments,
-            });
         }
-        let automaton = if literals.is_empty() {
+        let mut key_ids: HashMap<&[u8], usize> = HashMap::new();
+        let mut keys: Vec<&[u8]> = Vec::new();
+        let mut users: Vec<Vec<u32>> = Vec::new();
+        let mut unkeyed = Vec::new();
+        for (position, pattern) in patterns.iter().enumerate() {
+            let position = u32::try_from(position).unwrap_or(u32::MAX);
+            let key = segments(pattern)
+                .min_by_key(|segment| (sharing[segment], std::cmp::Reverse(segment.len())));
+            let Some(key) = key else {
+                unkeyed.push(position);
+                continue;
+            };
+            let id = *key_ids.entry(key).or_insert_with(|| {
+                keys.push(key);
+                users.push(Vec::new());
+                keys.len() - 1
+            });
+            users[id].push(position);
+        }
+        let automaton = if keys.is_empty() {
             None
         } else {
             // Standard semantics is what overlapping search needs: every
-            // occurrence of every segment, not only the leftmost-longest.
+            // occurrence of every key, not only the leftmost-longest.
             AhoCorasick::builder()
                 .match_kind(MatchKind::Standard)
-                .build(&literals)
+                .build(&keys)
                 .ok()
         };
         WildcardIndex {
-            patterns: compiled,
+            patterns: patterns.into_iter().map(Box::from).collect(),
             automaton,
             users,
-            catch_all,
+            unkeyed,
         }
     }
 
@@ -134,84 +132,54 @@ impl WildcardIndex {
     /// The position of the first pattern (config order) that `value`
     /// matches, as [`glob_match`] decides.
     pub fn first_match(&self, value: &[u8]) -> Option<usize> {
+        // The first unkeyed pattern that matches (`*`-only ones match
+        // everything) bounds the answer: only earlier keyed ones can win.
+        let unkeyed = self
+            .unkeyed
+            .iter()
+            .copied()
+            .find(|position| glob_match(&self.patterns[*position as usize], value));
         let Some(automaton) = &self.automaton else {
-            // No pattern has a literal segment (so each is `*`-only or
-            // empty), or the automaton could not be built: try them in turn.
-            return self
-                .patterns
-                .iter()
-                .position(|it| glob_match(&it.text, value));
+            if self.users.is_empty() {
+                return unkeyed.map(|position| position as usize);
+            }
+            // The automaton could not be built: try every pattern in turn.
+            return self.patterns.iter().position(|it| glob_match(it, value));
         };
-        // Nothing after the catch-all can be first.
-        let limit = self
-            .catch_all
-            .map_or(self.patterns.len(), |position| position as usize);
+        let limit = unkeyed.unwrap_or(u32::MAX);
         if limit == 0 {
-            return self.catch_all.map(|position| position as usize);
+            return Some(0);
         }
-        let found = SCRATCH.with(|scratch| {
+        let keyed = SCRATCH.with(|scratch| {
             let mut scratch = scratch.borrow_mut();
             let scratch = &mut *scratch;
-            if scratch.segment_seen.len() < self.users.len() {
-                scratch.segment_seen.resize(self.users.len(), false);
-            }
-            if scratch.counts.len() < self.patterns.len() {
-                scratch.counts.resize(self.patterns.len(), 0);
+            if scratch.seen.len() < self.users.len() {
+                scratch.seen.resize(self.users.len(), false);
             }
             for found in automaton.find_overlapping_iter(value) {
                 let id = found.pattern().as_usize();
-                if !scratch.segment_seen[id] {
-                    scratch.segment_seen[id] = true;
-                    scratch.seen.push(id as u32);
+                if !scratch.seen[id] {
+                    scratch.seen[id] = true;
+                    scratch.seen_ids.push(id as u32);
+                    // Each pattern has one key: no pattern is added twice.
+                    let users = &self.users[id];
+                    let before = users.partition_point(|position| *position < limit);
+                    scratch.candidates.extend_from_slice(&users[..before]);
                 }
             }
-            for id in scratch.seen.drain(..) {
-                scratch.segment_seen[id as usize] = false;
-                for &position in &self.users[id as usize] {
-                    if position as usize >= limit {
-                        break;
-                    }
-                    let count = &mut scratch.counts[position as usize];
-                    if *count == 0 {
-                        scratch.touched.push(position);
-                    }
-                    *count += 1;
-                    if *count == self.patterns[position as usize].segments {
-                        scratch.candidates.push(position);
-                    }
-                }
-            }
-            for position in scratch.touched.drain(..) {
-                scratch.counts[position as usize] = 0;
+            for id in scratch.seen_ids.drain(..) {
+                scratch.seen[id as usize] = false;
             }
             scratch.candidates.sort_unstable();
             let found = scratch
                 .candidates
                 .iter()
                 .copied()
-                .find(|position| glob_match(&self.patterns[*position as usize].text, value));
+                .find(|position| glob_match(&self.patterns[*position as usize], value));
             scratch.candidates.clear();
-            found.map(|position| position as usize)
+            found
         });
-        // A pattern with no segment (only stars, or empty) never became a
-        // candidate above; the catch-all is the only one that can matter,
-        // besides an empty pattern, which matches only "".
-        found.or_else(|| {
-            if value.is_empty() {
-                self.scan(value, limit)
-                    .or(self.catch_all.map(|it| it as usize))
-            } else {
-                self.catch_all.map(|position| position as usize)
-            }
-        })
-    }
-
-    /// The first of the first `limit` patterns with no segment that matches
-    /// `value`, by trying them in turn.
-    fn scan(&self, value: &[u8], limit: usize) -> Option<usize> {
-        self.patterns[..limit]
-            .iter()
-            .position(|it| it.segments == 0 && glob_match(&it.text, value))
+        keyed.or(unkeyed).map(|position| position as usize)
     }
 }
 
@@ -312,7 +280,7 @@ mod tests {
     }
 
     #[test]
-    fn only_patterns_whose_segments_all_occur_are_tried() {
+    fn a_segment_every_pattern_shares_does_not_decide() {
         // 10,000 patterns sharing the suffix: a value with one `midN` is
         // decided by that pattern, wherever it is in the list.
         let patterns: Vec<Vec<u8>> = (0..10_000)
