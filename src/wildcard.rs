@@ -18,7 +18,10 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use aho_corasick::{AhoCorasick, MatchKind};
+use aho_corasick::{AhoCorasick, AhoCorasickKind, MatchKind};
+
+/// Levels with at most this many key segments search with a DFA.
+const DFA_KEYS: usize = 1_000;
 
 /// The wildcard patterns of one level (one key), in config order.
 #[derive(Debug, Clone)]
@@ -107,8 +110,12 @@ impl WildcardIndex {
         } else {
             // Standard semantics is what overlapping search needs: every
             // occurrence of every key, not only the leftmost-longest.
+            // A DFA scans several times faster than the default NFA; its
+            // memory grows with the keys, so large levels keep the NFA.
+            let kind = (keys.len() <= DFA_KEYS).then_some(AhoCorasickKind::DFA);
             AhoCorasick::builder()
                 .match_kind(MatchKind::Standard)
+                .kind(kind)
                 .build(&keys)
                 .ok()
         };
