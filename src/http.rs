@@ -197,16 +197,28 @@ async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> String {
     crate::config::describe(&limiter.rules().load())
 }
 
-/// Prometheus scrape: the text exposition of every metric.
+/// Prometheus scrape: the text exposition of every metric. Formatting
+/// thousands of series takes milliseconds, so it runs on the blocking pool,
+/// not on a worker that decisions need.
 async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            crate::metrics::CONTENT_TYPE,
-        )],
-        limiter.metrics().encode(),
-    )
-        .into_response()
+    match tokio::task::spawn_blocking(move || limiter.metrics().encode()).await {
+        Ok(text) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                crate::metrics::CONTENT_TYPE,
+            )],
+            text,
+        )
+            .into_response(),
+        Err(err) => {
+            tracing::error!(error = %err, "encoding the metrics failed");
+            (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "encoding the metrics failed",
+            )
+                .into_response()
+        }
+    }
 }
 
 /// 200 with the decision, 429 when it is OVER_LIMIT (as envoyproxy/ratelimit

@@ -2,6 +2,7 @@
 //!
 //! Crate map: `config` (YAML → `rules`), `rules` (descriptor matching),
 //! `algorithms` (pure rate-limit math), `backends` (memory, Redis),
+//! `wildcard` (the index of a level's wildcard patterns),
 //! `clock`, `limiter` (the decision on a request), `log_gate`
 //! (rate-limited log lines), `metrics` (Prometheus),
 //! `reload` (hot reload of the config), `proto` (generated wire types),
@@ -22,5 +23,6 @@ pub mod reload;
 pub mod rules;
 pub mod server;
 pub mod service;
+pub mod wildcard;
 
 pub use server::serve;

@@ -358,8 +358,7 @@ impl Limiter {
             } else {
                 metrics::Outcome::Ok
             };
-            self.metrics
-                .record_decision(&domain.name, metric.as_str(), result, *cost);
+            self.metrics.record(&domain.name, metric, result, *cost);
             statuses.push(Status {
                 code: if over { Code::OverLimit } else { Code::Ok },
                 current_limit: Some(chosen.limit.reported.clone()),
@@ -883,7 +882,10 @@ fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
             label.push_str(value);
         }
     }
-    MetricRule::Values(label)
+    MetricRule::Values {
+        rule: rule.path.clone(),
+        label,
+    }
 }
 
 /// The descriptor's override with its unit, if it has one that can be

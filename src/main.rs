@@ -180,6 +180,15 @@ struct ServeArgs {
     /// one beyond it is answered under --failure-mode.
     #[arg(long, env = "THROTTLEGATE_MEMORY_MAX_COUNTERS", default_value_t = DEFAULT_MAX_COUNTERS)]
     memory_max_counters: usize,
+    /// Most `rule` label values a rule with `detailed_metric` or
+    /// `value_to_metric` creates; later values are counted under
+    /// `<rule>:_overflow`.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_MAX_METRIC_VALUES_PER_RULE",
+        default_value_t = 10_000
+    )]
+    max_metric_values_per_rule: usize,
     /// After SIGTERM/SIGINT, how long in-flight requests of both servers
     /// together may run once the listeners have closed.
     #[arg(long, env = "THROTTLEGATE_DRAIN_TIMEOUT_MS", default_value_t = 10_000)]
@@ -450,7 +459,9 @@ async fn serve(args: ServeArgs) -> ExitCode {
         }
     };
     let rules = Arc::new(ArcSwap::from_pointee(rules));
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::with_max_values_per_rule(
+        args.max_metric_values_per_rule,
+    ));
     // Right after the load: the reloader records the files as loaded.
     let reloader = args.config.as_ref().map(|path| {
         let reload_metrics = metrics.clone();

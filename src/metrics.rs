@@ -3,15 +3,25 @@
 //! Label cardinality is bounded by the configuration, never by what clients
 //! send: `domain` is a configured domain (or `_unknown`), `rule` the matched
 //! rule's path, unless the rule opts in with `detailed_metric` or
-//! `value_to_metric` (see [`MetricRule`]). The hot path resolves a
-//! `(domain, rule)` pair to its counters once and then only bumps atomics.
+//! `value_to_metric` (see [`MetricRule`]); those per-value series are
+//! capped per rule ([`Metrics::with_max_values_per_rule`]), the excess
+//! folded into one overflow series. The hot path resolves a `(domain, rule)`
+//! pair to its counters once and then only bumps atomics.
+//!
+//! Decisions never wait for a scrape: decision and hit counters live in a
+//! sharded map of their own, and [`Metrics::encode`] copies each shard's
+//! entries out under a brief read lock and formats the text without any
+//! lock a decision takes.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicI64;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -30,6 +40,11 @@ pub const UNKNOWN_DOMAIN: &str = "_unknown";
 pub const UNKNOWN_RULE: &str = "_unknown";
 /// The `rule` label of a RateLimitOverride (its keys come from the client).
 pub const OVERRIDE_RULE: &str = "_override";
+/// Appended (after `:`) to a rule's path to form the `rule` label that
+/// per-value decisions fold into once the rule has its maximum of series.
+pub const OVERFLOW_SUFFIX: &str = "_overflow";
+/// Per-value series a rule may create unless configured otherwise.
+pub const DEFAULT_MAX_VALUES_PER_RULE: usize = 10_000;
 
 /// How one descriptor's decision was answered; the `result` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,8 +87,9 @@ pub enum MetricRule {
     Path(Arc<str>),
     /// Built from the descriptor's values: the rule has `detailed_metric`
     /// (every level `key_value`) or some level has `value_to_metric` (that
-    /// level `key_value`, the others as in the path).
-    Values(String),
+    /// level `key_value`, the others as in the path). `rule` is the matched
+    /// node's path: the cap on per-value series counts per path.
+    Values { rule: Arc<str>, label: String },
     /// A RateLimitOverride: [`OVERRIDE_RULE`].
     Override,
 }
@@ -82,7 +98,7 @@ impl MetricRule {
     pub fn as_str(&self) -> &str {
         match self {
             MetricRule::Path(path) => path,
-            MetricRule::Values(label) => label,
+            MetricRule::Values { label, .. } => label,
             MetricRule::Override => OVERRIDE_RULE,
         }
     }
@@ -129,25 +145,154 @@ struct ReloadLabels {
 }
 
 /// The counters of one `(domain, rule)`, resolved once.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct RuleCounters {
     /// Indexed like [`Outcome::ALL`].
-    decisions: [Counter; 4],
-    hits: Counter,
+    decisions: [AtomicU64; 4],
+    hits: AtomicU64,
+    /// Label built from request values: a result's series appears only
+    /// once it is non-zero (a value seen once makes one series, not four).
+    per_value: bool,
+}
+
+impl RuleCounters {
+    fn record(&self, slot: usize, hits: u64) {
+        self.decisions[slot].fetch_add(1, Ordering::Relaxed);
+        self.hits.fetch_add(hits, Ordering::Relaxed);
+    }
 }
 
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// One domain's counters by `rule` label.
-type DomainCounters = FastMap<Arc<str>, RuleCounters>;
+type DomainCounters = FastMap<Arc<str>, Arc<RuleCounters>>;
+
+/// One shard of [`Series`]: `domain → rule → counters`, looked up by `&str`
+/// without allocating.
+type Shard = RwLock<FastMap<Arc<str>, DomainCounters>>;
+
+/// Per-value series budgets by `(domain, rule path)`.
+type Budgets = FastMap<(Arc<str>, Arc<str>), ValueBudget>;
+
+/// Shards of the decision series: a new label locks one shard for an insert,
+/// and a scrape holds each shard only while copying its entries out.
+const SHARDS: usize = 32;
+
+/// `domain → rule → counters`, split over [`SHARDS`] by a hash of both.
+#[derive(Debug)]
+struct Series {
+    shards: Box<[Shard]>,
+    hasher: foldhash::fast::FixedState,
+}
+
+/// One series as copied out of [`Series`] for a scrape.
+type SeriesEntry = (Arc<str>, Arc<str>, Arc<RuleCounters>);
+
+impl Series {
+    fn new() -> Series {
+        Series {
+            shards: (0..SHARDS)
+                .map(|_| RwLock::new(FastMap::default()))
+                .collect(),
+            hasher: foldhash::fast::FixedState::default(),
+        }
+    }
+
+    fn shard(&self, domain: &str, rule: &str) -> &Shard {
+        let hash = self.hasher.hash_one((domain, rule));
+        &self.shards[(hash % SHARDS as u64) as usize]
+    }
+
+    /// Every series, sorted by domain and rule. Holds one shard's read lock
+    /// at a time, only to clone `Arc`s.
+    fn snapshot(&self) -> Vec<SeriesEntry> {
+        let mut entries = Vec::new();
+        for shard in &self.shards {
+            let shard = shard.read().unwrap_or_else(PoisonError::into_inner);
+            for (domain, rules) in shard.iter() {
+                for (rule, counters) in rules {
+                    entries.push((domain.clone(), rule.clone(), counters.clone()));
+                }
+            }
+        }
+        entries.sort_unstable_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        entries
+    }
+}
+
+/// Per-value series created so far by one rule, against the cap.
+#[derive(Debug)]
+struct ValueBudget {
+    created: usize,
+    /// Decisions folded into the overflow series; resolved on the first.
+    overflowed: Option<Counter>,
+}
+
+/// Encodes `throttlegate_decisions_total` and `throttlegate_hits_total` from
+/// a snapshot of [`Series`] at each scrape.
+#[derive(Debug)]
+struct SeriesCollector(Arc<Series>);
+
+impl Collector for SeriesCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let entries = self.0.snapshot();
+        if entries.is_empty() {
+            return Ok(());
+        }
+        // The counters keep moving after the snapshot; each is read once.
+        let mut family =
+            encoder.encode_descriptor("decisions", DECISIONS_HELP, None, MetricType::Counter)?;
+        for (domain, rule, counters) in &entries {
+            for (slot, outcome) in Outcome::ALL.iter().enumerate() {
+                let value = counters.decisions[slot].load(Ordering::Relaxed);
+                if counters.per_value && value == 0 {
+                    continue;
+                }
+                let labels = DecisionLabels {
+                    domain: domain.clone(),
+                    rule: rule.clone(),
+                    result: outcome.name(),
+                };
+                family
+                    .encode_family(&labels)?
+                    .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+            }
+        }
+        let mut family = encoder.encode_descriptor("hits", HITS_HELP, None, MetricType::Counter)?;
+        for (domain, rule, counters) in &entries {
+            let value = counters.hits.load(Ordering::Relaxed);
+            if counters.per_value && value == 0 {
+                continue;
+            }
+            let labels = RuleLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+            };
+            family
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+        }
+        Ok(())
+    }
+}
+
+const DECISIONS_HELP: &str =
+    "Descriptor decisions by domain, rule and result (ok, near_limit, over_limit, shadow)";
+const HITS_HELP: &str = "Hits (sum of request costs) by domain and rule";
 
 /// Every metric of the service, and its registry.
 pub struct Metrics {
     /// Behind a lock only so that [`Metrics::observe_stored_counters`] can
     /// register late; taken per scrape, never per request.
     registry: Mutex<Registry>,
-    decisions: Family<DecisionLabels, Counter>,
-    hits: Family<RuleLabels, Counter>,
+    /// Decision and hit counters by `(domain, rule)`, encoded by a
+    /// [`SeriesCollector`].
+    series: Arc<Series>,
+    max_values_per_rule: usize,
+    /// `(domain, rule path) →` per-value series created; taken only when a
+    /// per-value label is seen for the first time.
+    value_budgets: Mutex<Budgets>,
+    value_overflows: Family<RuleLabels, Counter>,
     backend_latency: Family<BackendLabels, Histogram, fn() -> Histogram>,
     backend_errors: Family<BackendErrorLabels, Counter>,
     in_flight: Gauge<i64, AtomicI64>,
@@ -156,8 +301,6 @@ pub struct Metrics {
     open_connections: Family<ListenerLabels, Gauge>,
     accept_errors: Family<AcceptErrorLabels, Counter>,
     stored_source: Mutex<Option<CounterSource>>,
-    /// `domain → rule → counters`, looked up by `&str` without allocating.
-    rules: RwLock<FastMap<Arc<str>, DomainCounters>>,
 }
 
 type CounterSource = Box<dyn Fn() -> u64 + Send + Sync>;
@@ -225,19 +368,24 @@ impl Drop for InFlight<'_> {
 }
 
 impl Metrics {
+    /// Metrics with at most [`DEFAULT_MAX_VALUES_PER_RULE`] per-value series
+    /// per rule.
     pub fn new() -> Self {
+        Self::with_max_values_per_rule(DEFAULT_MAX_VALUES_PER_RULE)
+    }
+
+    /// Metrics where each rule with `detailed_metric` or `value_to_metric`
+    /// creates at most `max` per-value `rule` labels; later values are
+    /// counted under `<path>:_overflow`.
+    pub fn with_max_values_per_rule(max: usize) -> Self {
         let mut registry = Registry::with_prefix("throttlegate");
-        let decisions = Family::<DecisionLabels, Counter>::default();
+        let series = Arc::new(Series::new());
+        registry.register_collector(Box::new(SeriesCollector(series.clone())));
+        let value_overflows = Family::<RuleLabels, Counter>::default();
         registry.register(
-            "decisions",
-            "Descriptor decisions by domain, rule and result (ok, near_limit, over_limit, shadow)",
-            decisions.clone(),
-        );
-        let hits = Family::<RuleLabels, Counter>::default();
-        registry.register(
-            "hits",
-            "Hits (sum of request costs) by domain and rule",
-            hits.clone(),
+            "metric_value_overflows",
+            "Decisions of rules with per-value metrics counted under the rule's overflow label because the rule reached its maximum of series",
+            value_overflows.clone(),
         );
         let backend_latency =
             Family::<BackendLabels, Histogram, fn() -> Histogram>::new_with_constructor(
@@ -285,8 +433,10 @@ impl Metrics {
         );
         Self {
             registry: Mutex::new(registry),
-            decisions,
-            hits,
+            series,
+            max_values_per_rule: max,
+            value_budgets: Mutex::new(FastMap::default()),
+            value_overflows,
             backend_latency,
             backend_errors,
             in_flight,
@@ -295,46 +445,108 @@ impl Metrics {
             open_connections,
             accept_errors,
             stored_source: Mutex::new(None),
-            rules: RwLock::new(FastMap::default()),
         }
     }
 
-    /// Counts one descriptor decision of cost `hits`.
+    /// Counts one descriptor decision of cost `hits` under the fixed
+    /// label `rule` (a rule path, or one of the `_` labels).
     pub fn record_decision(&self, domain: &str, rule: &str, outcome: Outcome, hits: u64) {
+        self.record_series(domain, rule, None, outcome, hits);
+    }
+
+    /// Counts one descriptor decision of cost `hits` under its rule's
+    /// label; a per-value label past its rule's cap is folded into the
+    /// rule's overflow label.
+    pub fn record(&self, domain: &str, rule: &MetricRule, outcome: Outcome, hits: u64) {
+        let path = match rule {
+            MetricRule::Values { rule, .. } => Some(rule),
+            MetricRule::Path(_) | MetricRule::Override => None,
+        };
+        self.record_series(domain, rule.as_str(), path, outcome, hits);
+    }
+
+    /// `path`: set for a per-value label, the rule whose budget it uses.
+    fn record_series(
+        &self,
+        domain: &str,
+        label: &str,
+        path: Option<&Arc<str>>,
+        outcome: Outcome,
+        hits: u64,
+    ) {
         let slot = Outcome::ALL
             .iter()
             .position(|it| *it == outcome)
             .expect("every outcome is listed");
+        let shard = self.series.shard(domain, label);
         {
-            let rules = self.rules.read().unwrap_or_else(PoisonError::into_inner);
-            if let Some(counters) = rules.get(domain).and_then(|it| it.get(rule)) {
-                counters.decisions[slot].inc();
-                counters.hits.inc_by(hits);
+            let rules = shard.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some(counters) = rules.get(domain).and_then(|it| it.get(label)) {
+                counters.record(slot, hits);
                 return;
             }
         }
-        // First decision of this rule: resolve its series once.
-        let mut rules = self.rules.write().unwrap_or_else(PoisonError::into_inner);
-        let by_rule = rules.entry(Arc::from(domain)).or_default();
-        let counters = by_rule
-            .entry(Arc::from(rule))
-            .or_insert_with_key(|rule_label| {
-                let domain: Arc<str> = Arc::from(domain);
-                let decisions = Outcome::ALL.map(|it| {
-                    self.decisions.get_or_create_owned(&DecisionLabels {
-                        domain: domain.clone(),
-                        rule: rule_label.clone(),
-                        result: it.name(),
-                    })
+        // First decision under this label: create its series once.
+        {
+            let mut rules = shard.write().unwrap_or_else(PoisonError::into_inner);
+            let by_rule = match rules.get_mut(domain) {
+                Some(it) => it,
+                None => rules.entry(Arc::from(domain)).or_default(),
+            };
+            if let Some(counters) = by_rule.get(label) {
+                counters.record(slot, hits);
+                return;
+            }
+            if path.is_none_or(|path| self.take_value_budget(domain, path)) {
+                let counters = Arc::new(RuleCounters {
+                    per_value: path.is_some(),
+                    ..RuleCounters::default()
                 });
-                let hits = self.hits.get_or_create_owned(&RuleLabels {
-                    domain,
-                    rule: rule_label.clone(),
-                });
-                RuleCounters { decisions, hits }
+                counters.record(slot, hits);
+                by_rule.insert(Arc::from(label), counters);
+                return;
+            }
+        }
+        // Over the cap: the shard lock is released before recording the
+        // overflow label, which may live in another shard.
+        if let Some(path) = path {
+            let overflow = format!("{path}:{OVERFLOW_SUFFIX}");
+            self.record_series(domain, &overflow, None, outcome, hits);
+        }
+    }
+
+    /// Whether the rule `path` may create one more per-value series (and
+    /// then counts it); if not, counts the overflow, and logs the rule's
+    /// first one.
+    fn take_value_budget(&self, domain: &str, path: &Arc<str>) -> bool {
+        let mut budgets = self
+            .value_budgets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let budget = budgets
+            .entry((Arc::from(domain), path.clone()))
+            .or_insert(ValueBudget {
+                created: 0,
+                overflowed: None,
             });
-        counters.decisions[slot].inc();
-        counters.hits.inc_by(hits);
+        if budget.created < self.max_values_per_rule {
+            budget.created += 1;
+            return true;
+        }
+        let counter = budget.overflowed.get_or_insert_with(|| {
+            tracing::warn!(
+                domain,
+                rule = %path,
+                max = self.max_values_per_rule,
+                "rule reached its maximum of per-value metric series; further values are counted under {path}:{OVERFLOW_SUFFIX}"
+            );
+            self.value_overflows.get_or_create_owned(&RuleLabels {
+                domain: Arc::from(domain),
+                rule: path.clone(),
+            })
+        });
+        counter.inc();
+        false
     }
 
     /// The latency histogram and error counters of the backend `name`.
@@ -795,5 +1007,106 @@ descriptors:
             Some(3.0),
             "{text}"
         );
+    }
+
+    const PER_VALUE: &str = "domain: api
+descriptors:
+  - key: client
+    value_to_metric: true
+    rate_limit: {unit: minute, requests_per_unit: 100}
+";
+
+    /// Lines of the series of `metric` whose labels contain `needle`.
+    fn series_with<'t>(text: &'t str, metric: &str, needle: &str) -> Vec<&'t str> {
+        text.lines()
+            .filter(|line| line.starts_with(metric) && line.contains(needle))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_value_with_one_decision_creates_one_series() {
+        let limiter = limiter(PER_VALUE, false);
+        limiter
+            .decide(&request("api", &[("client", "c1")], 1))
+            .await
+            .unwrap();
+        let text = limiter.metrics().encode();
+        assert_eq!(
+            series_with(&text, "throttlegate_decisions_total{", "client_c1"),
+            ["throttlegate_decisions_total{domain=\"api\",rule=\"client_c1\",result=\"ok\"} 1"],
+            "{text}"
+        );
+        assert_eq!(
+            series_with(&text, "throttlegate_hits_total{", "client_c1").len(),
+            1,
+            "{text}"
+        );
+        // Rules named by the config keep all four results from the start.
+        let limiter = limiter_with_metrics(TREE, Metrics::new());
+        limiter
+            .decide(&request("api", &[("user", "u")], 1))
+            .await
+            .unwrap();
+        let text = limiter.metrics().encode();
+        assert_eq!(
+            series_with(&text, "throttlegate_decisions_total{", "rule=\"user\"").len(),
+            4,
+            "{text}"
+        );
+    }
+
+    fn limiter_with_metrics(yaml: &str, metrics: Metrics) -> Limiter {
+        let load = LoadOptions {
+            merge_domains: false,
+            default_algorithm: Algorithm::SlidingWindowLog,
+            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
+        };
+        let rules = config::parse_str("api.yaml", yaml, &load).unwrap().rules;
+        let clock = ManualClock::new(1_700_000_000_000_000);
+        Limiter::new(
+            Arc::new(ArcSwap::from_pointee(rules)),
+            Arc::new(MemoryBackend::new(Arc::new(clock))),
+            options(false),
+            Arc::new(metrics),
+        )
+    }
+
+    #[tokio::test]
+    async fn per_value_series_are_capped_per_rule_then_fold_into_overflow() {
+        let limiter = limiter_with_metrics(PER_VALUE, Metrics::with_max_values_per_rule(3));
+        for _ in 0..2 {
+            for n in 0..10 {
+                let value = format!("v{n}");
+                limiter
+                    .decide(&request("api", &[("client", &value)], 1))
+                    .await
+                    .unwrap();
+            }
+        }
+        let text = limiter.metrics().encode();
+        let per_value = series_with(&text, "throttlegate_decisions_total{", "rule=\"client_v");
+        assert_eq!(per_value.len(), 3, "{text}");
+        // The first three values keep their series and all their decisions.
+        for n in 0..3 {
+            assert_eq!(
+                decisions(&text, "api", &format!("client_v{n}"), "ok"),
+                Some(2.0),
+                "{text}"
+            );
+        }
+        assert_eq!(
+            decisions(&text, "api", "client:_overflow", "ok"),
+            Some(14.0),
+            "{text}"
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "throttlegate_metric_value_overflows_total{domain=\"api\",rule=\"client\"}"
+            ),
+            Some(14.0),
+            "{text}"
+        );
+        assert!(!text.contains("client_v3"), "{text}");
     }
 }

@@ -99,11 +99,21 @@ pub async fn start_service(
     backend: Arc<dyn Backend>,
     options: Options,
 ) -> TestService {
+    start_service_with_metrics(rules, backend, options, Metrics::new()).await
+}
+
+/// [`start_service`] recording into `metrics`.
+pub async fn start_service_with_metrics(
+    rules: RuleSet,
+    backend: Arc<dyn Backend>,
+    options: Options,
+    metrics: Metrics,
+) -> TestService {
     let limiter = Arc::new(Limiter::new(
         Arc::new(ArcSwap::from_pointee(rules)),
         backend,
         options,
-        Arc::new(Metrics::new()),
+        Arc::new(metrics),
     ));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
