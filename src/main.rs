@@ -292,6 +292,13 @@ fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
     })
 }
 
+/// mimalloc instead of the system allocator: a decision allocates and frees
+/// many small buffers across the runtime's threads, where glibc's malloc
+/// spends measurable time consolidating and moving chunks between arenas
+/// (see docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
