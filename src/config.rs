@@ -303,7 +303,7 @@ fn collect_dir(
             return;
         }
     };
-    for path in visible_entries(entries) {
+    for path in config_entries(entries) {
         let Ok(link_meta) = std::fs::symlink_metadata(&path) else {
             continue;
         };
@@ -311,23 +311,19 @@ fn collect_dir(
             collect_dir(&path, files, problems, warnings);
             continue;
         }
-        let is_yaml = path
-            .extension()
-            .is_some_and(|ext| ext == "yaml" || ext == "yml");
         match std::fs::metadata(&path) {
-            Ok(meta) if is_yaml && meta.is_file() => files.push(path),
+            Ok(meta) if meta.is_file() => files.push(path),
             Ok(_) => {}
             // A ConfigMap key being removed leaves its symlink dangling for
             // a moment after `..data` moves on; the file is gone, not broken.
-            Err(_) if is_yaml && link_meta.is_symlink() => warnings.push(format!(
+            Err(_) if link_meta.is_symlink() => warnings.push(format!(
                 "{}: skipping a symlink whose target does not exist",
                 path.display()
             )),
-            Err(err) if is_yaml => problems.push(file_problem(
+            Err(err) => problems.push(file_problem(
                 &path.display().to_string(),
                 format!("error reading config file: {err}"),
             )),
-            Err(_) => {}
         }
     }
 }
@@ -1244,18 +1240,32 @@ mod position {
 }
 
 /// The entries of a config directory that are loaded or descended into, in
-/// path order: dot-files and dot-directories are skipped (a Kubernetes
-/// ConfigMap's `..data` and `..<timestamp>` among them). The reloader walks
-/// the same list to notice changes.
-pub(crate) fn visible_entries(entries: std::fs::ReadDir) -> Vec<PathBuf> {
+/// path order: real directories and files named `*.yaml` or `*.yml`.
+/// Dot-files and dot-directories are skipped (a Kubernetes ConfigMap's
+/// `..data` and `..<timestamp>` among them). The reloader walks the same
+/// list, so a change to any other file (a README beside the config) does
+/// not reload.
+pub(crate) fn config_entries(entries: std::fs::ReadDir) -> Vec<PathBuf> {
     let mut paths: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-        .filter(|path| {
-            !path
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let path = entry.path();
+            let hidden = path
                 .file_name()
-                .is_some_and(|name| name.to_string_lossy().starts_with('.'))
+                .is_some_and(|name| name.to_string_lossy().starts_with('.'));
+            // `file_type` does not follow symlinks: a symlink to a directory
+            // is not descended into.
+            let is_real_dir = entry.file_type().is_ok_and(|it| it.is_dir());
+            !hidden && (is_real_dir || is_yaml_name(&path))
         })
+        .map(|entry| entry.path())
         .collect();
     paths.sort();
     paths
+}
+
+/// Whether `path` is named like a config file (`*.yaml`, `*.yml`).
+fn is_yaml_name(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|ext| ext == "yaml" || ext == "yml")
 }

@@ -408,13 +408,21 @@ impl Drop for ReloadGuard {
 
 impl Fingerprint {
     /// Walks `path` as `config::load` does: the file, or the directory's
-    /// entries in path order, skipping dot-entries and recursing into real
-    /// directories only; files through symlinks are stamped by their target.
+    /// YAML files in path order, skipping dot-entries and recursing into
+    /// real directories only; files through symlinks are stamped by their
+    /// target. Other files are not loaded, so their changes are not seen.
     fn of(path: &Path) -> Fingerprint {
         let mut entries = Vec::new();
-        let stamp = std::fs::metadata(path).ok();
-        let is_dir = stamp.as_ref().is_some_and(|it| it.is_dir());
-        entries.push((path.to_path_buf(), stamp.as_ref().map(Stamp::of)));
+        let meta = std::fs::metadata(path).ok();
+        let is_dir = meta.as_ref().is_some_and(|it| it.is_dir());
+        let stamp = meta.as_ref().map(|it| {
+            if is_dir {
+                Stamp::of_dir(it)
+            } else {
+                Stamp::of(it)
+            }
+        });
+        entries.push((path.to_path_buf(), stamp));
         if is_dir {
             walk_dir(path, &mut entries);
         }
@@ -426,7 +434,7 @@ fn walk_dir(dir: &Path, entries: &mut Vec<(PathBuf, Option<Stamp>)>) {
     let Ok(read) = std::fs::read_dir(dir) else {
         return;
     };
-    for path in config::visible_entries(read) {
+    for path in config::config_entries(read) {
         let is_real_dir = std::fs::symlink_metadata(&path).is_ok_and(|it| it.is_dir());
         if is_real_dir {
             walk_dir(&path, entries);
@@ -445,6 +453,20 @@ impl Stamp {
             len: meta.len(),
             mtime: (meta.mtime(), meta.mtime_nsec()),
             ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+
+    /// A directory's size and times change whenever any entry is added or
+    /// removed, read by the loader or not; only its identity counts (the
+    /// directory replaced). A YAML file added or removed changes the list
+    /// of entries instead.
+    fn of_dir(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: 0,
+            mtime: (0, 0),
+            ctime: (0, 0),
         }
     }
 }
@@ -596,6 +618,27 @@ mod tests {
         std::fs::write(root.join("..v2/config.yaml"), ONE).unwrap();
         std::os::unix::fs::symlink("..v2", root.join("..data_tmp")).unwrap();
         std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        assert_ne!(before, Fingerprint::of(root));
+    }
+
+    #[test]
+    fn the_fingerprint_sees_only_the_files_the_loader_reads() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::write(root.join("a.yaml"), ONE).unwrap();
+        std::fs::create_dir(root.join("nested")).unwrap();
+        std::fs::write(root.join("nested/b.yml"), TWO).unwrap();
+        let before = Fingerprint::of(root);
+        let files: Vec<&Path> = before.entries.iter().map(|(p, _)| p.as_path()).collect();
+        assert_eq!(
+            files,
+            [root, &root.join("a.yaml"), &root.join("nested/b.yml")],
+            "{before:?}"
+        );
+        std::fs::write(root.join("README.md"), "notes").unwrap();
+        std::fs::write(root.join("nested/config.yaml.bak"), ONE).unwrap();
+        assert_eq!(before, Fingerprint::of(root));
+        std::fs::write(root.join("nested/b.yml"), ONE).unwrap();
         assert_ne!(before, Fingerprint::of(root));
     }
 

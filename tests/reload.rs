@@ -223,6 +223,33 @@ async fn the_polling_fallback_picks_up_an_edit_within_2_s() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_files_the_loader_reads_trigger_a_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("ratelimit");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("config.yaml"), BLOCKED).unwrap();
+    let (service, reloader) = start(&root).await;
+    let _watch = reloader.spawn_watcher();
+    let mut client = service.client();
+
+    // Files beside the config that the loader does not read: no reload,
+    // not even an unchanged one.
+    std::fs::write(root.join("README.md"), "how to edit the limits").unwrap();
+    std::fs::write(root.join("config.yaml.orig"), OPEN).unwrap();
+    std::fs::write(root.join("notes.txt"), "x").unwrap();
+    std::fs::write(root.join("README.md"), "edited again").unwrap();
+    // Well past the debounce: a reload would have happened by now.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(reloader.reloads(), Reloads { ok: 0, error: 0 });
+    assert_eq!(code(&mut client).await, Code::OverLimit);
+
+    // An edit of the YAML file still reloads.
+    std::fs::write(root.join("config.yaml"), OPEN).unwrap();
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 0 }).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_counters_count_reloads_by_result() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
