@@ -5,7 +5,8 @@
 //! everything again; a valid config replaces the rule set in one store (a
 //! request already holds its snapshot, so in-flight requests finish on the
 //! old rules), a refused one leaves the last good config in force. Both
-//! outcomes are logged and counted ([`Reloader::reloads`]).
+//! outcomes are logged and handed to the observer
+//! ([`Reloader::with_observer`]; `main` passes the metrics' reload counter).
 //!
 //! Triggers, each a task owned by a [`ReloadGuard`] that stops it on drop:
 //! - [`Reloader::spawn_watcher`]: filesystem events (inotify) on the path
@@ -18,7 +19,6 @@
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -49,8 +49,6 @@ pub struct Reloader {
     path: PathBuf,
     options: LoadOptions,
     rules: Arc<ArcSwap<RuleSet>>,
-    ok: AtomicU64,
-    error: AtomicU64,
     // A std Mutex held for a whole load and swap, so two triggers at once
     // cannot store their results out of order (an older load last). It is
     // only taken on blocking threads, never across an `.await`. It guards
@@ -70,13 +68,6 @@ pub struct Summary {
     pub changed: bool,
     /// The loader's warnings, each already logged.
     pub warnings: Vec<String>,
-}
-
-/// Reloads so far, by result.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reloads {
-    pub ok: u64,
-    pub error: u64,
 }
 
 /// Stops a reload task (and its filesystem watcher) when dropped.
@@ -115,14 +106,14 @@ impl Reloader {
             path,
             options,
             rules,
-            ok: AtomicU64::new(0),
-            error: AtomicU64::new(0),
             last_seen,
             observer: None,
         }
     }
 
-    /// Calls `observer` with the result of every reload (true: in force).
+    /// Calls `observer` with the result of every reload (true: in force),
+    /// after a loaded config is stored: once `observer` hears `true`, the
+    /// rules it loaded are the ones in `rules`.
     pub fn with_observer(mut self, observer: impl Fn(bool) + Send + Sync + 'static) -> Self {
         self.observer = Some(Box::new(observer));
         self
@@ -144,18 +135,9 @@ impl Reloader {
         &self.rules
     }
 
-    /// Reloads so far, by result. A reload counts once it is in force:
-    /// after `ok` is read, the rules it loaded are the ones in `rules`.
-    pub fn reloads(&self) -> Reloads {
-        Reloads {
-            ok: self.ok.load(Ordering::Acquire),
-            error: self.error.load(Ordering::Acquire),
-        }
-    }
-
     /// Loads the whole path and swaps it in if it validates; a refused
     /// config leaves the one in force. Either way the outcome is logged
-    /// and counted. Blocking (file IO): async callers use [`Self::reload`].
+    /// and observed. Blocking (file IO): async callers use [`Self::reload`].
     pub fn reload_now(&self) -> Result<Summary, config::Error> {
         let mut last_seen = self
             .last_seen
@@ -226,12 +208,10 @@ impl Reloader {
                 } else {
                     tracing::debug!(%path, "config reloaded, unchanged");
                 }
-                self.ok.fetch_add(1, Ordering::Release);
                 self.observe(true);
                 Ok(summary)
             }
             Err(err) => {
-                self.error.fetch_add(1, Ordering::Release);
                 self.observe(false);
                 tracing::error!(
                     %path,
@@ -364,7 +344,6 @@ impl std::fmt::Debug for Reloader {
         f.debug_struct("Reloader")
             .field("path", &self.path)
             .field("options", &self.options)
-            .field("reloads", &self.reloads())
             .finish_non_exhaustive()
     }
 }
@@ -496,6 +475,14 @@ mod tests {
         Reloader::new(path, options(), Arc::new(ArcSwap::from_pointee(rules)))
     }
 
+    /// The results `reloader` reports to its observer, in order.
+    fn heard(reloader: Reloader) -> (Reloader, Arc<Mutex<Vec<bool>>>) {
+        let heard = Arc::new(Mutex::new(Vec::new()));
+        let hearing = heard.clone();
+        let reloader = reloader.with_observer(move |ok| hearing.lock().unwrap().push(ok));
+        (reloader, heard)
+    }
+
     fn domains(reloader: &Reloader) -> Vec<String> {
         let rules = reloader.rules().load();
         rules.domains.keys().map(|it| it.to_string()).collect()
@@ -504,7 +491,7 @@ mod tests {
     #[test]
     fn a_valid_config_is_swapped_in_and_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let reloader = reloader(dir.path(), ONE);
+        let (reloader, heard) = heard(reloader(dir.path(), ONE));
         std::fs::write(reloader.path(), TWO).unwrap();
         let summary = reloader.reload_now().unwrap();
         assert_eq!(
@@ -512,13 +499,13 @@ mod tests {
             (1, 1, true)
         );
         assert_eq!(domains(&reloader), ["two"]);
-        assert_eq!(reloader.reloads(), Reloads { ok: 1, error: 0 });
+        assert_eq!(*heard.lock().unwrap(), [true]);
     }
 
     #[test]
     fn a_refused_config_leaves_the_last_good_one_and_is_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let reloader = reloader(dir.path(), ONE);
+        let (reloader, heard) = heard(reloader(dir.path(), ONE));
         let before = reloader.rules().load_full();
         std::fs::write(reloader.path(), BAD).unwrap();
         let err = reloader.reload_now().unwrap_err();
@@ -528,17 +515,17 @@ mod tests {
             "{err:#}"
         );
         assert!(Arc::ptr_eq(&before, &reloader.rules().load_full()));
-        assert_eq!(reloader.reloads(), Reloads { ok: 0, error: 1 });
+        assert_eq!(*heard.lock().unwrap(), [false]);
         // A missing file is refused the same way.
         std::fs::remove_file(reloader.path()).unwrap();
         assert!(reloader.reload_now().is_err());
         assert!(Arc::ptr_eq(&before, &reloader.rules().load_full()));
-        assert_eq!(reloader.reloads(), Reloads { ok: 0, error: 2 });
+        assert_eq!(*heard.lock().unwrap(), [false, false]);
         // And the next good one is taken.
         std::fs::write(reloader.path(), TWO).unwrap();
         assert!(reloader.reload_now().unwrap().changed);
         assert_eq!(domains(&reloader), ["two"]);
-        assert_eq!(reloader.reloads(), Reloads { ok: 1, error: 2 });
+        assert_eq!(*heard.lock().unwrap(), [false, false, true]);
     }
 
     #[test]
@@ -567,12 +554,12 @@ mod tests {
     #[test]
     fn an_unchanged_config_is_not_swapped() {
         let dir = tempfile::tempdir().unwrap();
-        let reloader = reloader(dir.path(), ONE);
+        let (reloader, heard) = heard(reloader(dir.path(), ONE));
         let before = reloader.rules().load_full();
         let summary = reloader.reload_now().unwrap();
         assert!(!summary.changed);
         assert!(Arc::ptr_eq(&before, &reloader.rules().load_full()));
-        assert_eq!(reloader.reloads(), Reloads { ok: 1, error: 0 });
+        assert_eq!(*heard.lock().unwrap(), [true]);
     }
 
     #[test]
@@ -590,7 +577,7 @@ mod tests {
     #[test]
     fn reload_if_changed_reloads_only_after_a_change() {
         let dir = tempfile::tempdir().unwrap();
-        let reloader = reloader(dir.path(), ONE);
+        let (reloader, heard) = heard(reloader(dir.path(), ONE));
         assert!(reloader.reload_if_changed().is_none());
         std::fs::write(reloader.path(), TWO).unwrap();
         assert!(reloader.reload_if_changed().unwrap().unwrap().changed);
@@ -599,7 +586,7 @@ mod tests {
         std::fs::write(reloader.path(), BAD).unwrap();
         assert!(reloader.reload_if_changed().unwrap().is_err());
         assert!(reloader.reload_if_changed().is_none());
-        assert_eq!(reloader.reloads(), Reloads { ok: 1, error: 1 });
+        assert_eq!(*heard.lock().unwrap(), [true, false]);
     }
 
     #[test]
@@ -682,7 +669,7 @@ mod tests {
         std::fs::write(reloader.path(), TWO).unwrap();
         let deadline = Instant::now() + Duration::from_secs(2);
         while domains(&reloader) != ["two"] {
-            assert!(Instant::now() < deadline, "{:?}", reloader.reloads());
+            assert!(Instant::now() < deadline, "not reloaded within 2 s");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }

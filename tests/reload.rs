@@ -14,7 +14,7 @@ use throttlegate::config::{self, LoadOptions};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use throttlegate::reload::{POLL_EVERY, Reloader, Reloads};
+use throttlegate::reload::{POLL_EVERY, Reloader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
 
@@ -37,19 +37,45 @@ fn options() -> LoadOptions {
 }
 
 /// A server whose rules come from `path`, and a reloader on them (no
-/// trigger yet).
+/// trigger yet) counting into the server's metrics, as `serve` wires it.
 async fn start(path: &Path) -> (TestService, Arc<Reloader>) {
     let rules = config::load(path, &options())
         .unwrap_or_else(|err| panic!("{err:#}"))
         .rules;
     let (backend, _clock) = memory_backend();
     let service = start_service(rules, backend, default_options()).await;
-    let reloader = Arc::new(Reloader::new(
-        path.to_path_buf(),
-        options(),
-        service.limiter.rules().clone(),
-    ));
+    let metrics = service.limiter.metrics().clone();
+    let reloader = Arc::new(
+        Reloader::new(
+            path.to_path_buf(),
+            options(),
+            service.limiter.rules().clone(),
+        )
+        .with_observer(move |ok| metrics.record_reload(ok)),
+    );
     (service, reloader)
+}
+
+/// Reloads so far, by result, as `throttlegate_config_reloads_total`
+/// exposes them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Reloads {
+    ok: u64,
+    error: u64,
+}
+
+fn reloads_of(service: &TestService) -> Reloads {
+    let text = service.limiter.metrics().encode();
+    let count = |result: &str| {
+        let series = format!("throttlegate_config_reloads_total{{result=\"{result}\"}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .map_or(0, |value| value.trim().parse().expect("a counter value"))
+    };
+    Reloads {
+        ok: count("ok"),
+        error: count("error"),
+    }
 }
 
 fn alice() -> RateLimitRequest {
@@ -82,12 +108,12 @@ async fn wait_for(
     }
 }
 
-/// Waits until `done` holds for the reloader's counters, for at most
+/// Waits until `done` holds for the service's reload counters, for at most
 /// [`WITHIN`].
-async fn wait_for_reloads(reloader: &Reloader, done: impl Fn(Reloads) -> bool) -> Reloads {
+async fn wait_for_reloads(service: &TestService, done: impl Fn(Reloads) -> bool) -> Reloads {
     let deadline = Instant::now() + WITHIN;
     loop {
-        let reloads = reloader.reloads();
+        let reloads = reloads_of(service);
         if done(reloads) {
             return reloads;
         }
@@ -153,7 +179,7 @@ async fn a_bad_edit_is_refused_and_a_later_good_one_is_taken() {
     let mut client = service.client();
 
     replace(&path, BAD);
-    let reloads = wait_for_reloads(&reloader, |it| it.error >= 1).await;
+    let reloads = wait_for_reloads(&service, |it| it.error >= 1).await;
     assert_eq!(reloads.ok, 0, "{reloads:?}");
     assert_eq!(
         code(&mut client).await,
@@ -163,11 +189,15 @@ async fn a_bad_edit_is_refused_and_a_later_good_one_is_taken() {
     // A refused config sitting there is not retried (nor logged) again and
     // again: only a change reloads.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert_eq!(reloader.reloads(), reloads, "reloaded with nothing changed");
+    assert_eq!(
+        reloads_of(&service),
+        reloads,
+        "reloaded with nothing changed"
+    );
 
     replace(&path, OPEN);
     wait_for(&mut client, Code::Ok, Instant::now()).await;
-    let reloads = wait_for_reloads(&reloader, |it| it.ok >= 1).await;
+    let reloads = wait_for_reloads(&service, |it| it.ok >= 1).await;
     assert!(reloads.error >= 1, "{reloads:?}");
 }
 
@@ -217,9 +247,9 @@ async fn the_polling_fallback_picks_up_an_edit_within_2_s() {
     std::fs::write(&path, OPEN).unwrap();
     wait_for(&mut client, Code::Ok, Instant::now()).await;
     // Nothing changed since: polls do not reload again.
-    let before = reloader.reloads();
+    let before = reloads_of(&service);
     tokio::time::sleep(POLL_EVERY * 2).await;
-    assert_eq!(reloader.reloads(), before);
+    assert_eq!(reloads_of(&service), before);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -240,13 +270,13 @@ async fn only_files_the_loader_reads_trigger_a_reload() {
     std::fs::write(root.join("README.md"), "edited again").unwrap();
     // Well past the debounce: a reload would have happened by now.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert_eq!(reloader.reloads(), Reloads { ok: 0, error: 0 });
+    assert_eq!(reloads_of(&service), Reloads { ok: 0, error: 0 });
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     // An edit of the YAML file still reloads.
     std::fs::write(root.join("config.yaml"), OPEN).unwrap();
     wait_for(&mut client, Code::Ok, Instant::now()).await;
-    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 0 }).await;
+    wait_for_reloads(&service, |it| it == Reloads { ok: 1, error: 0 }).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,7 +285,7 @@ async fn the_counters_count_reloads_by_result() {
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, BLOCKED).unwrap();
     let (service, reloader) = start(&path).await;
-    assert_eq!(reloader.reloads(), Reloads { ok: 0, error: 0 });
+    assert_eq!(reloads_of(&service), Reloads { ok: 0, error: 0 });
     // Triggers as SIGHUP delivers them in `main`.
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let _triggers = reloader.spawn_on(tokio_stream::wrappers::ReceiverStream::new(rx));
@@ -263,21 +293,21 @@ async fn the_counters_count_reloads_by_result() {
 
     std::fs::write(&path, OPEN).unwrap();
     tx.send(()).await.unwrap();
-    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 0 }).await;
+    wait_for_reloads(&service, |it| it == Reloads { ok: 1, error: 0 }).await;
     assert_eq!(code(&mut client).await, Code::Ok);
 
     std::fs::write(&path, BAD).unwrap();
     tx.send(()).await.unwrap();
-    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 1 }).await;
+    wait_for_reloads(&service, |it| it == Reloads { ok: 1, error: 1 }).await;
     assert_eq!(code(&mut client).await, Code::Ok, "old rules in force");
 
     std::fs::remove_file(&path).unwrap();
     tx.send(()).await.unwrap();
-    wait_for_reloads(&reloader, |it| it == Reloads { ok: 1, error: 2 }).await;
+    wait_for_reloads(&service, |it| it == Reloads { ok: 1, error: 2 }).await;
 
     std::fs::write(&path, BLOCKED).unwrap();
     tx.send(()).await.unwrap();
-    wait_for_reloads(&reloader, |it| it == Reloads { ok: 2, error: 2 }).await;
+    wait_for_reloads(&service, |it| it == Reloads { ok: 2, error: 2 }).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 }
 
