@@ -216,12 +216,6 @@ pub fn summary(rules: &RuleSet) -> String {
     out
 }
 
-/// The human-readable configuration page; currently the same text as
-/// [`summary`].
-pub fn describe(rules: &RuleSet) -> String {
-    summary(rules)
-}
-
 fn summarize_node(node: &Node, max_log_entries: u32, out: &mut String) {
     let _ = write!(out, "  {}  ", node.path);
     match &node.limits {

@@ -194,7 +194,7 @@ async fn healthcheck(
 }
 
 async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> String {
-    crate::config::describe(&limiter.rules().load())
+    crate::config::summary(&limiter.rules().load())
 }
 
 /// Prometheus scrape: the text exposition of every metric. Formatting
