@@ -1,6 +1,6 @@
 //! GCRA: one theoretical arrival time, exact; decides as a token bucket does.
 
-use super::{LimitParams, div_ceil};
+use super::LimitParams;
 
 /// Theoretical arrival time `tat_us + frac / rate.per_us` µs. The fraction
 /// keeps the emission interval `W / N` exact when it is not whole µs.
@@ -71,7 +71,7 @@ impl Gcra {
         if debt == 0 {
             return 0;
         }
-        div_ceil(debt, params.rate().per_us)
+        debt.div_ceil(params.rate().per_us)
     }
 
     pub(super) fn until_available(&self, params: &LimitParams, at: u64, need: u64) -> u64 {
@@ -79,6 +79,6 @@ impl Gcra {
         // No room, so this is positive even when the debt saturated.
         let over = self.debt(params, at).saturating_add(need * rate.scale)
             - params.capacity() * rate.scale;
-        div_ceil(over, rate.per_us)
+        over.div_ceil(rate.per_us)
     }
 }

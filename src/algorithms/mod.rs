@@ -201,11 +201,6 @@ fn gcd(mut a: u64, mut b: u64) -> u64 {
     a
 }
 
-/// `ceil(a / b)` for `b > 0`.
-pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
-    a.div_ceil(b)
-}
-
 /// How a limit takes part in a request's decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {

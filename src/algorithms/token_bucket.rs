@@ -1,6 +1,6 @@
 //! Token bucket: exact continuous refill on scaled integer tokens.
 
-use super::{LimitParams, div_ceil};
+use super::LimitParams;
 
 /// Tokens × `scale` (see [`LimitParams::rate`]) at `last_us`. Scaling by the
 /// reduced window makes refill an integer per microsecond: no float drift.
@@ -58,12 +58,12 @@ impl TokenBucket {
         if missing == 0 {
             return 0;
         }
-        div_ceil(missing, params.rate().per_us)
+        missing.div_ceil(params.rate().per_us)
     }
 
     pub(super) fn until_available(&self, params: &LimitParams, need: u64) -> u64 {
         let rate = params.rate();
-        div_ceil(need * rate.scale - self.scaled, rate.per_us)
+        (need * rate.scale - self.scaled).div_ceil(rate.per_us)
     }
 }
 
