@@ -135,7 +135,7 @@ struct ServeArgs {
     /// UNAVAILABLE so Envoy's `failure_mode_deny` decides.
     #[arg(long, env = "THROTTLEGATE_FAILURE_MODE", value_enum, default_value_t = FailureArg::Error)]
     failure_mode: FailureArg,
-    /// Whose time the Redis scripts use; `redis` keeps replicas with
+    /// Whose time the Redis script uses; `redis` keeps replicas with
     /// skewed clocks in agreement.
     #[arg(long, env = "THROTTLEGATE_CLOCK", value_enum, default_value_t = ClockArg::Redis)]
     clock: ClockArg,

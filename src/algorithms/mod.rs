@@ -1,7 +1,7 @@
 //! Rate-limit algorithms as pure functions of (state, parameters, now).
 //!
 //! This module is the reference semantics: the memory backend runs it
-//! directly and the Lua scripts in `lua/` mirror it line for line, so both
+//! directly and the Lua script in `lua/` mirrors it line for line, so both
 //! backends answer identically for the same clock. All arithmetic is on
 //! integers (microseconds, scaled token counts); nothing here does IO or
 //! reads a clock. `docs/algorithms.md` states the formulas.

@@ -34,7 +34,7 @@ pub const DECIDE_LUA: &str = include_str!("../../lua/decide.lua");
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 
-/// Which clock the scripts use.
+/// Which clock the script uses.
 #[derive(Debug, Clone)]
 pub enum ClockSource {
     /// `redis.call('TIME')` inside the script: replicas with skewed clocks agree.
@@ -262,7 +262,7 @@ impl RedisBackend {
         self.circuit.is_open()
     }
 
-    /// The SHA1 the scripts are invoked by (EVALSHA).
+    /// The SHA1 the script is invoked by (EVALSHA).
     pub fn script_hash(&self) -> &str {
         self.script.get_hash()
     }
