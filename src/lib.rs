@@ -25,4 +25,7 @@ pub mod server;
 pub mod service;
 pub mod wildcard;
 
+#[cfg(test)]
+pub(crate) mod testing;
+
 pub use server::serve;
