@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tonic_health::pb::health_check_response::ServingStatus;
 
+use support::backend::FakeBackend;
 use support::service::{TestService, default_options, memory_backend, start_with_config};
-use throttlegate::backends::{self, Backend, KeyedCheck};
 use throttlegate::limiter::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
@@ -292,41 +292,9 @@ async fn health_is_serving_for_every_service_name() {
     }
 }
 
-/// A backend whose health can be switched, to watch health follow it.
-#[derive(Debug, Default)]
-struct FlakyBackend {
-    down: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl Backend for FlakyBackend {
-    async fn decide(
-        &self,
-        _checks: &[KeyedCheck],
-    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
-        Err(backends::Error::Unavailable(
-            "connection refused".to_owned(),
-        ))
-    }
-
-    async fn probe(&self) -> Result<(), backends::Error> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(backends::Error::Unavailable(
-                "connection refused".to_owned(),
-            ))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        "flaky"
-    }
-}
-
 #[tokio::test]
 async fn health_follows_the_backend_and_failures_are_unavailable() {
-    let backend = Arc::new(FlakyBackend::default());
+    let backend = Arc::new(FakeBackend::failing());
     let service = start_with_config(CONFIG, backend.clone(), default_options()).await;
     let names = [
         "",
@@ -336,9 +304,7 @@ async fn health_follows_the_backend_and_failures_are_unavailable() {
     for name in names {
         assert_eq!(service.health(name).await.unwrap(), ServingStatus::Serving);
     }
-    backend
-        .down
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    backend.set_down(true);
     for name in names {
         service
             .wait_for_health(name, ServingStatus::NotServing, Duration::from_secs(5))
@@ -359,9 +325,7 @@ async fn health_follows_the_backend_and_failures_are_unavailable() {
     .await;
     assert_eq!(res.overall_code, Code::Ok as i32);
 
-    backend
-        .down
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    backend.set_down(false);
     for name in names {
         service
             .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
@@ -559,39 +523,11 @@ async fn reflection_lists_the_service() {
     }
 }
 
-/// Delays every decision, to have requests in flight at shutdown.
-#[derive(Debug)]
-struct SlowBackend {
-    inner: Arc<dyn Backend>,
-    delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl Backend for SlowBackend {
-    async fn decide(
-        &self,
-        checks: &[KeyedCheck],
-    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.decide(checks).await
-    }
-
-    async fn probe(&self) -> Result<(), backends::Error> {
-        self.inner.probe().await
-    }
-
-    fn name(&self) -> &'static str {
-        "slow"
-    }
-}
-
 #[tokio::test]
 async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
     let (inner, _clock) = memory_backend();
-    let backend = Arc::new(SlowBackend {
-        inner,
-        delay: Duration::from_millis(500),
-    });
+    // Every decision lags, to have requests in flight at shutdown.
+    let backend = Arc::new(FakeBackend::slow(inner, Duration::from_millis(500)));
     let service = start_with_config(CONFIG, backend, default_options()).await;
     let addr = service.addr;
 

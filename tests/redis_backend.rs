@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisServer, backend, check, counter_key, settings};
+use support::keys::{check, counter_key};
+use support::redis::{RedisServer, backend, settings};
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, CounterKey, Error, KeyedCheck};

@@ -6,7 +6,8 @@ mod support;
 
 use std::sync::Arc;
 
-use support::redis::{RedisServer, backend, check, counter_key};
+use support::keys::{check, counter_key};
+use support::redis::{RedisServer, backend};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::{ClockSource, DECIDE_LUA};

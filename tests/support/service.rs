@@ -12,11 +12,10 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
-use throttlegate::config::{self, LoadOptions};
+use throttlegate::config;
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -72,12 +71,7 @@ pub fn memory_backend() -> (Arc<dyn Backend>, ManualClock) {
 
 /// Parses one config file's text, panicking with the problems if invalid.
 pub fn rules_from(yaml: &str) -> RuleSet {
-    let options = LoadOptions {
-        merge_domains: false,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
-    };
-    match config::parse_str("test.yaml", yaml, &options) {
+    match config::parse_str("test.yaml", yaml, &super::config::load_options()) {
         Ok(loaded) => loaded.rules,
         Err(err) => panic!("invalid test config:\n{err:#}"),
     }
