@@ -8,12 +8,11 @@ use std::time::Duration;
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use support::backend::FakeBackend;
-use support::service::{TestService, default_options, memory_backend, start_with_config};
+use support::request::descriptor;
+use support::service::{TestService, call, default_options, memory_backend, start_with_config};
 use throttlegate::limiter::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -53,36 +52,12 @@ async fn start_with(options: Options) -> TestService {
     start_with_config(CONFIG, backend, options).await
 }
 
-fn entry(key: &str, value: &str) -> Entry {
-    Entry {
-        key: key.into(),
-        value: value.into(),
-    }
-}
-
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries.iter().map(|(k, v)| entry(k, v)).collect(),
-        limit: None,
-        hits_addend: None,
-    }
+    descriptor(entries)
 }
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "test".to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-async fn call(service: &TestService, request: RateLimitRequest) -> RateLimitResponse {
-    service
-        .client()
-        .should_rate_limit(request)
-        .await
-        .unwrap_or_else(|status| panic!("rpc failed: {status:?}"))
-        .into_inner()
+    support::request::request("test", descriptors)
 }
 
 fn limited(

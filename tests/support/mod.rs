@@ -5,4 +5,5 @@ pub mod backend;
 pub mod config;
 pub mod keys;
 pub mod redis;
+pub mod request;
 pub mod service;

@@ -18,30 +18,19 @@ use throttlegate::clock::ManualClock;
 use throttlegate::config;
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::rules::RuleSet;
 use throttlegate::server::{self, App};
+
+use super::request::{descriptor, request};
 
 /// A fixed start time, so windows do not roll over mid-test.
 pub const T0: u64 = 1_700_000_000_000_000;
 
 /// A request in `domain` with one descriptor of one entry `key=value`.
 pub fn one_entry_request(domain: &str, key: &str, value: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    }
+    request(domain, vec![descriptor(&[(key, value)])])
 }
 
 /// A running server; stops (without draining) when dropped.
@@ -130,6 +119,17 @@ pub async fn start_service_with_metrics(
         shutdown: Some(shutdown_tx),
         task: Some(task),
     }
+}
+
+/// Sends `request` to `service`, panicking if the answer is an error
+/// status rather than a decision.
+pub async fn call(service: &TestService, request: RateLimitRequest) -> RateLimitResponse {
+    service
+        .client()
+        .should_rate_limit(request)
+        .await
+        .unwrap_or_else(|status| panic!("a decision, not an error: {status:?}"))
+        .into_inner()
 }
 
 /// A channel to `addr`.
