@@ -83,12 +83,7 @@ async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
 async fn sha_matches_the_embedded_script() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let loaded: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DECIDE_LUA)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let loaded = support::redis::load_decide_script(&mut conn).await;
     assert_eq!(loaded, redis::Script::new(DECIDE_LUA).get_hash());
     let backend =
         support::redis::backend(&server, throttlegate::backends::redis::ClockSource::Redis).await;
@@ -680,12 +675,7 @@ async fn the_expiry_grace_extends_every_ttl() {
 async fn expired_entries_are_removed_a_bounded_number_per_call() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DECIDE_LUA)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let sha = support::redis::load_decide_script(&mut conn).await;
     let mut fill = redis::pipe();
     for idx in 0..300u64 {
         fill.cmd("EVALSHA")

@@ -1,11 +1,12 @@
 //! A real `redis-server` per test on a free port, plus helpers to build checks.
 
+use std::collections::HashSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
+use throttlegate::backends::redis::{ClockSource, DECIDE_LUA, RedisBackend, RedisSettings};
 
 /// The binary to run; CI installs it with `apt-get install redis-server`.
 fn server_binary() -> String {
@@ -264,6 +265,38 @@ pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
         clock,
         expiry_grace_ms: 0,
     }
+}
+
+/// Ids of the clients connected to Redis, except `skip`.
+pub async fn client_ids(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+    skip: &[u64],
+) -> HashSet<u64> {
+    let list: String = ::redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("client list");
+    list.lines()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .next()?
+                .strip_prefix("id=")?
+                .parse::<u64>()
+                .ok()
+        })
+        .filter(|id| !skip.contains(id))
+        .collect()
+}
+
+/// Loads the decision script on `conn` as the backend would; its SHA1.
+pub async fn load_decide_script(conn: &mut ::redis::aio::MultiplexedConnection) -> String {
+    ::redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(DECIDE_LUA)
+        .query_async(conn)
+        .await
+        .expect("load the decision script")
 }
 
 pub async fn backend(server: &RedisServer, clock: ClockSource) -> RedisBackend {
