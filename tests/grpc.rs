@@ -9,7 +9,9 @@ use tonic_health::pb::health_check_response::ServingStatus;
 
 use support::backend::FakeBackend;
 use support::request::descriptor;
-use support::service::{TestService, call, default_options, memory_backend, start_with_config};
+use support::service::{
+    TestService, call, default_options, memory_backend, refusal, start_with_config,
+};
 use throttlegate::limiter::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -207,11 +209,7 @@ async fn invalid_requests_are_invalid_argument() {
         (request(vec![desc(&many)]), "too many entries"),
     ];
     for (request, reason) in cases {
-        let status = service
-            .client()
-            .should_rate_limit(request)
-            .await
-            .expect_err(reason);
+        let status = refusal(&service, request, reason).await;
         assert_eq!(
             status.code(),
             tonic::Code::InvalidArgument,
@@ -240,11 +238,12 @@ async fn invalid_requests_are_invalid_argument() {
 async fn oversized_message_is_refused_and_the_server_carries_on() {
     let service = start().await;
     let huge = "v".repeat(70 * 1024);
-    let status = service
-        .client()
-        .should_rate_limit(request(vec![desc(&[("user", &huge)])]))
-        .await
-        .expect_err("a message over 64 KiB");
+    let status = refusal(
+        &service,
+        request(vec![desc(&[("user", &huge)])]),
+        "a message over 64 KiB",
+    )
+    .await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     let res = call(&service, request(vec![desc(&[("user", "alice")])])).await;
     assert_eq!(res.overall_code, Code::Ok as i32);
@@ -286,11 +285,12 @@ async fn health_follows_the_backend_and_failures_are_unavailable() {
             .await;
     }
     // A backend failure is UNAVAILABLE (never UNKNOWN, which Envoy allows)...
-    let status = service
-        .client()
-        .should_rate_limit(request(vec![desc(&[("user", "alice")])]))
-        .await
-        .expect_err("backend is down");
+    let status = refusal(
+        &service,
+        request(vec![desc(&[("user", "alice")])]),
+        "backend is down",
+    )
+    .await;
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     // ...while descriptors that need no counter are still answered.
     let res = call(

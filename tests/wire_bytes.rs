@@ -9,7 +9,8 @@ use std::sync::Arc;
 use support::redis::{RedisServer, backend};
 use support::request::descriptor;
 use support::service::{
-    TestService, call, default_options, memory_backend, should_rate_limit_raw, start_with_config,
+    TestService, call, default_options, memory_backend, refusal, should_rate_limit_raw,
+    start_with_config,
 };
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
@@ -174,11 +175,7 @@ async fn malformed_shapes_are_invalid_argument(service: &TestService) {
         ),
     ];
     for (request, reason) in cases {
-        let status = service
-            .client()
-            .should_rate_limit(request)
-            .await
-            .expect_err(reason);
+        let status = refusal(&service, request, reason).await;
         assert_eq!(
             (status.code(), status.message()),
             (tonic::Code::InvalidArgument, reason)

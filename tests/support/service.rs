@@ -132,6 +132,20 @@ pub async fn call(service: &TestService, request: RateLimitRequest) -> RateLimit
         .into_inner()
 }
 
+/// Sends `request` to `service` and returns the error status it is
+/// answered with, panicking with `what` if it is decided instead.
+pub async fn refusal(
+    service: &TestService,
+    request: RateLimitRequest,
+    what: &str,
+) -> tonic::Status {
+    service
+        .client()
+        .should_rate_limit(request)
+        .await
+        .expect_err(what)
+}
+
 /// A channel to `addr`.
 pub async fn connect(addr: SocketAddr) -> Channel {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
