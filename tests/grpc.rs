@@ -444,13 +444,10 @@ async fn override_replaces_the_tree_for_its_descriptor() {
 
 #[tokio::test]
 async fn reflection_lists_the_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let service = start().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
     let requests = [
         MessageRequest::ListServices(String::new()),
         MessageRequest::FileContainingSymbol(
@@ -459,15 +456,9 @@ async fn reflection_lists_the_service() {
         // grpcurl resolves imports by file name.
         MessageRequest::FileByFilename("google/protobuf/duration.proto".to_owned()),
     ];
-    let outbound = tokio_stream::iter(requests.into_iter().map(|it| ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(it),
-    }));
-    let mut inbound = client
-        .server_reflection_info(outbound)
+    let mut inbound = support::reflection::v1::ask(service.channel.clone(), requests)
         .await
-        .expect("reflection call")
-        .into_inner();
+        .expect("reflection call");
     let first = inbound
         .message()
         .await

@@ -5,5 +5,6 @@ pub mod backend;
 pub mod config;
 pub mod keys;
 pub mod redis;
+pub mod reflection;
 pub mod request;
 pub mod service;
