@@ -175,7 +175,7 @@ async fn malformed_shapes_are_invalid_argument(service: &TestService) {
         ),
     ];
     for (request, reason) in cases {
-        let status = refusal(&service, request, reason).await;
+        let status = refusal(service, request, reason).await;
         assert_eq!(
             (status.code(), status.message()),
             (tonic::Code::InvalidArgument, reason)
