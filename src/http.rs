@@ -497,40 +497,23 @@ impl From<limiter::Decision> for JsonResponse {
 
 #[cfg(test)]
 mod tests {
-    use arc_swap::ArcSwap;
     use axum::body::Body;
     use axum::http::Request;
     use tower::ServiceExt;
 
     use super::*;
-    use crate::algorithms::Algorithm;
-    use crate::backends::memory::MemoryBackend;
     use crate::clock::ManualClock;
-    use crate::config::{self, LoadOptions};
-    use crate::limiter::{FailureMode, HeaderNames, Options};
     use crate::metrics::Metrics;
+    use crate::testing;
 
     const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
 
     fn limiter() -> Arc<Limiter> {
-        let options = LoadOptions {
-            merge_domains: false,
-            default_algorithm: Algorithm::SlidingWindowLog,
-            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
-        };
-        let rules = config::parse_str("api.yaml", CONFIG, &options)
-            .unwrap()
-            .rules;
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        Arc::new(Limiter::new(
-            Arc::new(ArcSwap::from_pointee(rules)),
-            Arc::new(MemoryBackend::new(Arc::new(clock))),
-            Options {
-                shadow_mode: false,
-                response_headers: Some(HeaderNames::standard()),
-                failure_mode: FailureMode::Error,
-            },
-            Arc::new(Metrics::new()),
+        Arc::new(testing::limiter(
+            testing::rules_from("api.yaml", CONFIG),
+            testing::memory_backend(&ManualClock::new(testing::T0)),
+            testing::default_options(),
+            Metrics::new(),
         ))
     }
 

@@ -33,6 +33,9 @@ pub mod server;
 pub mod service;
 pub mod wildcard;
 
+#[cfg(test)]
+pub(crate) mod testing;
+
 pub use server::serve;
 
 #[cfg(test)]

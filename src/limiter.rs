@@ -1000,11 +1000,9 @@ fn clamp_u32(n: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::memory::MemoryBackend;
     use crate::clock::ManualClock;
     use crate::rules::{LevelIndex, RateLimit, ValueMatcher};
-
-    const T0: u64 = 1_700_000_000_000_000;
+    use crate::testing::{self, FakeBackend, T0};
 
     // === rule builders ===
 
@@ -1112,11 +1110,7 @@ mod tests {
     }
 
     fn options() -> Options {
-        Options {
-            shadow_mode: false,
-            response_headers: Some(HeaderNames::standard()),
-            failure_mode: FailureMode::Error,
-        }
+        testing::default_options()
     }
 
     struct Fixture {
@@ -1126,53 +1120,27 @@ mod tests {
 
     fn fixture(rules: RuleSet, options: Options) -> Fixture {
         let clock = ManualClock::new(T0);
-        let backend = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
         Fixture {
-            limiter: Limiter::new(
-                Arc::new(ArcSwap::from_pointee(rules)),
-                backend,
+            limiter: testing::limiter(
+                rules,
+                testing::memory_backend(&clock),
                 options,
-                Arc::new(Metrics::new()),
+                Metrics::new(),
             ),
             clock,
         }
     }
 
-    /// A backend that is always down.
-    #[derive(Debug)]
-    struct DownBackend;
-
-    #[async_trait::async_trait]
-    impl Backend for DownBackend {
-        async fn decide(
-            &self,
-            _checks: &[KeyedCheck],
-        ) -> Result<crate::algorithms::Verdict, backends::Error> {
-            Err(backends::Error::Unavailable(
-                "connection refused".to_owned(),
-            ))
-        }
-
-        async fn probe(&self) -> Result<(), backends::Error> {
-            Err(backends::Error::Unavailable(
-                "connection refused".to_owned(),
-            ))
-        }
-
-        fn name(&self) -> &'static str {
-            "down"
-        }
-    }
-
+    /// A limiter whose backend is always down.
     fn down(rules: RuleSet, failure_mode: FailureMode) -> Limiter {
-        Limiter::new(
-            Arc::new(ArcSwap::from_pointee(rules)),
-            Arc::new(DownBackend),
+        testing::limiter(
+            rules,
+            Arc::new(FakeBackend::down()),
             Options {
                 failure_mode,
                 ..options()
             },
-            Arc::new(Metrics::new()),
+            Metrics::new(),
         )
     }
 

@@ -647,15 +647,12 @@ fn latency_histogram() -> Histogram {
 mod tests {
     use std::collections::VecDeque;
 
-    use arc_swap::ArcSwap;
-
     use super::*;
-    use crate::algorithms::{Algorithm, Verdict};
-    use crate::backends::memory::MemoryBackend;
-    use crate::backends::{Backend, KeyedCheck};
+    use crate::algorithms::Verdict;
+    use crate::backends::Backend;
     use crate::clock::ManualClock;
-    use crate::config::{self, LoadOptions};
     use crate::limiter::{Descriptor, Entry, FailureMode, HeaderNames, Limiter, Options, Request};
+    use crate::testing::{self, FakeBackend};
 
     fn options(shadow_mode: bool) -> Options {
         Options {
@@ -666,25 +663,18 @@ mod tests {
     }
 
     fn limiter_with(yaml: &str, backend: Arc<dyn Backend>, options: Options) -> Limiter {
-        let load = LoadOptions {
-            merge_domains: false,
-            default_algorithm: Algorithm::SlidingWindowLog,
-            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
-        };
-        let rules = config::parse_str("api.yaml", yaml, &load).unwrap().rules;
-        Limiter::new(
-            Arc::new(ArcSwap::from_pointee(rules)),
+        testing::limiter(
+            testing::rules_from("api.yaml", yaml),
             backend,
             options,
-            Arc::new(Metrics::new()),
+            Metrics::new(),
         )
     }
 
     fn limiter(yaml: &str, shadow_mode: bool) -> Limiter {
-        let clock = ManualClock::new(1_700_000_000_000_000);
         limiter_with(
             yaml,
-            Arc::new(MemoryBackend::new(Arc::new(clock))),
+            testing::memory_backend(&ManualClock::new(testing::T0)),
             options(shadow_mode),
         )
     }
@@ -888,29 +878,6 @@ descriptors:
         assert!(!text.contains("nope"), "{text}");
     }
 
-    /// Answers each call with the next of its scripted results.
-    #[derive(Debug)]
-    struct Scripted(Mutex<VecDeque<Result<Verdict, backends::Error>>>);
-
-    #[async_trait::async_trait]
-    impl Backend for Scripted {
-        async fn decide(&self, _checks: &[KeyedCheck]) -> Result<Verdict, backends::Error> {
-            self.0
-                .lock()
-                .unwrap()
-                .pop_front()
-                .expect("a scripted answer")
-        }
-
-        async fn probe(&self) -> Result<(), backends::Error> {
-            Ok(())
-        }
-
-        fn name(&self) -> &'static str {
-            "scripted"
-        }
-    }
-
     #[tokio::test]
     async fn backend_errors_are_counted_by_kind_and_calls_timed() {
         let answers = VecDeque::from([
@@ -926,7 +893,7 @@ descriptors:
         ]);
         let limiter = limiter_with(
             TREE,
-            Arc::new(Scripted(Mutex::new(answers))),
+            Arc::new(FakeBackend::scripted(answers)),
             options(false),
         );
         for _ in 0..5 {
@@ -939,9 +906,7 @@ descriptors:
         let errors = |kind: &str| {
             sample(
                 &text,
-                &format!(
-                    "throttlegate_backend_errors_total{{backend=\"scripted\",kind=\"{kind}\"}}"
-                ),
+                &format!("throttlegate_backend_errors_total{{backend=\"fake\",kind=\"{kind}\"}}"),
             )
         };
         assert_eq!(errors("timeout"), Some(1.0), "{text}");
@@ -950,7 +915,7 @@ descriptors:
         assert_eq!(
             sample(
                 &text,
-                "throttlegate_backend_latency_seconds_count{backend=\"scripted\"}"
+                "throttlegate_backend_latency_seconds_count{backend=\"fake\"}"
             ),
             Some(5.0),
             "{text}"
@@ -1056,18 +1021,11 @@ descriptors:
     }
 
     fn limiter_with_metrics(yaml: &str, metrics: Metrics) -> Limiter {
-        let load = LoadOptions {
-            merge_domains: false,
-            default_algorithm: Algorithm::SlidingWindowLog,
-            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
-        };
-        let rules = config::parse_str("api.yaml", yaml, &load).unwrap().rules;
-        let clock = ManualClock::new(1_700_000_000_000_000);
-        Limiter::new(
-            Arc::new(ArcSwap::from_pointee(rules)),
-            Arc::new(MemoryBackend::new(Arc::new(clock))),
+        testing::limiter(
+            testing::rules_from("api.yaml", yaml),
+            testing::memory_backend(&ManualClock::new(testing::T0)),
             options(false),
-            Arc::new(metrics),
+            metrics,
         )
     }
 

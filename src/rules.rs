@@ -309,7 +309,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::config::{self, LoadOptions};
+    use crate::testing;
 
     const RULES: &str = r#"
 domain: test
@@ -374,14 +374,7 @@ descriptors:
 "#;
 
     fn rules() -> RuleSet {
-        let options = LoadOptions {
-            merge_domains: false,
-            default_algorithm: Algorithm::SlidingWindowLog,
-            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
-        };
-        config::parse_str("rules.yaml", RULES, &options)
-            .expect("test rules are valid")
-            .rules
+        testing::rules_from("rules.yaml", RULES)
     }
 
     /// Renders a match as `<path> <limits> [flags]`, or `none`.
@@ -575,14 +568,7 @@ descriptors:
             ));
         }
         yaml.push_str("  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n");
-        let options = LoadOptions {
-            merge_domains: false,
-            default_algorithm: Algorithm::SlidingWindowLog,
-            max_log_entries: config::DEFAULT_MAX_LOG_ENTRIES,
-        };
-        let rules = config::parse_str("big.yaml", &yaml, &options)
-            .expect("generated rules are valid")
-            .rules;
+        let rules = testing::rules_from("big.yaml", &yaml);
         let domain = rules.domain("big").expect("domain big");
         let filler = "x".repeat(1100);
         for descriptor in 0..64 {

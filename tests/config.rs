@@ -1,20 +1,15 @@
 //! Config loading and validation: valid files load, each invalid fixture is refused with its exact message.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 
+use support::config::load_options as options;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::config::{self, LoadOptions, Loaded};
 use throttlegate::rules::{NodeLimits, Unit};
 
 const FIXTURES: &str = "tests/fixtures/config";
-
-fn options() -> LoadOptions {
-    LoadOptions {
-        merge_domains: false,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
-    }
-}
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -186,9 +181,8 @@ fn burst_depends_on_the_effective_algorithm() {
         "burst.yaml: descriptor 'd.k': burst applies only to token_bucket and gcra, not sliding_window_log"
     );
     let bucket = LoadOptions {
-        merge_domains: false,
         default_algorithm: Algorithm::TokenBucket,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
+        ..options()
     };
     let loaded = config::parse_str("burst.yaml", yaml, &bucket).expect("token bucket default");
     let node = &loaded.rules.domain("d").expect("domain").children[0];
@@ -499,8 +493,7 @@ fn merged_domains() {
     );
     let merge = LoadOptions {
         merge_domains: true,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
+        ..options()
     };
     let loaded = load_ok(&dir, &merge);
     let domain = loaded.rules.domain("test-domain").expect("domain");
@@ -515,8 +508,7 @@ fn merged_domains_still_refuse_duplicate_keys() {
     let dir = fixture("merge_duplicate_key");
     let merge = LoadOptions {
         merge_domains: true,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
+        ..options()
     };
     let err = config::load(&dir, &merge).expect_err("duplicate key across files");
     assert_eq!(
@@ -543,9 +535,8 @@ fn default_algorithm_precedence() {
 
     let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
     let bucket = LoadOptions {
-        merge_domains: false,
         default_algorithm: Algorithm::TokenBucket,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
+        ..options()
     };
     let loaded = config::parse_str("d.yaml", yaml, &bucket).expect("valid");
     assert_eq!(
@@ -698,8 +689,7 @@ fn merged_files_must_agree_on_the_default_algorithm() {
     .expect("write");
     let merge = LoadOptions {
         merge_domains: true,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
+        ..options()
     };
     let err = config::load(dir.path(), &merge).expect_err("conflict");
     assert_eq!(

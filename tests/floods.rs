@@ -8,8 +8,6 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -104,21 +102,7 @@ async fn serve(
 
 /// A request of one descriptor per value, each `key=value`.
 fn request(key: &str, values: impl IntoIterator<Item = String>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors: values
-            .into_iter()
-            .map(|value| RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: key.into(),
-                    value: value.into(),
-                }],
-                limit: None,
-                hits_addend: None,
-            })
-            .collect(),
-        hits_addend: 0,
-    }
+    support::request::one_descriptor_per_value("api", key, values)
 }
 
 /// `text` without terminal colour sequences (`ESC [ ... m`).

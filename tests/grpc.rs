@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::service::{TestService, default_options, memory_backend, start_with_config};
-use throttlegate::backends::{self, Backend, KeyedCheck};
+use support::backend::FakeBackend;
+use support::request::descriptor;
+use support::service::{
+    TestService, call, default_options, memory_backend, refusal, start_with_config,
+};
 use throttlegate::limiter::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -53,36 +54,12 @@ async fn start_with(options: Options) -> TestService {
     start_with_config(CONFIG, backend, options).await
 }
 
-fn entry(key: &str, value: &str) -> Entry {
-    Entry {
-        key: key.into(),
-        value: value.into(),
-    }
-}
-
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries.iter().map(|(k, v)| entry(k, v)).collect(),
-        limit: None,
-        hits_addend: None,
-    }
+    descriptor(entries)
 }
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "test".to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-async fn call(service: &TestService, request: RateLimitRequest) -> RateLimitResponse {
-    service
-        .client()
-        .should_rate_limit(request)
-        .await
-        .unwrap_or_else(|status| panic!("rpc failed: {status:?}"))
-        .into_inner()
+    support::request::request("test", descriptors)
 }
 
 fn limited(
@@ -232,11 +209,7 @@ async fn invalid_requests_are_invalid_argument() {
         (request(vec![desc(&many)]), "too many entries"),
     ];
     for (request, reason) in cases {
-        let status = service
-            .client()
-            .should_rate_limit(request)
-            .await
-            .expect_err(reason);
+        let status = refusal(&service, request, reason).await;
         assert_eq!(
             status.code(),
             tonic::Code::InvalidArgument,
@@ -265,11 +238,12 @@ async fn invalid_requests_are_invalid_argument() {
 async fn oversized_message_is_refused_and_the_server_carries_on() {
     let service = start().await;
     let huge = "v".repeat(70 * 1024);
-    let status = service
-        .client()
-        .should_rate_limit(request(vec![desc(&[("user", &huge)])]))
-        .await
-        .expect_err("a message over 64 KiB");
+    let status = refusal(
+        &service,
+        request(vec![desc(&[("user", &huge)])]),
+        "a message over 64 KiB",
+    )
+    .await;
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
     let res = call(&service, request(vec![desc(&[("user", "alice")])])).await;
     assert_eq!(res.overall_code, Code::Ok as i32);
@@ -292,41 +266,9 @@ async fn health_is_serving_for_every_service_name() {
     }
 }
 
-/// A backend whose health can be switched, to watch health follow it.
-#[derive(Debug, Default)]
-struct FlakyBackend {
-    down: std::sync::atomic::AtomicBool,
-}
-
-#[async_trait::async_trait]
-impl Backend for FlakyBackend {
-    async fn decide(
-        &self,
-        _checks: &[KeyedCheck],
-    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
-        Err(backends::Error::Unavailable(
-            "connection refused".to_owned(),
-        ))
-    }
-
-    async fn probe(&self) -> Result<(), backends::Error> {
-        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(backends::Error::Unavailable(
-                "connection refused".to_owned(),
-            ))
-        } else {
-            Ok(())
-        }
-    }
-
-    fn name(&self) -> &'static str {
-        "flaky"
-    }
-}
-
 #[tokio::test]
 async fn health_follows_the_backend_and_failures_are_unavailable() {
-    let backend = Arc::new(FlakyBackend::default());
+    let backend = Arc::new(FakeBackend::failing());
     let service = start_with_config(CONFIG, backend.clone(), default_options()).await;
     let names = [
         "",
@@ -336,20 +278,19 @@ async fn health_follows_the_backend_and_failures_are_unavailable() {
     for name in names {
         assert_eq!(service.health(name).await.unwrap(), ServingStatus::Serving);
     }
-    backend
-        .down
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    backend.set_down(true);
     for name in names {
         service
             .wait_for_health(name, ServingStatus::NotServing, Duration::from_secs(5))
             .await;
     }
     // A backend failure is UNAVAILABLE (never UNKNOWN, which Envoy allows)...
-    let status = service
-        .client()
-        .should_rate_limit(request(vec![desc(&[("user", "alice")])]))
-        .await
-        .expect_err("backend is down");
+    let status = refusal(
+        &service,
+        request(vec![desc(&[("user", "alice")])]),
+        "backend is down",
+    )
+    .await;
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     // ...while descriptors that need no counter are still answered.
     let res = call(
@@ -359,9 +300,7 @@ async fn health_follows_the_backend_and_failures_are_unavailable() {
     .await;
     assert_eq!(res.overall_code, Code::Ok as i32);
 
-    backend
-        .down
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    backend.set_down(false);
     for name in names {
         service
             .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
@@ -505,13 +444,10 @@ async fn override_replaces_the_tree_for_its_descriptor() {
 
 #[tokio::test]
 async fn reflection_lists_the_service() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let service = start().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
     let requests = [
         MessageRequest::ListServices(String::new()),
         MessageRequest::FileContainingSymbol(
@@ -520,15 +456,9 @@ async fn reflection_lists_the_service() {
         // grpcurl resolves imports by file name.
         MessageRequest::FileByFilename("google/protobuf/duration.proto".to_owned()),
     ];
-    let outbound = tokio_stream::iter(requests.into_iter().map(|it| ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(it),
-    }));
-    let mut inbound = client
-        .server_reflection_info(outbound)
+    let mut inbound = support::reflection::v1::ask(service.channel.clone(), requests)
         .await
-        .expect("reflection call")
-        .into_inner();
+        .expect("reflection call");
     let first = inbound
         .message()
         .await
@@ -559,39 +489,11 @@ async fn reflection_lists_the_service() {
     }
 }
 
-/// Delays every decision, to have requests in flight at shutdown.
-#[derive(Debug)]
-struct SlowBackend {
-    inner: Arc<dyn Backend>,
-    delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl Backend for SlowBackend {
-    async fn decide(
-        &self,
-        checks: &[KeyedCheck],
-    ) -> Result<throttlegate::algorithms::Verdict, backends::Error> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.decide(checks).await
-    }
-
-    async fn probe(&self) -> Result<(), backends::Error> {
-        self.inner.probe().await
-    }
-
-    fn name(&self) -> &'static str {
-        "slow"
-    }
-}
-
 #[tokio::test]
 async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
     let (inner, _clock) = memory_backend();
-    let backend = Arc::new(SlowBackend {
-        inner,
-        delay: Duration::from_millis(500),
-    });
+    // Every decision lags, to have requests in flight at shutdown.
+    let backend = Arc::new(FakeBackend::slow(inner, Duration::from_millis(500)));
     let service = start_with_config(CONFIG, backend, default_options()).await;
     let addr = service.addr;
 

@@ -75,6 +75,17 @@ async fn call_with_grace(
     invocation.invoke_async(conn).await
 }
 
+/// Writes one log member as an earlier call (or layout) would have.
+async fn zadd(conn: &mut MultiplexedConnection, key: &str, score: u64, member: &str) {
+    let _: () = redis::cmd("ZADD")
+        .arg(key)
+        .arg(score)
+        .arg(member)
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
 }
@@ -83,12 +94,7 @@ async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
 async fn sha_matches_the_embedded_script() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let loaded: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DECIDE_LUA)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let loaded = support::redis::load_decide_script(&mut conn).await;
     assert_eq!(loaded, redis::Script::new(DECIDE_LUA).get_hash());
     let backend =
         support::redis::backend(&server, throttlegate::backends::redis::ClockSource::Redis).await;
@@ -548,13 +554,7 @@ async fn running_totals_wrap_at_two_to_the_53() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     let top = (1u64 << 53) - 2;
-    let _: () = redis::cmd("ZADD")
-        .arg("k")
-        .arg(T0)
-        .arg(format!("{top},3"))
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    zadd(&mut conn, "k", T0, &format!("{top},3")).await;
     let reply = call_with_grace(
         &mut conn,
         &["k"],
@@ -592,13 +592,7 @@ async fn a_log_of_the_older_layout_keeps_its_units() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     for (seq, at) in [(1, T0), (2, T0), (1, T0 + 5)] {
-        let _: () = redis::cmd("ZADD")
-            .arg("k")
-            .arg(at)
-            .arg(format!("{at}:{seq}"))
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        zadd(&mut conn, "k", at, &format!("{at}:{seq}")).await;
     }
     let reply = call_with_grace(
         &mut conn,
@@ -680,12 +674,7 @@ async fn the_expiry_grace_extends_every_ttl() {
 async fn expired_entries_are_removed_a_bounded_number_per_call() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DECIDE_LUA)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let sha = support::redis::load_decide_script(&mut conn).await;
     let mut fill = redis::pipe();
     for idx in 0..300u64 {
         fill.cmd("EVALSHA")

@@ -1,42 +1,23 @@
 //! The in-memory backend: `algorithms::decide` semantics, atomicity under contention, expiry.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use proptest::prelude::*;
-use throttlegate::algorithms::{self, Algorithm, Check, LimitParams, Mode, State, Verdict};
+use support::keys::{check as keyed, counter_key};
+use throttlegate::algorithms::{self, Algorithm, Check, Mode, State, Verdict};
 use throttlegate::backends::memory::{DEFAULT_SHARDS, MemoryBackend};
-use throttlegate::backends::{Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
+use throttlegate::backends::{Backend, CounterKey, KeyedCheck};
 use throttlegate::clock::ManualClock;
 
 const T0: u64 = 1_700_000_000_000_000;
 const SECOND: u64 = 1_000_000;
 
 fn key(value: &str, algorithm: Algorithm, window_s: u64) -> CounterKey {
-    CounterKey {
-        domain: "test".into(),
-        rule: "user".into(),
-        algorithm,
-        window_s,
-        is_override: false,
-        entries: vec![KeyEntry {
-            key: "user".into(),
-            value: KeyValue::Value(value.into()),
-        }],
-    }
-}
-
-fn keyed(key: CounterKey, limit: u64, cost: u64) -> KeyedCheck {
-    let params = LimitParams::new(key.algorithm, limit, key.window_s * SECOND, None).unwrap();
-    KeyedCheck {
-        key,
-        check: Check {
-            params,
-            cost,
-            mode: Mode::Enforce,
-        },
-    }
+    counter_key(algorithm, window_s, &[("user", value)])
 }
 
 fn backend_at(now: u64) -> (Arc<MemoryBackend>, ManualClock) {

@@ -11,8 +11,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::service::{default_options, memory_backend, rules_from, start_service_with_metrics};
 use throttlegate::metrics::Metrics;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -80,20 +78,11 @@ fn per_value_labels(text: &str) -> usize {
 }
 
 fn flood_request(first_value: usize) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "flood".to_owned(),
-        descriptors: (first_value..first_value + DESCRIPTORS_PER_REQUEST)
-            .map(|value| RateLimitDescriptor {
-                entries: vec![Entry {
-                    key: "client".into(),
-                    value: format!("c{value}").into(),
-                }],
-                limit: None,
-                hits_addend: None,
-            })
-            .collect(),
-        hits_addend: 0,
-    }
+    support::request::one_descriptor_per_value(
+        "flood",
+        "client",
+        (first_value..first_value + DESCRIPTORS_PER_REQUEST).map(|value| format!("c{value}")),
+    )
 }
 
 fn sample(text: &str, series: &str) -> Option<f64> {

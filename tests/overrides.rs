@@ -4,9 +4,7 @@ mod support;
 
 use support::service::{default_options, memory_backend, start_with_config};
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
-    Entry, RateLimitOverride,
-};
+use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::r#type::v3::RateLimitUnit;
@@ -50,21 +48,15 @@ fn with_override(
     unit: RateLimitUnit,
     cost: u64,
 ) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            limit: Some(RateLimitOverride {
-                requests_per_unit,
-                unit: unit as i32,
-            }),
-            hits_addend: Some(cost),
-        }],
-        hits_addend: 0,
-    }
+    let descriptor = RateLimitDescriptor {
+        limit: Some(RateLimitOverride {
+            requests_per_unit,
+            unit: unit as i32,
+        }),
+        hits_addend: Some(cost),
+        ..support::request::descriptor(&[(key, value)])
+    };
+    support::request::request("api", vec![descriptor])
 }
 
 #[tokio::test]

@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisServer, backend, check, counter_key, settings};
+use support::keys::{check, counter_key};
+use support::redis::{RedisServer, backend, settings};
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, CounterKey, Error, KeyedCheck};
@@ -753,23 +754,9 @@ async fn a_probe_timeout_replaces_the_connection() {
     server.resume();
     backend.probe().await.expect("recovers");
     // The backend now talks over a connection made after the pause.
-    let clients: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let newest = clients
-        .lines()
-        .filter_map(|line| {
-            line.split_whitespace()
-                .next()?
-                .strip_prefix("id=")?
-                .parse::<u64>()
-                .ok()
-        })
-        .max()
-        .unwrap();
-    assert!(newest > id_before, "{clients}");
+    let clients = support::redis::client_ids(&mut conn, &[]).await;
+    let newest = clients.iter().copied().max().unwrap();
+    assert!(newest > id_before, "{clients:?}");
 }
 
 /// A request whose clock lags the last consumption sees a debt above the

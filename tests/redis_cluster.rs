@@ -6,7 +6,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisServer, check, counter_key, settings};
+use support::keys::{check, counter_key};
+use support::redis::{RedisServer, settings};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error};

@@ -14,7 +14,6 @@ use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::clock::ManualClock;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
@@ -46,20 +45,15 @@ const HUGE_COSTS: [u64; 4] = [(1 << 53) - 1, 1 << 53, 1 << 63, u64::MAX];
 
 fn descriptor(key: &str, value: &str, hits_addend: Option<u64>) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        entries: vec![Entry {
-            key: key.into(),
-            value: value.into(),
-        }],
-        limit: None,
         hits_addend,
+        ..support::request::descriptor(&[(key, value)])
     }
 }
 
 fn request(descriptors: Vec<RateLimitDescriptor>, hits_addend: u32) -> RateLimitRequest {
     RateLimitRequest {
-        domain: "api".to_owned(),
-        descriptors,
         hits_addend,
+        ..support::request::request("api", descriptors)
     }
 }
 

@@ -6,10 +6,11 @@ mod support;
 
 use std::sync::Arc;
 
-use support::redis::{RedisServer, backend, check, counter_key};
+use support::keys::{check, counter_key};
+use support::redis::{RedisServer, backend};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
-use throttlegate::backends::redis::{ClockSource, DECIDE_LUA};
+use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::ManualClock;
 
 const T0: u64 = 1_700_000_000_000_000;
@@ -90,12 +91,7 @@ async fn sliding_log_at(server: &RedisServer, limit: u64) -> (u64, f64) {
     let mut conn = patient_connection(server).await;
     let window_us = 60_000_000;
     let step = window_us / limit;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DECIDE_LUA)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let sha = support::redis::load_decide_script(&mut conn).await;
     let evalsha = |now: u64| {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(&sha).arg(1).arg("log").arg(now).arg(0);
@@ -238,12 +234,7 @@ async fn time_calls(
 async fn worst_case_requests_stay_within_a_few_milliseconds() {
     let server = RedisServer::start();
     let mut conn = patient_connection(&server).await;
-    let sha: String = redis::cmd("SCRIPT")
-        .arg("LOAD")
-        .arg(DECIDE_LUA)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let sha = support::redis::load_decide_script(&mut conn).await;
     let mut worst: f64 = 0.0;
     // 64 logs at the default cap; 256 smaller ones (a shared test machine
     // holds 2,560,000 members poorly; docs/redis.md has that figure too).

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::redis::{RedisServer, settings};
+use support::redis::{RedisServer, client_ids, settings};
 use support::service::{TestService, default_options, one_entry_request, start_with_config};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error};
@@ -60,25 +60,6 @@ async fn client_id(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
         .query_async(conn)
         .await
         .expect("client id")
-}
-
-/// Ids of the clients connected to Redis, except `skip`.
-async fn client_ids(conn: &mut redis::aio::MultiplexedConnection, skip: &[u64]) -> HashSet<u64> {
-    let list: String = redis::cmd("CLIENT")
-        .arg("LIST")
-        .query_async(conn)
-        .await
-        .expect("client list");
-    list.lines()
-        .filter_map(|line| {
-            line.split_whitespace()
-                .next()?
-                .strip_prefix("id=")?
-                .parse::<u64>()
-                .ok()
-        })
-        .filter(|id| !skip.contains(id))
-        .collect()
 }
 
 /// `total_connections_received` from `INFO stats`.

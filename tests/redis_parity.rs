@@ -256,7 +256,7 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
                     .unwrap_or_else(|err| panic!("case {idx}: {err}"))
             })
             .collect();
-        let key = support::redis::counter_key(algorithm, window_s, &[("big", &idx.to_string())]);
+        let key = support::keys::counter_key(algorithm, window_s, &[("big", &idx.to_string())]);
         for step in 0..80 {
             clock.advance(rng.pick(&[0, 1, 7, 1_000_003, 86_400_000_000]));
             let params = variants[rng.below(variants.len() as u64) as usize];
@@ -365,7 +365,7 @@ async fn run_cost_trace(
             let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst)
                 .expect("valid params");
             let key =
-                support::redis::counter_key(algorithm, window_s, &[("limit", &idx.to_string())]);
+                support::keys::counter_key(algorithm, window_s, &[("limit", &idx.to_string())]);
             // Two costs on one counter add up, as the limiter merges them.
             if let Some(it) = checks.iter_mut().find(|it| it.key == key) {
                 it.check.cost = it.check.cost.saturating_add(cost);

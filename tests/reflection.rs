@@ -26,28 +26,19 @@ const SERVICES: [&str; 4] = [
 
 #[tokio::test]
 async fn v1alpha_lists_the_services_and_resolves_a_symbol() {
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
 
     let service = start().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
     let requests = [
         MessageRequest::ListServices(String::new()),
         MessageRequest::FileContainingSymbol(
             "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
         ),
     ];
-    let outbound = tokio_stream::iter(requests.into_iter().map(|it| ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(it),
-    }));
-    let mut inbound = client
-        .server_reflection_info(outbound)
+    let mut inbound = support::reflection::v1alpha::ask(service.channel.clone(), requests)
         .await
-        .expect("v1alpha reflection call")
-        .into_inner();
+        .expect("v1alpha reflection call");
     let first = inbound.message().await.unwrap().unwrap().message_response;
     let Some(MessageResponse::ListServicesResponse(list)) = first else {
         panic!("{first:?}");
@@ -64,22 +55,14 @@ async fn v1alpha_lists_the_services_and_resolves_a_symbol() {
 
 #[tokio::test]
 async fn v1_lists_the_v1alpha_service_too() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let service = start().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
-    let outbound = tokio_stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    }]);
-    let mut inbound = client
-        .server_reflection_info(outbound)
+    let requests = [MessageRequest::ListServices(String::new())];
+    let mut inbound = support::reflection::v1::ask(service.channel.clone(), requests)
         .await
-        .expect("v1 reflection call")
-        .into_inner();
+        .expect("v1 reflection call");
     let first = inbound.message().await.unwrap().unwrap().message_response;
     let Some(MessageResponse::ListServicesResponse(list)) = first else {
         panic!("{first:?}");
@@ -106,22 +89,15 @@ fn assert_short_not_found(status: &tonic::Status) {
 
 #[tokio::test]
 async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 
     let service = start().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
-    let outbound = tokio_stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(
-            "x".repeat(HUGE_SYMBOL_BYTES),
-        )),
-    }]);
-    let res = client.server_reflection_info(outbound).await;
+    let requests = [MessageRequest::FileContainingSymbol(
+        "x".repeat(HUGE_SYMBOL_BYTES),
+    )];
+    let res = support::reflection::v1::ask(service.channel.clone(), requests).await;
     let status = match res {
-        Ok(stream) => stream
-            .into_inner()
+        Ok(mut stream) => stream
             .message()
             .await
             .expect_err("an unknown symbol is an error"),
@@ -134,22 +110,15 @@ async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1() {
 
 #[tokio::test]
 async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1alpha() {
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
     use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
 
     let service = start().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
-    let outbound = tokio_stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(
-            "x".repeat(HUGE_SYMBOL_BYTES),
-        )),
-    }]);
-    let res = client.server_reflection_info(outbound).await;
+    let requests = [MessageRequest::FileContainingSymbol(
+        "x".repeat(HUGE_SYMBOL_BYTES),
+    )];
+    let res = support::reflection::v1alpha::ask(service.channel.clone(), requests).await;
     let status = match res {
-        Ok(stream) => stream
-            .into_inner()
+        Ok(mut stream) => stream
             .message()
             .await
             .expect_err("an unknown symbol is an error"),

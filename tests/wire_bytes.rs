@@ -7,13 +7,14 @@ mod support;
 use std::sync::Arc;
 
 use support::redis::{RedisServer, backend};
+use support::request::descriptor;
 use support::service::{
-    TestService, default_options, memory_backend, should_rate_limit_raw, start_with_config,
+    TestService, call, default_options, memory_backend, refusal, should_rate_limit_raw,
+    start_with_config,
 };
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 
@@ -33,34 +34,11 @@ descriptors:
 const HUGE: usize = 60_000;
 
 fn desc(entries: &[(&[u8], &[u8])]) -> RateLimitDescriptor {
-    RateLimitDescriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: key.to_vec(),
-                value: value.to_vec(),
-            })
-            .collect(),
-        limit: None,
-        hits_addend: None,
-    }
+    descriptor(entries)
 }
 
 fn request(descriptors: Vec<RateLimitDescriptor>) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: "wire".to_owned(),
-        descriptors,
-        hits_addend: 0,
-    }
-}
-
-async fn call(service: &TestService, request: RateLimitRequest) -> RateLimitResponse {
-    service
-        .client()
-        .should_rate_limit(request)
-        .await
-        .unwrap_or_else(|status| panic!("a decision, not an error: {status:?}"))
-        .into_inner()
+    support::request::request("wire", descriptors)
 }
 
 /// `(code, limit_remaining)` of every status.
@@ -197,11 +175,7 @@ async fn malformed_shapes_are_invalid_argument(service: &TestService) {
         ),
     ];
     for (request, reason) in cases {
-        let status = service
-            .client()
-            .should_rate_limit(request)
-            .await
-            .expect_err(reason);
+        let status = refusal(service, request, reason).await;
         assert_eq!(
             (status.code(), status.message()),
             (tonic::Code::InvalidArgument, reason)

@@ -1,5 +1,10 @@
 //! Shared test harness: each test binary uses the parts it needs.
 #![allow(dead_code, reason = "every test binary uses a different subset")]
 
+pub mod backend;
+pub mod config;
+pub mod keys;
 pub mod redis;
+pub mod reflection;
+pub mod request;
 pub mod service;

@@ -1,14 +1,12 @@
 //! A real `redis-server` per test on a free port, plus helpers to build checks.
 
+use std::collections::HashSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
-use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
-use throttlegate::backends::{CounterKey, KeyEntry, KeyValue, KeyedCheck};
+use throttlegate::backends::redis::{ClockSource, DECIDE_LUA, RedisBackend, RedisSettings};
 
 /// The binary to run; CI installs it with `apt-get install redis-server`.
 fn server_binary() -> String {
@@ -269,40 +267,40 @@ pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
     }
 }
 
+/// Ids of the clients connected to Redis, except `skip`.
+pub async fn client_ids(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+    skip: &[u64],
+) -> HashSet<u64> {
+    let list: String = ::redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("client list");
+    list.lines()
+        .filter_map(|line| {
+            line.split_whitespace()
+                .next()?
+                .strip_prefix("id=")?
+                .parse::<u64>()
+                .ok()
+        })
+        .filter(|id| !skip.contains(id))
+        .collect()
+}
+
+/// Loads the decision script on `conn` as the backend would; its SHA1.
+pub async fn load_decide_script(conn: &mut ::redis::aio::MultiplexedConnection) -> String {
+    ::redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(DECIDE_LUA)
+        .query_async(conn)
+        .await
+        .expect("load the decision script")
+}
+
 pub async fn backend(server: &RedisServer, clock: ClockSource) -> RedisBackend {
     RedisBackend::connect(settings(server, clock))
         .await
         .expect("connect the redis backend")
-}
-
-/// A counter key for descriptor entries given as (key, value).
-pub fn counter_key(algorithm: Algorithm, window_s: u64, entries: &[(&str, &str)]) -> CounterKey {
-    CounterKey {
-        domain: Arc::from("test"),
-        rule: Arc::from("rule"),
-        algorithm,
-        window_s,
-        is_override: false,
-        entries: entries
-            .iter()
-            .map(|(key, value)| KeyEntry {
-                key: (*key).into(),
-                value: KeyValue::Value((*value).into()),
-            })
-            .collect(),
-    }
-}
-
-/// One enforcing check of `limit` per `window_s` seconds on `key`.
-pub fn check(key: CounterKey, limit: u64, cost: u64) -> KeyedCheck {
-    let params = LimitParams::new(key.algorithm, limit, key.window_s * 1_000_000, None)
-        .expect("valid params");
-    KeyedCheck {
-        key,
-        check: Check {
-            params,
-            cost,
-            mode: Mode::Enforce,
-        },
-    }
 }

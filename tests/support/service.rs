@@ -12,37 +12,25 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
-use throttlegate::config::{self, LoadOptions};
+use throttlegate::config;
 use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::rules::RuleSet;
 use throttlegate::server::{self, App};
+
+use super::request::{descriptor, request};
 
 /// A fixed start time, so windows do not roll over mid-test.
 pub const T0: u64 = 1_700_000_000_000_000;
 
 /// A request in `domain` with one descriptor of one entry `key=value`.
 pub fn one_entry_request(domain: &str, key: &str, value: &str) -> RateLimitRequest {
-    RateLimitRequest {
-        domain: domain.to_owned(),
-        descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry {
-                key: key.into(),
-                value: value.into(),
-            }],
-            limit: None,
-            hits_addend: None,
-        }],
-        hits_addend: 0,
-    }
+    request(domain, vec![descriptor(&[(key, value)])])
 }
 
 /// A running server; stops (without draining) when dropped.
@@ -72,12 +60,7 @@ pub fn memory_backend() -> (Arc<dyn Backend>, ManualClock) {
 
 /// Parses one config file's text, panicking with the problems if invalid.
 pub fn rules_from(yaml: &str) -> RuleSet {
-    let options = LoadOptions {
-        merge_domains: false,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
-    };
-    match config::parse_str("test.yaml", yaml, &options) {
+    match config::parse_str("test.yaml", yaml, &super::config::load_options()) {
         Ok(loaded) => loaded.rules,
         Err(err) => panic!("invalid test config:\n{err:#}"),
     }
@@ -136,6 +119,31 @@ pub async fn start_service_with_metrics(
         shutdown: Some(shutdown_tx),
         task: Some(task),
     }
+}
+
+/// Sends `request` to `service`, panicking if the answer is an error
+/// status rather than a decision.
+pub async fn call(service: &TestService, request: RateLimitRequest) -> RateLimitResponse {
+    service
+        .client()
+        .should_rate_limit(request)
+        .await
+        .unwrap_or_else(|status| panic!("a decision, not an error: {status:?}"))
+        .into_inner()
+}
+
+/// Sends `request` to `service` and returns the error status it is
+/// answered with, panicking with `what` if it is decided instead.
+pub async fn refusal(
+    service: &TestService,
+    request: RateLimitRequest,
+    what: &str,
+) -> tonic::Status {
+    service
+        .client()
+        .should_rate_limit(request)
+        .await
+        .expect_err(what)
 }
 
 /// A channel to `addr`.

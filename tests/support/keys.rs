@@ -1,0 +1,38 @@
+//! Counter keys and checks for driving a backend directly.
+
+use std::sync::Arc;
+
+use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
+use throttlegate::backends::{CounterKey, KeyEntry, KeyValue, KeyedCheck};
+
+/// A counter key for descriptor entries given as (key, value).
+pub fn counter_key(algorithm: Algorithm, window_s: u64, entries: &[(&str, &str)]) -> CounterKey {
+    CounterKey {
+        domain: Arc::from("test"),
+        rule: Arc::from("rule"),
+        algorithm,
+        window_s,
+        is_override: false,
+        entries: entries
+            .iter()
+            .map(|(key, value)| KeyEntry {
+                key: (*key).into(),
+                value: KeyValue::Value((*value).into()),
+            })
+            .collect(),
+    }
+}
+
+/// One enforcing check of `limit` per `window_s` seconds on `key`.
+pub fn check(key: CounterKey, limit: u64, cost: u64) -> KeyedCheck {
+    let params = LimitParams::new(key.algorithm, limit, key.window_s * 1_000_000, None)
+        .expect("valid params");
+    KeyedCheck {
+        key,
+        check: Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        },
+    }
+}

@@ -1,0 +1,38 @@
+//! Server reflection streams in both protocol versions clients speak.
+
+/// One module per reflection version: its `ask` sends requests on one
+/// stream. The versions share message shapes but not types.
+macro_rules! reflection_version {
+    ($version:ident) => {
+        pub mod $version {
+            use tonic::transport::Channel;
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::{
+                ServerReflectionRequest, ServerReflectionResponse,
+            };
+
+            /// Opens a reflection stream on `channel` that sends `requests`,
+            /// one message each; the stream of answers, or the call's error.
+            pub async fn ask(
+                channel: Channel,
+                requests: impl IntoIterator<Item = MessageRequest>,
+            ) -> Result<tonic::Streaming<ServerReflectionResponse>, tonic::Status> {
+                let outbound: Vec<ServerReflectionRequest> = requests
+                    .into_iter()
+                    .map(|it| ServerReflectionRequest {
+                        host: String::new(),
+                        message_request: Some(it),
+                    })
+                    .collect();
+                ServerReflectionClient::new(channel)
+                    .server_reflection_info(tokio_stream::iter(outbound))
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        }
+    };
+}
+
+reflection_version!(v1);
+reflection_version!(v1alpha);
