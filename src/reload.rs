@@ -453,19 +453,12 @@ impl Stamp {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::algorithms::Algorithm;
 
     const ONE: &str = "domain: one\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n";
     const TWO: &str = "domain: two\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n";
     const BAD: &str = "domain: two\ndescriptors:\n  - key: k\n    ratelimit: {unit: second, requests_per_unit: 2}\n";
 
-    fn options() -> LoadOptions {
-        LoadOptions {
-            merge_domains: false,
-            default_algorithm: Algorithm::SlidingWindowLog,
-            max_log_entries: crate::config::DEFAULT_MAX_LOG_ENTRIES,
-        }
-    }
+    use crate::testing::load_options as options;
 
     /// A reloader on `dir/config.yaml` holding `yaml`, loaded.
     fn reloader(dir: &Path, yaml: &str) -> Reloader {

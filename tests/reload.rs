@@ -9,8 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::service::{TestService, default_options, memory_backend, start_service};
-use throttlegate::algorithms::Algorithm;
-use throttlegate::config::{self, LoadOptions};
+use throttlegate::config;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -28,13 +27,7 @@ const OPEN: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {u
 /// Refused: a misspelled key.
 const BAD: &str = "domain: api\ndescriptors:\n  - key: user\n    ratelimit: {unit: minute, requests_per_unit: 1000}\n";
 
-fn options() -> LoadOptions {
-    LoadOptions {
-        merge_domains: false,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: throttlegate::config::DEFAULT_MAX_LOG_ENTRIES,
-    }
-}
+use support::config::load_options as options;
 
 /// A server whose rules come from `path`, and a reloader on them (no
 /// trigger yet) counting into the server's metrics, as `serve` wires it.
