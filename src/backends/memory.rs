@@ -235,31 +235,40 @@ impl MemoryBackend {
         let mut guards: Inline<MutexGuard<'_, Table>> =
             locked.iter().map(|&idx| self.shards[idx].lock()).collect();
 
-        // Reserve room for the keys not stored yet before touching any
-        // state: a refused request changes nothing.
-        let new: usize = slots
+        // One lookup per key: what is stored comes out of its table here.
+        let mut taken: Inline<Option<Entry>> = slots
             .iter()
             .zip(checks)
-            .filter(|(slot, it)| !guards[slot.guard].contains(slot.hash, &it.key))
-            .map(|(_, it)| weight(&it.key))
+            .map(|(slot, it)| guards[slot.guard].take(slot.hash, &it.key))
+            .collect();
+        // Reserve room for the keys not stored yet before deciding: a
+        // refused request puts back what it took and changes nothing.
+        let new: usize = checks
+            .iter()
+            .zip(&taken)
+            .filter(|(_, entry)| entry.is_none())
+            .map(|(it, _)| weight(&it.key))
             .sum();
         if new > 0 {
             let before = self.len.fetch_add(new, Ordering::Relaxed);
             if before.saturating_add(new) > self.max_counters {
                 self.len.fetch_sub(new, Ordering::Relaxed);
+                for (slot, entry) in slots.iter().zip(taken) {
+                    if let Some(entry) = entry {
+                        guards[slot.guard].restore(entry);
+                    }
+                }
                 return Err(Refused::Full);
             }
         }
 
         let mut states: Inline<Option<State>> = Inline::with_capacity(checks.len());
-        for (slot, it) in slots.iter_mut().zip(checks) {
-            let state = guards[slot.guard]
-                .take(slot.hash, &it.key)
-                .and_then(|entry| {
-                    let live = entry.expires_us > now;
-                    slot.stored_key = Some(entry.key);
-                    live.then_some(entry.state)
-                });
+        for (slot, entry) in slots.iter_mut().zip(taken.iter_mut()) {
+            let state = entry.take().and_then(|entry| {
+                let live = entry.expires_us > now;
+                slot.stored_key = Some(entry.key);
+                live.then_some(entry.state)
+            });
             states.push(state);
         }
 
@@ -431,8 +440,10 @@ impl Table {
         Some(found.remove().0)
     }
 
-    fn contains(&self, hash: u64, key: &CounterKey) -> bool {
-        self.entries.find(hash, |it| it.key == *key).is_some()
+    /// Puts back an entry `take` removed, as it was (no sweep: its weight
+    /// never left the count).
+    fn restore(&mut self, entry: Entry) {
+        self.entries.insert_unique(entry.hash, entry, |it| it.hash);
     }
 
     /// Inserts an entry whose key is absent, sweeping first when the shard
