@@ -42,7 +42,9 @@ impl Running {
         if let Some(mut pipe) = self.0.stderr.take() {
             let _ = pipe.read_to_string(&mut stderr);
         }
-        strip_ansi(&stderr)
+        // Plain text: stderr is a pipe, not a terminal.
+        assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+        stderr
     }
 }
 
@@ -103,24 +105,6 @@ async fn serve(
 /// A request of one descriptor per value, each `key=value`.
 fn request(key: &str, values: impl IntoIterator<Item = String>) -> RateLimitRequest {
     support::request::one_descriptor_per_value("api", key, values)
-}
-
-/// `text` without terminal colour sequences (`ESC [ ... m`).
-fn strip_ansi(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// The integer logged as `field=N` on `line`.

@@ -56,7 +56,6 @@ impl Server {
         }
         let mut child = command
             .env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
             .args(["serve", "--watch-config", "off", "--config"])
             .arg(&config)
             .args(["--grpc-addr", &grpc.to_string()])
