@@ -6,7 +6,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::rules::RuleSet;
-use throttlegate::wildcard::{WildcardIndex, glob_match};
+use throttlegate::rules::wildcard::{WildcardIndex, glob_match};
 
 const RULE_COUNTS: [usize; 3] = [1, 100, 10_000];
 

@@ -19,14 +19,14 @@ use throttlegate::backends::Backend;
 use throttlegate::backends::memory::{DEFAULT_MAX_COUNTERS, MemoryBackend};
 use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use throttlegate::clock::SystemClock;
+use throttlegate::config::reload::{ReloadGuard, Reloader};
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::http::HttpLimits;
-use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
-use throttlegate::listener::DescriptorBudget;
+use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
-use throttlegate::reload::{ReloadGuard, Reloader};
 use throttlegate::rules::RuleSet;
-use throttlegate::server::{App, GrpcLimits, ShutdownControl};
+use throttlegate::transport::grpc::{App, GrpcLimits, ShutdownControl};
+use throttlegate::transport::http::HttpLimits;
+use throttlegate::transport::listener::DescriptorBudget;
 
 /// Exit code of a start-up failure (bad config, bad flags, unusable backend).
 const EXIT_STARTUP: u8 = 2;
@@ -542,8 +542,8 @@ async fn serve(args: ServeArgs) -> ExitCode {
     );
     let drain_timeout = Duration::from_millis(args.drain_timeout_ms);
 
-    let (control, shutdown) = throttlegate::server::shutdown_channel();
-    let http = tokio::spawn(throttlegate::http::serve_limited(
+    let (control, shutdown) = throttlegate::transport::grpc::shutdown_channel();
+    let http = tokio::spawn(throttlegate::transport::http::serve_limited(
         http_listener,
         limiter.clone(),
         http_limits,
@@ -553,7 +553,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
         limiter,
         drain_timeout,
     };
-    let grpc = throttlegate::server::serve_limited(listener, app, grpc_limits, shutdown);
+    let grpc = throttlegate::transport::grpc::serve_limited(listener, app, grpc_limits, shutdown);
     let shutdown_delay = Duration::from_millis(args.shutdown_delay_ms);
     stop_gracefully(grpc, http, control, stop, shutdown_delay, drain_timeout).await
 }
@@ -564,7 +564,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
 /// and both servers drain within one `drain_timeout`. Health Watch streams
 /// are ended, not waited for.
 async fn stop_gracefully(
-    grpc: impl Future<Output = Result<(), throttlegate::server::Error>>,
+    grpc: impl Future<Output = Result<(), throttlegate::transport::grpc::Error>>,
     mut http: JoinHandle<std::io::Result<()>>,
     control: ShutdownControl,
     mut stop: StopSignals,
@@ -621,7 +621,7 @@ async fn stop_gracefully(
 /// 0 unless a server failed; a drain cut short at its deadline is logged,
 /// not a failure.
 fn exit_code(
-    grpc_res: Result<Result<(), throttlegate::server::Error>, tokio::time::error::Elapsed>,
+    grpc_res: Result<Result<(), throttlegate::transport::grpc::Error>, tokio::time::error::Elapsed>,
     http_res: Result<
         Result<std::io::Result<()>, tokio::task::JoinError>,
         tokio::time::error::Elapsed,

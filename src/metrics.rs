@@ -651,7 +651,7 @@ mod tests {
     use crate::algorithms::Verdict;
     use crate::backends::Backend;
     use crate::clock::ManualClock;
-    use crate::limiter::{Descriptor, Entry, FailureMode, HeaderNames, Limiter, Options, Request};
+    use crate::decision::{Descriptor, Entry, FailureMode, HeaderNames, Limiter, Options, Request};
     use crate::testing::{self, FakeBackend};
 
     fn options(shadow_mode: bool) -> Options {
@@ -748,7 +748,7 @@ descriptors:
         let shadow = || request("api", &[("tenant", "acme"), ("path", "/expensive")], 1);
         for _ in 0..3 {
             let decision = limiter.decide(&shadow()).await.unwrap();
-            assert_eq!(decision.overall, crate::limiter::Code::Ok);
+            assert_eq!(decision.overall, crate::decision::Code::Ok);
         }
         let text = limiter.metrics().encode();
         assert_eq!(decisions(&text, "api", "user", "ok"), Some(9.0), "{text}");

@@ -1,4 +1,4 @@
-//! Generated Envoy rate-limit protocol types; prost types stop at `service.rs`.
+//! Generated Envoy rate-limit protocol types; prost types stop at `transport`.
 #![allow(clippy::all, missing_docs, unreachable_pub)]
 
 pub mod envoy {

@@ -9,7 +9,7 @@ use crate::backends::memory::MemoryBackend;
 use crate::backends::{self, Backend, KeyedCheck};
 use crate::clock::ManualClock;
 use crate::config::{self, LoadOptions};
-use crate::limiter::{FailureMode, HeaderNames, Limiter, Options};
+use crate::decision::{FailureMode, HeaderNames, Limiter, Options};
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 

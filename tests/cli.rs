@@ -413,7 +413,7 @@ impl Logged {
             .args(["--http-addr", &http.to_string()])
             .args(["--watch-config", "off"])
             .args(extra)
-            .env("RUST_LOG", "info,throttlegate::reload=debug")
+            .env("RUST_LOG", "info,throttlegate::config::reload=debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

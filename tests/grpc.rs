@@ -12,7 +12,7 @@ use support::request::descriptor;
 use support::service::{
     TestService, call, default_options, memory_backend, refusal, start_with_config,
 };
-use throttlegate::limiter::Options;
+use throttlegate::decision::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -560,7 +560,7 @@ async fn metrics_count_grpc_decisions_and_no_request_stays_in_flight() {
         ..request(vec![desc(&[("user", "alice")])])
     };
     call(&service, unknown).await;
-    let res = throttlegate::http::router(service.limiter.clone())
+    let res = throttlegate::transport::http::router(service.limiter.clone())
         .oneshot(
             axum::http::Request::get("/metrics")
                 .body(axum::body::Body::empty())

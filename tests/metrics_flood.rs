@@ -31,12 +31,12 @@ const DESCRIPTORS_PER_REQUEST: usize = 64;
 const FLOODERS: usize = 4;
 
 /// Starts `/metrics` (the service's HTTP router) on an ephemeral port.
-async fn serve_http(limiter: Arc<throttlegate::limiter::Limiter>) -> SocketAddr {
+async fn serve_http(limiter: Arc<throttlegate::decision::Limiter>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("bound address");
-    let router = throttlegate::http::router(limiter);
+    let router = throttlegate::transport::http::router(limiter);
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });

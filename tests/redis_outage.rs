@@ -15,7 +15,7 @@ use support::redis::{RedisServer, client_ids, settings};
 use support::service::{TestService, default_options, one_entry_request, start_with_config};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error};
-use throttlegate::limiter::{FailureMode, Options};
+use throttlegate::decision::{FailureMode, Options};
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 const CONFIG: &str = r#"

@@ -78,7 +78,7 @@ fn assert_short_not_found(status: &tonic::Status) {
     assert_eq!(status.code(), Code::NotFound, "{status:?}");
     let message = status.message();
     assert!(
-        message.len() <= throttlegate::server::MAX_REFLECTION_STATUS_MESSAGE,
+        message.len() <= throttlegate::transport::grpc::MAX_REFLECTION_STATUS_MESSAGE,
         "{} bytes: {}...",
         message.len(),
         &message[..message.len().min(80)]

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant};
 
 use support::service::{TestService, default_options, memory_backend, start_service};
 use throttlegate::config;
+use throttlegate::config::reload::{POLL_EVERY, Reloader};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-use throttlegate::reload::{POLL_EVERY, Reloader};
 
 const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
 

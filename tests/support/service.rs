@@ -16,12 +16,12 @@ use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
 use throttlegate::config;
-use throttlegate::limiter::{FailureMode, HeaderNames, Limiter, Options};
+use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::rules::RuleSet;
-use throttlegate::server::{self, App};
+use throttlegate::transport::grpc::{self, App};
 
 use super::request::{descriptor, request};
 
@@ -40,7 +40,7 @@ pub struct TestService {
     pub channel: Channel,
     pub limiter: Arc<Limiter>,
     shutdown: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), server::Error>>>,
+    task: Option<JoinHandle<Result<(), grpc::Error>>>,
 }
 
 /// Limiter options as `serve` starts by default: headers on, errors fail.
@@ -191,7 +191,7 @@ impl TestService {
     }
 
     /// Signals shutdown and waits for the server to finish draining.
-    pub async fn stop(mut self) -> Result<(), server::Error> {
+    pub async fn stop(mut self) -> Result<(), grpc::Error> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }

@@ -11,6 +11,8 @@
 //! - `*` makes a wildcard only in `value`; the pattern is matched against the
 //!   entry's value, never across the key.
 
+pub mod reload;
+
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::path::{Path, PathBuf};

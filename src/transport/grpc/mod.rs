@@ -1,5 +1,7 @@
 //! The gRPC server: rate-limit service, health, reflection, connection limits, graceful shutdown.
 
+pub mod service;
+
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
@@ -20,9 +22,9 @@ use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
 use tonic_health::server::{HealthReporter, HealthService};
 
 use crate::backends::Backend;
-use crate::limiter::Limiter;
-use crate::listener::{ConnInfo, Listener};
-use crate::service::RateLimitService;
+use crate::decision::Limiter;
+use crate::transport::grpc::service::RateLimitService;
+use crate::transport::listener::{ConnInfo, Listener};
 
 /// Largest gRPC message accepted; bigger ones are refused before decoding.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;

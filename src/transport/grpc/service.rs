@@ -1,13 +1,13 @@
 //! The gRPC RateLimitService: wire messages to limiter requests and back.
 //!
 //! Prost types stop here: everything past this file speaks
-//! [`crate::limiter`]'s types.
+//! [`crate::decision`]'s types.
 
 use std::sync::Arc;
 
 use tonic::{Request, Response};
 
-use crate::limiter::{self, Limiter};
+use crate::decision::{self, Limiter};
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3 as common;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
@@ -57,17 +57,17 @@ impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
 /// a real error status, and a clear one: `UNAVAILABLE` tells operators and
 /// retry policies that the backend is down, not that the request was bad.
 /// A malformed request is `INVALID_ARGUMENT`: retrying it cannot help.
-pub fn to_status(error: limiter::Error) -> tonic::Status {
+pub fn to_status(error: decision::Error) -> tonic::Status {
     match error {
-        limiter::Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
-        limiter::Error::Backend(error) => tonic::Status::unavailable(error.to_string()),
+        decision::Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
+        decision::Error::Backend(error) => tonic::Status::unavailable(error.to_string()),
     }
 }
 
 /// A wire request as the limiter sees it. Never fails: bounds are the
 /// limiter's job, so both transports refuse the same requests.
-pub fn from_wire(request: rls::RateLimitRequest) -> limiter::Request {
-    limiter::Request {
+pub fn from_wire(request: rls::RateLimitRequest) -> decision::Request {
+    decision::Request {
         domain: request.domain,
         hits_addend: request.hits_addend,
         descriptors: request
@@ -78,17 +78,17 @@ pub fn from_wire(request: rls::RateLimitRequest) -> limiter::Request {
     }
 }
 
-fn descriptor_from_wire(descriptor: common::RateLimitDescriptor) -> limiter::Descriptor {
-    limiter::Descriptor {
+fn descriptor_from_wire(descriptor: common::RateLimitDescriptor) -> decision::Descriptor {
+    decision::Descriptor {
         entries: descriptor
             .entries
             .into_iter()
-            .map(|it| limiter::Entry {
+            .map(|it| decision::Entry {
                 key: it.key,
                 value: it.value,
             })
             .collect(),
-        limit: descriptor.limit.map(|it| limiter::LimitOverride {
+        limit: descriptor.limit.map(|it| decision::LimitOverride {
             requests_per_unit: it.requests_per_unit,
             unit: override_unit(it.unit),
         }),
@@ -110,7 +110,7 @@ fn override_unit(unit: i32) -> Option<Unit> {
 }
 
 /// A decision as the wire carries it.
-pub fn to_wire(decision: limiter::Decision) -> rls::RateLimitResponse {
+pub fn to_wire(decision: decision::Decision) -> rls::RateLimitResponse {
     rls::RateLimitResponse {
         overall_code: code_to_wire(decision.overall) as i32,
         statuses: decision.statuses.into_iter().map(status_to_wire).collect(),
@@ -127,7 +127,7 @@ pub fn to_wire(decision: limiter::Decision) -> rls::RateLimitResponse {
     }
 }
 
-fn status_to_wire(status: limiter::Status) -> DescriptorStatus {
+fn status_to_wire(status: decision::Status) -> DescriptorStatus {
     DescriptorStatus {
         code: code_to_wire(status.code) as i32,
         current_limit: status.current_limit.map(|it| WireLimit {
@@ -145,10 +145,10 @@ fn status_to_wire(status: limiter::Status) -> DescriptorStatus {
     }
 }
 
-fn code_to_wire(code: limiter::Code) -> WireCode {
+fn code_to_wire(code: decision::Code) -> WireCode {
     match code {
-        limiter::Code::Ok => WireCode::Ok,
-        limiter::Code::OverLimit => WireCode::OverLimit,
+        decision::Code::Ok => WireCode::Ok,
+        decision::Code::OverLimit => WireCode::OverLimit,
     }
 }
 
@@ -176,10 +176,10 @@ mod tests {
             crate::backends::Error::Protocol("bad reply".to_owned()),
         ];
         for error in cases {
-            let status = to_status(limiter::Error::Backend(error));
+            let status = to_status(decision::Error::Backend(error));
             assert_eq!(status.code(), tonic::Code::Unavailable);
         }
-        let status = to_status(limiter::Error::InvalidArgument("empty domain".to_owned()));
+        let status = to_status(decision::Error::InvalidArgument("empty domain".to_owned()));
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert_eq!(status.message(), "empty domain");
     }

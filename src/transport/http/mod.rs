@@ -18,10 +18,10 @@ use axum::routing::{get, post};
 use axum::{Extension, Router};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::limiter::{self, Limiter};
-use crate::listener::Listener;
+use crate::decision::{self, Limiter};
 use crate::rules::Unit;
-use crate::server::{Shutdown, Stage};
+use crate::transport::grpc::{Shutdown, Stage};
+use crate::transport::listener::Listener;
 
 /// A probe slower than this makes `/healthcheck` answer 503.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -34,7 +34,9 @@ pub fn router(limiter: Arc<Limiter>) -> Router {
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics))
         // The same bound as a gRPC message.
-        .layer(DefaultBodyLimit::max(crate::server::MAX_MESSAGE_BYTES))
+        .layer(DefaultBodyLimit::max(
+            crate::transport::grpc::MAX_MESSAGE_BYTES,
+        ))
         .with_state(limiter)
 }
 
@@ -246,15 +248,15 @@ async fn json(
     match limiter.decide(&request).await {
         Ok(decision) => {
             let status = match decision.overall {
-                limiter::Code::Ok => StatusCode::OK,
-                limiter::Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
+                decision::Code::Ok => StatusCode::OK,
+                decision::Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
             };
             (status, axum::Json(JsonResponse::from(decision))).into_response()
         }
-        Err(limiter::Error::InvalidArgument(message)) => {
+        Err(decision::Error::InvalidArgument(message)) => {
             (StatusCode::BAD_REQUEST, message).into_response()
         }
-        Err(limiter::Error::Backend(err)) => {
+        Err(decision::Error::Backend(err)) => {
             (StatusCode::SERVICE_UNAVAILABLE, err.to_string()).into_response()
         }
     }
@@ -376,23 +378,23 @@ fn optional_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<
 }
 
 impl JsonRequest {
-    fn into_request(self) -> limiter::Request {
-        limiter::Request {
+    fn into_request(self) -> decision::Request {
+        decision::Request {
             domain: self.domain,
             hits_addend: self.hits_addend,
             descriptors: self
                 .descriptors
                 .into_iter()
-                .map(|it| limiter::Descriptor {
+                .map(|it| decision::Descriptor {
                     entries: it
                         .entries
                         .into_iter()
-                        .map(|entry| limiter::Entry {
+                        .map(|entry| decision::Entry {
                             key: entry.key.into_bytes(),
                             value: entry.value.into_bytes(),
                         })
                         .collect(),
-                    limit: it.limit.map(|limit| limiter::LimitOverride {
+                    limit: it.limit.map(|limit| decision::LimitOverride {
                         requests_per_unit: limit.requests_per_unit,
                         unit: limit.unit.0,
                     }),
@@ -449,10 +451,10 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-fn code_name(code: limiter::Code) -> &'static str {
+fn code_name(code: decision::Code) -> &'static str {
     match code {
-        limiter::Code::Ok => "OK",
-        limiter::Code::OverLimit => "OVER_LIMIT",
+        decision::Code::Ok => "OK",
+        decision::Code::OverLimit => "OVER_LIMIT",
     }
 }
 
@@ -468,8 +470,8 @@ fn unit_name(unit: Unit) -> &'static str {
     }
 }
 
-impl From<limiter::Decision> for JsonResponse {
-    fn from(decision: limiter::Decision) -> Self {
+impl From<decision::Decision> for JsonResponse {
+    fn from(decision: decision::Decision) -> Self {
         JsonResponse {
             overall_code: code_name(decision.overall),
             statuses: decision

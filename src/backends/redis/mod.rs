@@ -25,7 +25,7 @@ use crate::algorithms::{Mode, Outcome, Verdict};
 use crate::clock::Clock;
 
 /// The decision script, embedded at build time.
-pub const DECIDE_LUA: &str = include_str!("../../lua/decide.lua");
+pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
 
 /// First wait before the background task tries to reconnect after the
 /// circuit opened; doubled after every failure up to [`RECONNECT_MAX_DELAY`].

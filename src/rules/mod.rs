@@ -3,11 +3,13 @@
 //! `config` builds these from YAML; the limiter asks a [`Domain`] which
 //! [`Node`] a descriptor reaches. Types here cannot hold an invalid rule.
 
+pub mod wildcard;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::algorithms::{Algorithm, LimitParams};
-use crate::wildcard::WildcardIndex;
+use crate::rules::wildcard::WildcardIndex;
 
 /// A time unit of a configured limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -302,7 +304,7 @@ impl LevelIndex {
     }
 }
 
-pub use crate::wildcard::glob_match;
+pub use crate::rules::wildcard::glob_match;
 
 #[cfg(test)]
 mod tests {
