@@ -680,7 +680,7 @@ fn load_config_now(path: &Path, options: &LoadOptions) -> Result<RuleSet, String
     }
     tracing::info!(
         path = %path.display(),
-        domains = loaded.rules.domains.len(),
+        domains = loaded.rules.domains().len(),
         files = loaded.files.len(),
         "config loaded"
     );

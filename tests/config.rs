@@ -185,7 +185,7 @@ fn burst_depends_on_the_effective_algorithm() {
         ..options()
     };
     let loaded = config::parse_str("burst.yaml", yaml, &bucket).expect("token bucket default");
-    let node = &loaded.rules.domain("d").expect("domain").children[0];
+    let node = &loaded.rules.domain("d").expect("domain").children()[0];
     let NodeLimits::Limited(limits) = &node.limits else {
         panic!("limited: {node:?}");
     };
@@ -365,12 +365,12 @@ fn example_config_loads_with_every_algorithm() {
     assert_eq!(loaded.files, vec![path]);
     let domain = loaded.rules.domain("api").expect("domain api");
     let mut algorithms = Vec::new();
-    let mut stack: Vec<_> = domain.children.iter().collect();
+    let mut stack: Vec<_> = domain.children().iter().collect();
     while let Some(node) = stack.pop() {
         if let NodeLimits::Limited(limits) = &node.limits {
             algorithms.extend(limits.iter().map(|it| it.algorithm()));
         }
-        stack.extend(node.children.iter());
+        stack.extend(node.children().iter());
     }
     for algorithm in Algorithm::ALL {
         assert!(algorithms.contains(&algorithm), "{algorithm} missing");
@@ -403,7 +403,7 @@ fn example_directory_loads_and_skips_dot_files() {
         .map(|it| it.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, ["api.yaml", "edge.yaml", "internal.yml"]);
-    let mut domains: Vec<_> = loaded.rules.domains.keys().map(|it| &**it).collect();
+    let mut domains: Vec<_> = loaded.rules.domains().map(|it| &*it.name).collect();
     domains.sort();
     assert_eq!(domains, ["api", "edge", "internal"]);
     assert_eq!(
@@ -471,13 +471,13 @@ fn subdirectories_load_but_dot_directories_do_not() {
 fn empty_config_is_valid() {
     let dir = tempfile::tempdir().expect("tempdir");
     let loaded = load_ok(dir.path(), &options());
-    assert!(loaded.rules.domains.is_empty());
+    assert_eq!(loaded.rules.domains().len(), 0);
     assert!(loaded.files.is_empty());
     assert_eq!(config::summary(&loaded.rules), "no domains configured\n");
 
     let loaded = config::parse_str("d.yaml", "domain: quiet\ndescriptors:\n", &options())
         .expect("no rules is fine");
-    assert!(loaded.rules.domain("quiet").unwrap().children.is_empty());
+    assert!(loaded.rules.domain("quiet").unwrap().children().is_empty());
 }
 
 #[test]
@@ -620,7 +620,7 @@ fn absent_requests_per_unit_means_zero_with_a_warning() {
         loaded.warnings,
         ["d.yaml: descriptor 'd.k': requests_per_unit is absent, so 0: every request is denied"]
     );
-    let node = &loaded.rules.domain("d").unwrap().children[0];
+    let node = &loaded.rules.domain("d").unwrap().children()[0];
     let NodeLimits::Limited(limits) = &node.limits else {
         panic!("limited");
     };

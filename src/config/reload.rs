@@ -192,7 +192,7 @@ impl Reloader {
                 }
                 let changed = **self.rules.load() != loaded.rules;
                 let summary = Summary {
-                    domains: loaded.rules.domains.len(),
+                    domains: loaded.rules.domains().len(),
                     files: loaded.files.len(),
                     changed,
                     warnings: loaded.warnings,
@@ -478,7 +478,7 @@ mod tests {
 
     fn domains(reloader: &Reloader) -> Vec<String> {
         let rules = reloader.rules().load();
-        rules.domains.keys().map(|it| it.to_string()).collect()
+        rules.domains().map(|it| it.name.to_string()).collect()
     }
 
     #[test]
@@ -563,7 +563,7 @@ mod tests {
         let in_flight = reloader.rules().load_full();
         std::fs::write(reloader.path(), TWO).unwrap();
         reloader.reload_now().unwrap();
-        assert!(in_flight.domains.contains_key("one"));
+        assert!(in_flight.domain("one").is_some());
         assert_eq!(domains(&reloader), ["two"]);
     }
 

@@ -1001,7 +1001,7 @@ fn clamp_u32(n: u64) -> u32 {
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
-    use crate::rules::{LevelIndex, RateLimit, ValueMatcher};
+    use crate::rules::{DEFAULT_MAX_LOG_ENTRIES, Limits, RateLimit, ValueMatcher};
     use crate::testing::{self, FakeBackend, T0};
 
     // === rule builders ===
@@ -1036,29 +1036,11 @@ mod tests {
     }
 
     fn node(key: &str, value: ValueMatcher, limits: NodeLimits) -> Node {
-        let path = match &value {
-            ValueMatcher::Any => key.to_owned(),
-            ValueMatcher::Exact(it) | ValueMatcher::Wildcard(it) => format!("{key}_{it}"),
-        };
-        Node {
-            key: Arc::from(key),
-            value,
-            limits,
-            shadow_mode: false,
-            quota_mode: false,
-            share_threshold: false,
-            detailed_metric: false,
-            value_to_metric: false,
-            path: Arc::from(path),
-            children: Vec::new(),
-            index: LevelIndex::default(),
-        }
+        Node::new("", Arc::from(key), value, limits)
     }
 
-    fn with_children(mut parent: Node, children: Vec<Node>) -> Node {
-        parent.index = LevelIndex::new(&children);
-        parent.children = children;
-        parent
+    fn with_children(parent: Node, children: Vec<Node>) -> Node {
+        parent.with_children(children)
     }
 
     fn unlimited() -> NodeLimits {
@@ -1069,20 +1051,16 @@ mod tests {
     }
 
     fn key_node(key: &str, limits: Vec<RateLimit>) -> Node {
-        node(key, ValueMatcher::Any, NodeLimits::Limited(limits))
+        node(
+            key,
+            ValueMatcher::Any,
+            NodeLimits::Limited(Limits::new(limits).unwrap()),
+        )
     }
 
     fn rules(nodes: Vec<Node>) -> RuleSet {
-        let domain = Domain {
-            name: Arc::from("test"),
-            default_algorithm: Algorithm::SlidingWindowLog,
-            index: LevelIndex::new(&nodes),
-            children: nodes,
-        };
-        RuleSet {
-            domains: HashMap::from([(domain.name.clone(), domain)]),
-            ..RuleSet::default()
-        }
+        let domain = Domain::new(Arc::from("test"), Algorithm::SlidingWindowLog, nodes);
+        RuleSet::new([domain], DEFAULT_MAX_LOG_ENTRIES)
     }
 
     // === request builders ===
@@ -1245,7 +1223,7 @@ mod tests {
                 node(
                     "exact",
                     ValueMatcher::Exact(Arc::from("v")),
-                    NodeLimits::Limited(vec![limit(1, Unit::Hour)]),
+                    NodeLimits::Limited(Limits::new(vec![limit(1, Unit::Hour)]).unwrap()),
                 ),
             ]),
             options(),
@@ -1531,13 +1509,13 @@ mod tests {
         let mut shared = node(
             "path",
             ValueMatcher::Wildcard(Arc::from("/files/*")),
-            NodeLimits::Limited(vec![limit(2, Unit::Hour)]),
+            NodeLimits::Limited(Limits::new(vec![limit(2, Unit::Hour)]).unwrap()),
         );
         shared.share_threshold = true;
         let mut own = node(
             "path",
             ValueMatcher::Wildcard(Arc::from("/own/*")),
-            NodeLimits::Limited(vec![limit(2, Unit::Hour)]),
+            NodeLimits::Limited(Limits::new(vec![limit(2, Unit::Hour)]).unwrap()),
         );
         own.share_threshold = false;
         let fixture = fixture(rules(vec![shared, own]), options());

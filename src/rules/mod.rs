@@ -1,11 +1,21 @@
 //! Validated rule trees and descriptor matching (pure: no IO, no clock).
 //!
-//! `config` builds these from YAML; the limiter asks a [`Domain`] which
-//! [`Node`] a descriptor reaches. Types here cannot hold an invalid rule.
+//! `config` builds these from YAML; the limiter (`decision`) asks a
+//! [`Domain`] which [`Node`] a descriptor reaches.
+//!
+//! What the types hold, so no reader has to check it again: trees are
+//! built bottom-up through constructors ([`Node::new`],
+//! [`Node::with_children`], [`Domain::new`], [`RuleSet::new`]), each
+//! level's lookup index is built with the level and nothing below a built
+//! node or domain can be changed, so an index always matches its nodes; a
+//! node's [`Limits`] are never empty and never two on one counter. What
+//! only the config format defines (keys allowed, envoyproxy's messages) is
+//! checked in `config`.
 
 pub mod wildcard;
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
 
 use crate::algorithms::{Algorithm, LimitParams};
@@ -109,8 +119,85 @@ pub enum NodeLimits {
         replaces: Vec<Arc<str>>,
     },
     /// One or more limits; all must pass.
-    Limited(Vec<RateLimit>),
+    Limited(Limits),
 }
+
+/// The limits of one node: at least one, and no two on one counter (a
+/// counter is keyed by window and algorithm, so two limits sharing both
+/// would count each request twice against whichever is smaller). The
+/// limiter merges checks by counter key and relies on this.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits(Vec<RateLimit>);
+
+/// Why [`Limits::new`] refused a list of limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitsError {
+    Empty,
+    /// Each limit that shares window and algorithm with an earlier one.
+    SharedCounter(Vec<SharedCounter>),
+}
+
+/// A limit with the window and algorithm of an earlier one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedCounter {
+    /// Its position in the list.
+    pub position: usize,
+    pub window_seconds: u64,
+    pub algorithm: Algorithm,
+}
+
+impl Limits {
+    pub fn new(limits: Vec<RateLimit>) -> Result<Limits, LimitsError> {
+        if limits.is_empty() {
+            return Err(LimitsError::Empty);
+        }
+        let shared: Vec<SharedCounter> = limits
+            .iter()
+            .enumerate()
+            .filter(|(idx, limit)| {
+                limits[..*idx].iter().any(|earlier| {
+                    earlier.window_seconds() == limit.window_seconds()
+                        && earlier.algorithm() == limit.algorithm()
+                })
+            })
+            .map(|(position, limit)| SharedCounter {
+                position,
+                window_seconds: limit.window_seconds(),
+                algorithm: limit.algorithm(),
+            })
+            .collect();
+        if !shared.is_empty() {
+            return Err(LimitsError::SharedCounter(shared));
+        }
+        Ok(Limits(limits))
+    }
+}
+
+impl std::ops::Deref for Limits {
+    type Target = [RateLimit];
+
+    fn deref(&self) -> &[RateLimit] {
+        &self.0
+    }
+}
+
+impl fmt::Display for LimitsError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitsError::Empty => f.write_str("no limits"),
+            LimitsError::SharedCounter(shared) => {
+                let first = &shared[0];
+                write!(
+                    f,
+                    "limit {} has the window ({}s) and algorithm ({}) of an earlier one",
+                    first.position, first.window_seconds, first.algorithm
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for LimitsError {}
 
 /// How a node's `value` matches a descriptor entry's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,7 +210,35 @@ pub enum ValueMatcher {
     Wildcard(Arc<str>),
 }
 
+impl ValueMatcher {
+    /// The matcher a config `value` means: empty is no value (as in
+    /// envoyproxy/ratelimit), one with `*` a pattern.
+    pub fn from_config(value: &str) -> ValueMatcher {
+        if value.is_empty() {
+            ValueMatcher::Any
+        } else if value.contains('*') {
+            ValueMatcher::Wildcard(value.into())
+        } else {
+            ValueMatcher::Exact(value.into())
+        }
+    }
+}
+
+/// A node's own part of a rule path: `key`, or `key_value` (the pattern
+/// for a wildcard). Within one level it is envoyproxy's composite key.
+pub fn segment(key: &str, value: &ValueMatcher) -> String {
+    match value {
+        ValueMatcher::Any => key.to_owned(),
+        ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) => format!("{key}_{value}"),
+    }
+}
+
 /// A node of a domain's descriptor tree.
+///
+/// Built by [`Node::new`], and given children only through
+/// [`Node::with_children`]: the lookup index over the children is built
+/// with them, and a tree cannot be changed below a node once built, so the
+/// index never goes stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Node {
     pub key: Arc<str>,
@@ -135,31 +250,31 @@ pub struct Node {
     pub share_threshold: bool,
     pub detailed_metric: bool,
     pub value_to_metric: bool,
-    /// Path below the domain, each level `key` or `key_value` (the pattern
-    /// for a wildcard), joined by `.`: the metric label `rule`.
+    /// Path below the domain, each level's [`segment`] joined by `.`: the
+    /// metric label `rule`.
     pub path: Arc<str>,
-    pub children: Vec<Node>,
-    /// Lookup index over `children`; build it with [`LevelIndex::new`]
-    /// whenever `children` is set.
-    pub index: LevelIndex,
+    children: Vec<Node>,
+    /// Lookup index over `children`.
+    index: LevelIndex,
 }
 
-/// One domain's rules.
+/// One domain's rules, built by [`Domain::new`] with the index over its
+/// top level, as [`Node`]s are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Domain {
     pub name: Arc<str>,
     /// Used by RateLimitOverride where no rule names an algorithm.
     pub default_algorithm: Algorithm,
-    pub children: Vec<Node>,
-    /// Lookup index over `children`, as in [`Node::index`].
-    pub index: LevelIndex,
+    children: Vec<Node>,
+    /// Lookup index over `children`.
+    index: LevelIndex,
 }
 
 /// Index of one level's nodes by key, so matching does not scan every
 /// sibling: per key, the exact values, the wildcards in config order and the
 /// key-only node, as positions in the level's `children`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct LevelIndex {
+struct LevelIndex {
     by_key: HashMap<Arc<str>, KeySlot>,
 }
 
@@ -177,10 +292,11 @@ struct KeySlot {
 /// sliding-window log may count, since it keeps one entry per request.
 pub const DEFAULT_MAX_LOG_ENTRIES: u32 = 10_000;
 
-/// Every loaded domain: what a config file set compiles to.
+/// Every loaded domain: what a config file set compiles to. Built by
+/// [`RuleSet::new`], so each domain is found under its own name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSet {
-    pub domains: HashMap<Arc<str>, Domain>,
+    domains: HashMap<Arc<str>, Domain>,
     /// Most requests per window a sliding-window log may count: a
     /// RateLimitOverride above it on a sliding log uses the
     /// sliding-window counter instead, as a rule that inherits the log does.
@@ -211,8 +327,66 @@ impl<'a> Match<'a> {
 }
 
 impl RuleSet {
+    /// The rule set of `domains`; of two domains with one name, the later
+    /// one is kept.
+    pub fn new(domains: impl IntoIterator<Item = Domain>, max_log_entries: u32) -> RuleSet {
+        RuleSet {
+            domains: domains
+                .into_iter()
+                .map(|domain| (domain.name.clone(), domain))
+                .collect(),
+            max_log_entries,
+        }
+    }
+
     pub fn domain(&self, name: &str) -> Option<&Domain> {
         self.domains.get(name)
+    }
+
+    /// Every domain, in no particular order.
+    pub fn domains(&self) -> impl ExactSizeIterator<Item = &Domain> {
+        self.domains.values()
+    }
+}
+
+impl Node {
+    /// A node without children below the rule path `parent` (empty at the
+    /// top of a domain), every flag off.
+    pub fn new(parent: &str, key: Arc<str>, value: ValueMatcher, limits: NodeLimits) -> Node {
+        let segment = segment(&key, &value);
+        let path = if parent.is_empty() {
+            segment
+        } else {
+            format!("{parent}.{segment}")
+        };
+        Node {
+            key,
+            value,
+            limits,
+            shadow_mode: false,
+            quota_mode: false,
+            share_threshold: false,
+            detailed_metric: false,
+            value_to_metric: false,
+            path: path.into(),
+            children: Vec::new(),
+            index: LevelIndex::default(),
+        }
+    }
+
+    /// This node over `children` (replacing any it had), with their lookup
+    /// index built.
+    pub fn with_children(self, children: Vec<Node>) -> Node {
+        Node {
+            index: LevelIndex::new(&children),
+            children,
+            ..self
+        }
+    }
+
+    /// The nodes one level below, in config order.
+    pub fn children(&self) -> &[Node] {
+        &self.children
     }
 }
 
@@ -225,6 +399,11 @@ impl Domain {
             index: LevelIndex::new(&children),
             children,
         }
+    }
+
+    /// The nodes of the top level, in config order.
+    pub fn children(&self) -> &[Node] {
+        &self.children
     }
 
     /// Walks `entries` (key, value) down the tree: at each level the exact
@@ -260,7 +439,7 @@ impl Domain {
 impl LevelIndex {
     /// Indexes `children`. When two nodes have the same key and value
     /// (config validation refuses that) the first one wins.
-    pub fn new(children: &[Node]) -> LevelIndex {
+    fn new(children: &[Node]) -> LevelIndex {
         let mut by_key: HashMap<Arc<str>, KeySlot> = HashMap::new();
         for (idx, node) in children.iter().enumerate() {
             let slot = by_key.entry(node.key.clone()).or_default();
@@ -311,290 +490,137 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::testing;
 
-    const RULES: &str = r#"
-domain: test
-descriptors:
-  - key: remote_address
-    rate_limit: {unit: second, requests_per_unit: 10}
-  - key: k
-    value: exact
-    rate_limit: {unit: minute, requests_per_unit: 1, name: exact}
-  - key: k
-    value: pre*
-    rate_limit: {unit: minute, requests_per_unit: 2}
-  - key: k
-    value: "*suf"
-    rate_limit: {unit: minute, requests_per_unit: 3}
-  - key: k
-    value: a*z
-    rate_limit: {unit: minute, requests_per_unit: 4}
-  - key: k
-    value: "*x*y*"
-    rate_limit: {unit: minute, requests_per_unit: 5}
-  - key: k
-    rate_limit: {unit: minute, requests_per_unit: 6}
-  - key: order
-    value: ab*
-    rate_limit: {unit: hour, requests_per_unit: 1}
-  - key: order
-    value: a*
-    rate_limit: {unit: hour, requests_per_unit: 2}
-  - key: tenant
-    descriptors:
-      - key: path
-        value: /expensive
-        shadow_mode: true
-        rate_limit: {unit: minute, requests_per_unit: 10, replaces: [{name: exact}]}
-      - key: path
-        rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: tenant
-    value: acme
-    descriptors:
-      - key: user
-        quota_mode: true
-        rate_limit: {unit: day, requests_per_unit: 1000}
-  - key: files
-    value: /files/*
-    share_threshold: true
-    descriptors:
-      - key: method
-        rate_limit: {unit: second, requests_per_unit: 7}
-  - key: health
-    rate_limit: {unlimited: true, name: health, replaces: [{name: exact}]}
-  - key: user
-    rate_limits:
-      - {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}
-      - {unit: minute, unit_multiplier: 5, requests_per_unit: 100, algorithm: gcra}
-      - {unit: day, requests_per_unit: 10000}
-  - key: parent
-    rate_limit: {unit: second, requests_per_unit: 1}
-    descriptors:
-      - key: child
-        rate_limit: {unit: second, requests_per_unit: 2}
-"#;
-
-    fn rules() -> RuleSet {
-        testing::rules_from("rules.yaml", RULES)
+    fn limit(requests_per_unit: u32, unit: Unit, algorithm: Algorithm) -> RateLimit {
+        let window_us = unit.seconds() * 1_000_000;
+        RateLimit {
+            unit,
+            unit_multiplier: 1,
+            requests_per_unit,
+            name: None,
+            replaces: Vec::new(),
+            params: LimitParams::new(algorithm, u64::from(requests_per_unit), window_us, None)
+                .unwrap(),
+            log_capped: false,
+        }
     }
 
-    /// Renders a match as `<path> <limits> [flags]`, or `none`.
-    fn render(found: Option<Match<'_>>) -> String {
-        let Some(found) = found else {
-            return "none".to_owned();
-        };
-        let rule = found.rule();
-        let mut out = format!("{} ", rule.path);
-        match &rule.limits {
-            NodeLimits::None => out.push_str("nolimit"),
-            NodeLimits::Unlimited { name, replaces } => {
-                out.push_str("unlimited");
-                if let Some(name) = name {
-                    out.push_str(&format!(" name={name}"));
-                }
-                for replaced in replaces {
-                    out.push_str(&format!(" replaces={replaced}"));
-                }
-            }
-            NodeLimits::Limited(limits) => {
-                let parts: Vec<String> = limits
-                    .iter()
-                    .map(|limit| {
-                        let mut part = format!(
-                            "{}/{}s:{}:cap{}",
-                            limit.requests_per_unit,
-                            limit.window_seconds(),
-                            limit.algorithm(),
-                            limit.params.capacity()
-                        );
-                        if let Some(name) = &limit.name {
-                            part.push_str(&format!(":name={name}"));
-                        }
-                        for replaced in &limit.replaces {
-                            part.push_str(&format!(":replaces={replaced}"));
-                        }
-                        part
-                    })
-                    .collect();
-                out.push_str(&parts.join(","));
-            }
-        }
-        if rule.shadow_mode {
-            out.push_str(" shadow");
-        }
-        if rule.quota_mode {
-            out.push_str(" quota");
-        }
-        for (idx, level) in found.levels.iter().enumerate() {
-            if level.share_threshold {
-                out.push_str(&format!(" share@{idx}"));
-            }
-        }
-        out
+    fn node(parent: &str, key: &str, value: &str) -> Node {
+        Node::new(
+            parent,
+            key.into(),
+            ValueMatcher::from_config(value),
+            NodeLimits::None,
+        )
     }
 
-    fn check(descriptor: &[(&str, &str)], expected: &str) {
-        let rules = rules();
-        let domain = rules.domain("test").expect("domain test");
-        let found = domain.find(descriptor);
-        if let Some(found) = &found {
-            assert_eq!(found.levels.len(), descriptor.len(), "{descriptor:?}");
-        }
-        assert_eq!(render(found), expected, "descriptor {descriptor:?}");
+    /// The path of the rule `entries` reach, or `None`.
+    fn reached(domain: &Domain, entries: &[(&str, &str)]) -> Option<String> {
+        domain.find(entries).map(|it| it.rule().path.to_string())
     }
 
     #[test]
-    fn matching_table() {
-        let sw = "sliding_window_log";
-        let cases: Vec<(Vec<(&str, &str)>, String)> = vec![
-            // key-only: any value
-            (
-                vec![("remote_address", "10.0.0.1")],
-                format!("remote_address 10/1s:{sw}:cap10"),
-            ),
-            // exact beats wildcards and key-only
-            (
-                vec![("k", "exact")],
-                format!("k_exact 1/60s:{sw}:cap1:name=exact"),
-            ),
-            // prefix, suffix, middle and multi-star wildcards
-            (vec![("k", "prefix")], format!("k_pre* 2/60s:{sw}:cap2")),
-            (vec![("k", "pre")], format!("k_pre* 2/60s:{sw}:cap2")),
-            (vec![("k", "endsuf")], format!("k_*suf 3/60s:{sw}:cap3")),
-            (vec![("k", "abcz")], format!("k_a*z 4/60s:{sw}:cap4")),
-            (vec![("k", "az")], format!("k_a*z 4/60s:{sw}:cap4")),
-            (vec![("k", "1x2y3")], format!("k_*x*y* 5/60s:{sw}:cap5")),
-            (vec![("k", "xy")], format!("k_*x*y* 5/60s:{sw}:cap5")),
-            // no wildcard matches: key-only
-            (vec![("k", "yx")], format!("k 6/60s:{sw}:cap6")),
-            (vec![("k", "")], format!("k 6/60s:{sw}:cap6")),
-            // several wildcards match: the first in config order wins
-            (vec![("k", "presuf")], format!("k_pre* 2/60s:{sw}:cap2")),
-            (
-                vec![("order", "abc")],
-                format!("order_ab* 1/3600s:{sw}:cap1"),
-            ),
-            (vec![("order", "ac")], format!("order_a* 2/3600s:{sw}:cap2")),
-            // no wildcard and no key-only node
-            (vec![("order", "b")], "none".to_owned()),
-            (vec![("unknown", "x")], "none".to_owned()),
-            (vec![], "none".to_owned()),
-            // nested, with shadow mode and replaces
-            (
-                vec![("tenant", "t1"), ("path", "/expensive")],
-                format!("tenant.path_/expensive 10/60s:{sw}:cap10:replaces=exact shadow"),
-            ),
-            (
-                vec![("tenant", "t1"), ("path", "/cheap")],
-                format!("tenant.path 100/60s:{sw}:cap100"),
-            ),
-            // too short: the reached node has no limit
-            (vec![("tenant", "t1")], "tenant nolimit".to_owned()),
-            (vec![("tenant", "acme")], "tenant_acme nolimit".to_owned()),
-            (
-                vec![("tenant", "acme"), ("user", "u1")],
-                format!("tenant_acme.user 1000/86400s:{sw}:cap1000 quota"),
-            ),
-            // no backtracking to the key-only `tenant` when tenant_acme has no `path`
-            (
-                vec![("tenant", "acme"), ("path", "/expensive")],
-                "none".to_owned(),
-            ),
-            // too long
-            (
-                vec![("remote_address", "x"), ("more", "y")],
-                "none".to_owned(),
-            ),
-            (
-                vec![("parent", "p"), ("child", "c"), ("extra", "e")],
-                "none".to_owned(),
-            ),
-            // a limit on an inner node applies at that depth only
-            (vec![("parent", "p")], format!("parent 1/1s:{sw}:cap1")),
-            (
-                vec![("parent", "p"), ("child", "c")],
-                format!("parent.child 2/1s:{sw}:cap2"),
-            ),
-            // share_threshold on the wildcard level is visible in the match
-            (
-                vec![("files", "/files/a.txt"), ("method", "GET")],
-                format!("files_/files/*.method 7/1s:{sw}:cap7 share@0"),
-            ),
-            (
-                vec![("files", "/other"), ("method", "GET")],
-                "none".to_owned(),
-            ),
-            // unlimited keeps its name and replaces
-            (
-                vec![("health", "x")],
-                "health unlimited name=health replaces=exact".to_owned(),
-            ),
-            // several limits on one node
-            (
-                vec![("user", "u1")],
-                format!(
-                    "user 10/1s:token_bucket:cap20,100/300s:gcra:cap100,10000/86400s:{sw}:cap10000"
-                ),
-            ),
-        ];
-        for (descriptor, expected) in cases {
-            check(&descriptor, &expected);
-        }
-    }
-
-    #[test]
-    fn share_threshold_level_keeps_the_pattern() {
-        let rules = rules();
-        let domain = rules.domain("test").expect("domain test");
-        let found = domain
-            .find(&[("files", "/files/x"), ("method", "PUT")])
-            .expect("matches");
-        assert!(found.levels[0].share_threshold);
-        assert_eq!(
-            found.levels[0].value,
-            ValueMatcher::Wildcard("/files/*".into())
+    fn constructors_build_the_index_and_paths() {
+        let tenant = node("", "tenant", "").with_children(vec![
+            node("tenant", "path", "/a*"),
+            node("tenant", "path", ""),
+        ]);
+        let domain = Domain::new(
+            "d".into(),
+            Algorithm::SlidingWindowLog,
+            vec![
+                node("", "k", "exact"),
+                node("", "k", "pre*"),
+                node("", "k", "p*"),
+                node("", "k", ""),
+                tenant,
+                node("", "acme", "x").with_children(vec![node("acme_x", "user", "")]),
+            ],
         );
-        assert_eq!(found.levels[1].value, ValueMatcher::Any);
+        type Case<'a> = (Vec<(&'a str, &'a str)>, Option<&'a str>);
+        let cases: Vec<Case<'_>> = vec![
+            (vec![("k", "exact")], Some("k_exact")),
+            (vec![("k", "prefix")], Some("k_pre*")),
+            (vec![("k", "px")], Some("k_p*")),
+            (vec![("k", "other")], Some("k")),
+            (
+                vec![("tenant", "t"), ("path", "/ab")],
+                Some("tenant.path_/a*"),
+            ),
+            (vec![("tenant", "t"), ("path", "/b")], Some("tenant.path")),
+            (vec![("acme", "x"), ("user", "u")], Some("acme_x.user")),
+            (vec![("acme", "y"), ("user", "u")], None),
+            (vec![("k", "exact"), ("more", "m")], None),
+            (vec![], None),
+        ];
+        for (entries, expected) in cases {
+            assert_eq!(
+                reached(&domain, &entries).as_deref(),
+                expected,
+                "{entries:?}"
+            );
+        }
+        assert_eq!(domain.children().len(), 6);
+        assert_eq!(domain.children()[4].children().len(), 2);
     }
 
-    /// 10,000 wildcard rules and a request of 64 descriptors of 1 KiB
-    /// values: every descriptor reaches the rule it should (the time this
-    /// takes is measured in `benches/matching.rs`, not asserted here).
     #[test]
-    fn ten_thousand_wildcards_and_long_values() {
-        let mut yaml = String::from("domain: big\ndescriptors:\n");
-        for n in 0..10_000 {
-            yaml.push_str(&format!(
-                "  - key: k\n    value: \"*mid{n}*end\"\n    rate_limit: {{unit: second, requests_per_unit: 1}}\n"
-            ));
-        }
-        yaml.push_str("  - key: k\n    rate_limit: {unit: second, requests_per_unit: 2}\n");
-        let rules = testing::rules_from("big.yaml", &yaml);
-        let domain = rules.domain("big").expect("domain big");
-        let filler = "x".repeat(1100);
-        for descriptor in 0..64 {
-            // Even descriptors end with `end` and reach `*mid{n}*end` for
-            // the smallest n whose `mid{n}` occurs; odd ones do not end with
-            // `end` and fall through to the key-only rule.
-            let n = descriptor * 150;
-            let tail = if descriptor % 2 == 0 { "end" } else { "enx" };
-            let value = format!("{filler}mid{n}{tail}");
-            let value = &value[value.len() - 1024..];
-            assert_eq!(value.len(), 1024);
-            let found = domain.find(&[("k", value)]).expect("a rule");
-            let expected = if descriptor % 2 == 0 {
-                // `mid{n}` also contains `mid{m}` for each prefix m of n.
-                let smallest = (1..=n.to_string().len())
-                    .map(|digits| n.to_string()[..digits].parse::<usize>().unwrap())
-                    .min()
-                    .unwrap();
-                format!("k_*mid{smallest}*end")
-            } else {
-                "k".to_owned()
-            };
-            assert_eq!(&*found.rule().path, expected, "descriptor {descriptor}");
-        }
+    fn replacing_children_rebuilds_the_index() {
+        let parent = node("", "p", "").with_children(vec![node("p", "old", "")]);
+        let parent = parent.with_children(vec![node("p", "new", "")]);
+        let domain = Domain::new("d".into(), Algorithm::FixedWindow, vec![parent]);
+        assert_eq!(reached(&domain, &[("p", "1"), ("old", "2")]), None);
+        assert_eq!(
+            reached(&domain, &[("p", "1"), ("new", "2")]).as_deref(),
+            Some("p.new")
+        );
+    }
+
+    #[test]
+    fn a_rule_set_finds_each_domain_by_its_name() {
+        let rules = RuleSet::new(
+            [
+                Domain::new("a".into(), Algorithm::Gcra, Vec::new()),
+                Domain::new("b".into(), Algorithm::TokenBucket, Vec::new()),
+            ],
+            7,
+        );
+        assert_eq!(rules.domains().len(), 2);
+        assert_eq!(
+            rules.domain("a").map(|it| it.default_algorithm),
+            Some(Algorithm::Gcra)
+        );
+        assert_eq!(rules.domain("c"), None);
+        assert_eq!(rules.max_log_entries, 7);
+    }
+
+    #[test]
+    fn limits_are_never_empty_nor_on_one_counter() {
+        assert_eq!(Limits::new(Vec::new()), Err(LimitsError::Empty));
+        let minute = |n| limit(n, Unit::Minute, Algorithm::FixedWindow);
+        let refused = Limits::new(vec![
+            minute(1),
+            limit(2, Unit::Minute, Algorithm::Gcra),
+            minute(3),
+            limit(4, Unit::Second, Algorithm::FixedWindow),
+            minute(5),
+        ]);
+        let shared = |position| SharedCounter {
+            position,
+            window_seconds: 60,
+            algorithm: Algorithm::FixedWindow,
+        };
+        assert_eq!(
+            refused,
+            Err(LimitsError::SharedCounter(vec![shared(2), shared(4)]))
+        );
+        let limits = Limits::new(vec![
+            minute(1),
+            limit(1, Unit::Hour, Algorithm::FixedWindow),
+        ])
+        .expect("distinct windows");
+        assert_eq!(limits.len(), 2);
+        assert_eq!(limits[1].window_seconds(), 3_600);
     }
 
     #[test]
@@ -608,40 +634,6 @@ descriptors:
         assert!(glob_match("*\u{a9}".as_bytes(), b"\xff\xc2\xa9"));
         assert!(!glob_match("\u{e9}".as_bytes(), b"\xc3"));
         assert!(!glob_match("*\u{e9}*".as_bytes(), b"\xc3\xff\xa9"));
-    }
-
-    #[test]
-    fn entries_match_by_their_bytes() {
-        let rules = rules();
-        let domain = rules.domain("test").expect("domain test");
-        let path =
-            |entries: &[(&[u8], &[u8])]| domain.find(entries).map(|it| it.rule().path.to_string());
-        let long = vec![b'x'; 70_000];
-        type Entries<'a> = Vec<(&'a [u8], &'a [u8])>;
-        let cases: Vec<(Entries<'_>, Option<&str>)> = vec![
-            // An exact value matches only the same bytes.
-            (vec![(b"k", b"exact")], Some("k_exact")),
-            (vec![(b"k", b"exact\xff")], Some("k")),
-            (vec![(b"k", b"exac")], Some("k")),
-            // Wildcards match bytes, including bytes that are not UTF-8.
-            (vec![(b"k", b"pre\xff")], Some("k_pre*")),
-            (vec![(b"k", b"\xffsuf")], Some("k_*suf")),
-            (vec![(b"k", b"\xff")], Some("k")),
-            // Key-only matches any value, of any length.
-            (
-                vec![(b"remote_address", b"\xff\xfe")],
-                Some("remote_address"),
-            ),
-            (vec![(b"remote_address", &long)], Some("remote_address")),
-            (vec![(b"remote_address", b"")], Some("remote_address")),
-            // A key that is not UTF-8 matches no rule key.
-            (vec![(b"k\xff", b"exact")], None),
-            (vec![(b"\xff", b"v")], None),
-            (vec![(b"tenant", b"t"), (b"path\xff", b"/x")], None),
-        ];
-        for (entries, expected) in cases {
-            assert_eq!(path(&entries).as_deref(), expected, "{entries:?}");
-        }
     }
 
     /// Reference: the textbook recursive definition.

@@ -1,0 +1,321 @@
+//! Reading config files and directories, and assembling their rules into one rule set.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde_yaml_ng::{Mapping, Value};
+
+use super::position::{self, Location};
+use super::walk::Walk;
+use super::{Error, LoadOptions, Loaded, Problem};
+use crate::algorithms::Algorithm;
+use crate::rules::{Domain, Node, RuleSet};
+
+/// Loads `path`: a YAML file, or a directory whose `*.yaml`/`*.yml` files
+/// are loaded in path order. In a directory, entries whose name starts with
+/// `.` are skipped, files and directories alike, so a Kubernetes ConfigMap
+/// mount (`..data` and its timestamped target) loads each file once.
+/// Subdirectories are loaded too, as envoyproxy/ratelimit's runtime
+/// directory is; symlinks to files are followed, symlinks to directories
+/// are not (loops cannot happen). No files at all is a valid, empty config.
+pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
+    let mut files = Vec::new();
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => collect_dir(path, &mut files, &mut problems, &mut warnings),
+        Ok(_) => files.push(path.to_path_buf()),
+        Err(err) => problems.push(file_problem(
+            &path.display().to_string(),
+            format!("error reading config: {err}"),
+        )),
+    }
+    let mut parsed = Vec::new();
+    for file in &files {
+        let name = file.display().to_string();
+        match std::fs::read_to_string(file) {
+            Ok(text) => parsed.push(parse_file(
+                &name,
+                &text,
+                options,
+                &mut problems,
+                &mut warnings,
+            )),
+            Err(err) => problems.push(file_problem(
+                &name,
+                format!("error reading config file: {err}"),
+            )),
+        }
+    }
+    let rules = assemble(
+        parsed.into_iter().flatten().collect(),
+        options,
+        &mut problems,
+    );
+    if problems.is_empty() {
+        Ok(Loaded {
+            rules,
+            warnings,
+            files,
+        })
+    } else {
+        Err(Error { problems })
+    }
+}
+
+/// Parses one file's text; `file_name` names it in messages.
+pub fn parse_str(file_name: &str, yaml: &str, options: &LoadOptions) -> Result<Loaded, Error> {
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let parsed = parse_file(file_name, yaml, options, &mut problems, &mut warnings);
+    let rules = assemble(parsed.into_iter().collect(), options, &mut problems);
+    if problems.is_empty() {
+        Ok(Loaded {
+            rules,
+            warnings,
+            files: Vec::new(),
+        })
+    } else {
+        Err(Error { problems })
+    }
+}
+
+fn collect_dir(
+    dir: &Path,
+    files: &mut Vec<PathBuf>,
+    problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
+) {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) => {
+            problems.push(file_problem(
+                &dir.display().to_string(),
+                format!("error reading config directory: {err}"),
+            ));
+            return;
+        }
+    };
+    for path in config_entries(entries) {
+        let Ok(link_meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if link_meta.is_dir() {
+            collect_dir(&path, files, problems, warnings);
+            continue;
+        }
+        match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => files.push(path),
+            Ok(_) => {}
+            // A ConfigMap key being removed leaves its symlink dangling for
+            // a moment after `..data` moves on; the file is gone, not broken.
+            Err(_) if link_meta.is_symlink() => warnings.push(format!(
+                "{}: skipping a symlink whose target does not exist",
+                path.display()
+            )),
+            Err(err) => problems.push(file_problem(
+                &path.display().to_string(),
+                format!("error reading config file: {err}"),
+            )),
+        }
+    }
+}
+
+/// One file's rules before domains are assembled.
+struct FileRules {
+    file: String,
+    domain: Arc<str>,
+    /// Where `domain` is written, for a duplicate-domain message.
+    domain_location: Option<Location>,
+    default_algorithm: Option<Algorithm>,
+    nodes: Vec<Node>,
+}
+
+fn file_problem(file: &str, message: String) -> Problem {
+    Problem {
+        file: file.to_owned(),
+        message,
+        path: String::new(),
+        location: None,
+    }
+}
+
+/// Builds the rule set from parsed files, refusing duplicate domains unless
+/// merging, and duplicate top-level descriptors when merging.
+fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Problem>) -> RuleSet {
+    let mut domains: BTreeMap<Arc<str>, DomainRules> = BTreeMap::new();
+    for file in files {
+        match domains.get_mut(&file.domain) {
+            None => {
+                let domain = DomainRules {
+                    default_algorithm: file.default_algorithm,
+                    first_file: file.file,
+                    nodes: file.nodes,
+                };
+                domains.insert(file.domain, domain);
+            }
+            Some(_) if !options.merge_domains => problems.push(Problem {
+                path: "domain".to_owned(),
+                location: file.domain_location,
+                ..file_problem(
+                    &file.file,
+                    format!("duplicate domain '{}' in config file", file.domain),
+                )
+            }),
+            Some(domain) => domain.merge(file, problems),
+        }
+    }
+    let domains = domains.into_iter().map(|(name, domain)| {
+        let default_algorithm = domain
+            .default_algorithm
+            .unwrap_or(options.default_algorithm);
+        Domain::new(name, default_algorithm, domain.nodes)
+    });
+    RuleSet::new(domains, options.max_log_entries)
+}
+
+/// One domain's rules while files are assembled.
+struct DomainRules {
+    /// As named by a file; the first file that names one sets it.
+    default_algorithm: Option<Algorithm>,
+    /// The file that first named the domain, for messages.
+    first_file: String,
+    nodes: Vec<Node>,
+}
+
+impl DomainRules {
+    /// Adds `file`'s rules (same domain) to these, refusing a conflicting
+    /// default algorithm and top-level descriptors that are already here.
+    fn merge(&mut self, file: FileRules, problems: &mut Vec<Problem>) {
+        match (self.default_algorithm, file.default_algorithm) {
+            (Some(before), Some(now)) if before != now => problems.push(Problem {
+                path: "default_algorithm".to_owned(),
+                ..file_problem(
+                    &file.file,
+                    format!(
+                        "default_algorithm '{now}' conflicts with '{before}' set for domain '{}' in {}",
+                        file.domain, self.first_file
+                    ),
+                )
+            }),
+            (None, Some(now)) => self.default_algorithm = Some(now),
+            _ => {}
+        }
+        for node in file.nodes {
+            let clash = self
+                .nodes
+                .iter()
+                .any(|it| it.key == node.key && it.value == node.value);
+            if clash {
+                problems.push(file_problem(
+                    &file.file,
+                    format!(
+                        "duplicate descriptor composite key '{}.{}'",
+                        file.domain, node.path
+                    ),
+                ));
+            } else {
+                self.nodes.push(node);
+            }
+        }
+    }
+}
+
+/// Parses and walks one file; `None` when it has problems (each reported,
+/// with its position).
+fn parse_file(
+    file: &str,
+    text: &str,
+    options: &LoadOptions,
+    problems: &mut Vec<Problem>,
+    warnings: &mut Vec<String>,
+) -> Option<FileRules> {
+    let top = parse_top(file, text, problems)?;
+    let before = problems.len();
+    let walked = Walk::new(file, options, problems, warnings).top(&top);
+    if problems.len() != before {
+        // Positions cost a re-parse each, paid only on the error path.
+        for problem in &mut problems[before..] {
+            if !problem.path.is_empty() {
+                problem.location = position::locate(text, &problem.path);
+            }
+        }
+        return None;
+    }
+    Some(FileRules {
+        file: file.to_owned(),
+        domain_location: position::locate(text, "domain"),
+        domain: walked.domain.into(),
+        default_algorithm: walked.default_algorithm,
+        nodes: walked.nodes,
+    })
+}
+
+/// The file's top-level mapping, merge keys (`<<`) applied; `None` when
+/// it is not YAML or not a mapping (reported).
+fn parse_top(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Mapping> {
+    let mut root: Value = match serde_yaml_ng::from_str(text) {
+        Ok(root) => root,
+        Err(err) => {
+            problems.push(Problem {
+                location: err.location().map(|it| Location {
+                    line: it.line(),
+                    column: it.column(),
+                }),
+                ..file_problem(file, format!("error loading config file: {err}"))
+            });
+            return None;
+        }
+    };
+    if let Err(err) = root.apply_merge() {
+        problems.push(file_problem(
+            file,
+            format!("error loading config file: {err}"),
+        ));
+        return None;
+    }
+    match root {
+        // An empty file has no domain, as in envoyproxy/ratelimit.
+        Value::Null => Some(Mapping::new()),
+        Value::Mapping(map) => Some(map),
+        _ => {
+            problems.push(file_problem(
+                file,
+                "error loading config file: the top level must be a mapping".to_owned(),
+            ));
+            None
+        }
+    }
+}
+
+/// The entries of a config directory that are loaded or descended into, in
+/// path order: real directories and files named `*.yaml` or `*.yml`.
+/// Dot-files and dot-directories are skipped (a Kubernetes ConfigMap's
+/// `..data` and `..<timestamp>` among them). The reloader walks the same
+/// list, so a change to any other file (a README beside the config) does
+/// not reload.
+pub(crate) fn config_entries(entries: std::fs::ReadDir) -> Vec<PathBuf> {
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let path = entry.path();
+            let hidden = path
+                .file_name()
+                .is_some_and(|name| name.to_string_lossy().starts_with('.'));
+            // `file_type` does not follow symlinks: a symlink to a directory
+            // is not descended into.
+            let is_real_dir = entry.file_type().is_ok_and(|it| it.is_dir());
+            !hidden && (is_real_dir || is_yaml_name(&path))
+        })
+        .map(|entry| entry.path())
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// Whether `path` is named like a config file (`*.yaml`, `*.yml`).
+fn is_yaml_name(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|ext| ext == "yaml" || ext == "yml")
+}

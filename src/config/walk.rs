@@ -1,0 +1,696 @@
+//! Walking one file's YAML tree into rule nodes, reporting every problem on the way.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use serde_yaml_ng::{Mapping, Value};
+
+use super::{LoadOptions, Problem};
+use crate::algorithms::{Algorithm, LimitParams};
+use crate::rules::{Limits, LimitsError, Node, NodeLimits, RateLimit, Unit, ValueMatcher, segment};
+
+const TOP_KEYS: &[&str] = &["domain", "descriptors", "default_algorithm"];
+const DESCRIPTOR_KEYS: &[&str] = &[
+    "key",
+    "value",
+    "rate_limit",
+    "rate_limits",
+    "descriptors",
+    "shadow_mode",
+    "quota_mode",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+const LIMIT_KEYS: &[&str] = &[
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "name",
+    "replaces",
+    "algorithm",
+    "burst",
+    "unit_multiplier",
+];
+const REPLACES_KEYS: &[&str] = &["name"];
+
+/// The state of one file's walk.
+pub(super) struct Walk<'a> {
+    file: &'a str,
+    domain: String,
+    default_algorithm: Algorithm,
+    max_log_entries: u32,
+    problems: &'a mut Vec<Problem>,
+    warnings: &'a mut Vec<String>,
+}
+
+/// What one file's top level holds, as far as it is valid.
+pub(super) struct TopLevel {
+    pub(super) domain: String,
+    /// The file's `default_algorithm`, if it names one.
+    pub(super) default_algorithm: Option<Algorithm>,
+    pub(super) nodes: Vec<Node>,
+}
+
+/// The fields of one `rate_limit` mapping, each as far as it is valid.
+struct LimitFields {
+    unlimited: bool,
+    /// The unit as written, for messages.
+    unit_text: Option<String>,
+    unit: Option<Unit>,
+    requests_per_unit: Option<u32>,
+    name: Option<Arc<str>>,
+    algorithm: Option<Algorithm>,
+    burst: Option<u32>,
+    unit_multiplier: Option<u32>,
+}
+
+/// Unit, multiplier and algorithm of a limited `rate_limit`, valid.
+struct Window {
+    unit: Unit,
+    unit_multiplier: u32,
+    algorithm: Algorithm,
+    /// The limit names its algorithm (it does not inherit the default).
+    named: bool,
+}
+
+/// A field, with YAML `null` (an empty value) treated as absent, as
+/// envoyproxy/ratelimit's decoder does.
+fn get<'v>(map: &'v Mapping, key: &str) -> Option<&'v Value> {
+    map.get(key).filter(|it| !it.is_null())
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// A scalar as envoyproxy's decoder reads it into a string field.
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(it) => Some(it.clone()),
+        Value::Number(it) => Some(it.to_string()),
+        Value::Bool(it) => Some(it.to_string()),
+        _ => None,
+    }
+}
+
+/// A short rendering of a value for messages.
+fn show(value: &Value) -> String {
+    scalar_text(value).unwrap_or_else(|| match value {
+        Value::Null => "null".to_owned(),
+        Value::Sequence(_) => "a list".to_owned(),
+        Value::Mapping(_) => "a mapping".to_owned(),
+        _ => "a tagged value".to_owned(),
+    })
+}
+
+/// A limit as written, before it joins its node.
+enum LimitSpec {
+    Unlimited {
+        name: Option<Arc<str>>,
+        replaces: Vec<Arc<str>>,
+    },
+    Limited(RateLimit),
+}
+
+impl<'a> Walk<'a> {
+    fn problem(&mut self, path: &str, message: String) {
+        self.problems.push(Problem {
+            file: self.file.to_owned(),
+            message,
+            path: path.to_owned(),
+            location: None,
+        });
+    }
+
+    fn warn(&mut self, message: String) {
+        self.warnings.push(format!("{}: {message}", self.file));
+    }
+
+    fn check_keys(&mut self, map: &Mapping, allowed: &[&str], path: &str, level: &str) {
+        for key in map.keys() {
+            let Value::String(name) = key else {
+                self.problem(
+                    path,
+                    format!("config error, key is not of type string: {}", show(key)),
+                );
+                continue;
+            };
+            if allowed.contains(&name.as_str()) {
+                continue;
+            }
+            let known = [TOP_KEYS, DESCRIPTOR_KEYS, LIMIT_KEYS]
+                .iter()
+                .any(|keys| keys.contains(&name.as_str()));
+            let message = if known {
+                format!("config error, key '{name}' does not belong in {level}")
+            } else {
+                format!("config error, unknown key '{name}'")
+            };
+            self.problem(&join(path, name), message);
+        }
+    }
+
+    fn string(&mut self, map: &Mapping, key: &str, path: &str) -> Option<String> {
+        let value = get(map, key)?;
+        let text = scalar_text(value);
+        if text.is_none() {
+            self.problem(
+                &join(path, key),
+                format!(
+                    "config error, '{key}' must be a string, not {}",
+                    show(value)
+                ),
+            );
+        }
+        text
+    }
+
+    fn flag(&mut self, map: &Mapping, key: &str, path: &str) -> bool {
+        let Some(value) = get(map, key) else {
+            return false;
+        };
+        // YAML 1.1 spellings too: envoyproxy's decoder accepts them.
+        let parsed = match value {
+            Value::Bool(it) => Some(*it),
+            Value::String(it) => match it.as_str() {
+                "y" | "Y" | "yes" | "Yes" | "YES" | "on" | "On" | "ON" | "true" | "True"
+                | "TRUE" => Some(true),
+                "n" | "N" | "no" | "No" | "NO" | "off" | "Off" | "OFF" | "false" | "False"
+                | "FALSE" => Some(false),
+                _ => None,
+            },
+            _ => None,
+        };
+        parsed.unwrap_or_else(|| {
+            self.problem(
+                &join(path, key),
+                format!(
+                    "config error, '{key}' must be a boolean, not {}",
+                    show(value)
+                ),
+            );
+            false
+        })
+    }
+
+    fn integer(&mut self, map: &Mapping, key: &str, path: &str) -> Option<u32> {
+        let value = get(map, key)?;
+        let parsed = match value {
+            Value::Number(it) => it.as_u64().and_then(|it| u32::try_from(it).ok()),
+            _ => None,
+        };
+        if parsed.is_none() {
+            self.problem(
+                &join(path, key),
+                format!(
+                    "config error, '{key}' must be an integer from 0 to {}, not {}",
+                    u32::MAX,
+                    show(value)
+                ),
+            );
+        }
+        parsed
+    }
+
+    fn algorithm(&mut self, map: &Mapping, key: &str, path: &str) -> Option<Algorithm> {
+        let name = self.string(map, key, path)?;
+        let algorithm = Algorithm::from_name(&name.to_ascii_lowercase());
+        if algorithm.is_none() {
+            let names: Vec<&str> = Algorithm::ALL.iter().map(|it| it.name()).collect();
+            self.problem(
+                &join(path, key),
+                format!(
+                    "invalid algorithm '{name}' (expected one of {})",
+                    names.join(", ")
+                ),
+            );
+        }
+        algorithm
+    }
+
+    /// The list of mappings under `key`; each element with its YAML path.
+    fn list<'v>(&mut self, value: Option<&'v Value>, path: &str) -> Vec<(&'v Mapping, String)> {
+        let Some(value) = value else {
+            return Vec::new();
+        };
+        let Value::Sequence(items) = value else {
+            self.problem(
+                path,
+                format!("config error, '{}' must be a list", last_segment(path)),
+            );
+            return Vec::new();
+        };
+        let mut res = Vec::with_capacity(items.len());
+        for (idx, item) in items.iter().enumerate() {
+            let item_path = format!("{path}[{idx}]");
+            match item {
+                Value::Mapping(map) => res.push((map, item_path)),
+                other => self.problem(
+                    &item_path,
+                    format!(
+                        "config error, yaml file contains list of type other than map: {}",
+                        show(other)
+                    ),
+                ),
+            }
+        }
+        res
+    }
+
+    fn mapping<'v>(&mut self, value: &'v Value, path: &str) -> Option<&'v Mapping> {
+        match value {
+            Value::Mapping(map) => Some(map),
+            other => {
+                self.problem(
+                    path,
+                    format!(
+                        "config error, '{}' must be a mapping, not {}",
+                        last_segment(path),
+                        show(other)
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn new(
+        file: &'a str,
+        options: &LoadOptions,
+        problems: &'a mut Vec<Problem>,
+        warnings: &'a mut Vec<String>,
+    ) -> Walk<'a> {
+        Walk {
+            file,
+            domain: String::new(),
+            default_algorithm: options.default_algorithm,
+            max_log_entries: options.max_log_entries,
+            problems,
+            warnings,
+        }
+    }
+
+    /// The top-level mapping: the domain, its default algorithm, the tree.
+    pub(super) fn top(mut self, top: &Mapping) -> TopLevel {
+        self.check_keys(top, TOP_KEYS, "", "the top level");
+        let domain = self.string(top, "domain", "").unwrap_or_default();
+        if domain.is_empty() {
+            self.problem("", "config file cannot have empty domain".to_owned());
+        }
+        self.domain = domain.clone();
+        let default_algorithm = self.algorithm(top, "default_algorithm", "");
+        if let Some(algorithm) = default_algorithm {
+            self.default_algorithm = algorithm;
+        }
+        let nodes = self.nodes(get(top, "descriptors"), "", "descriptors");
+        TopLevel {
+            domain,
+            default_algorithm,
+            nodes,
+        }
+    }
+
+    /// One level of descriptors below the node at `parent` (its rule path).
+    fn nodes(&mut self, list: Option<&Value>, parent: &str, path: &str) -> Vec<Node> {
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        for (map, item_path) in self.list(list, path) {
+            let Some(node) = self.node(map, parent, &item_path) else {
+                continue;
+            };
+            // The level-local part of the path is envoyproxy's composite key.
+            if !seen.insert(segment(&node.key, &node.value)) {
+                let message = format!(
+                    "duplicate descriptor composite key '{}.{}'",
+                    self.domain, node.path
+                );
+                self.problem(&item_path, message);
+                continue;
+            }
+            nodes.push(node);
+        }
+        nodes
+    }
+
+    fn node(&mut self, map: &Mapping, parent: &str, path: &str) -> Option<Node> {
+        self.check_keys(map, DESCRIPTOR_KEYS, path, "a descriptor");
+        let key = self.string(map, "key", path).unwrap_or_default();
+        if key.is_empty() {
+            self.problem(path, "descriptor has empty key".to_owned());
+            return None;
+        }
+        let value = ValueMatcher::from_config(&self.string(map, "value", path).unwrap_or_default());
+        let node = Node::new(parent, key.into(), value, NodeLimits::None);
+        let mut node = self.node_flags(map, path, node);
+        let composite = format!("{}.{}", self.domain, node.path);
+        node.limits = self.node_limits(map, path, &composite);
+        let children = self.nodes(
+            get(map, "descriptors"),
+            &node.path,
+            &join(path, "descriptors"),
+        );
+        Some(node.with_children(children))
+    }
+
+    /// `node` with the flags `map` sets.
+    fn node_flags(&mut self, map: &Mapping, path: &str, mut node: Node) -> Node {
+        node.shadow_mode = self.flag(map, "shadow_mode", path);
+        node.quota_mode = self.flag(map, "quota_mode", path);
+        node.detailed_metric = self.flag(map, "detailed_metric", path);
+        node.value_to_metric = self.flag(map, "value_to_metric", path);
+        node.share_threshold = self.flag(map, "share_threshold", path);
+        if node.share_threshold && !matches!(node.value, ValueMatcher::Wildcard(_)) {
+            self.problem(
+                &join(path, "share_threshold"),
+                format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), but found key '{}'",
+                    segment(&node.key, &node.value)
+                ),
+            );
+        }
+        node
+    }
+
+    fn node_limits(&mut self, map: &Mapping, path: &str, composite: &str) -> NodeLimits {
+        let specs = self.limit_specs(map, path, composite);
+        let n_unlimited = specs
+            .iter()
+            .filter(|it| matches!(it, LimitSpec::Unlimited { .. }))
+            .count();
+        if n_unlimited > 0 && specs.len() > 1 {
+            self.problem(
+                &join(path, "rate_limits"),
+                format!(
+                    "descriptor '{composite}': an unlimited limit cannot be combined with other limits"
+                ),
+            );
+            return NodeLimits::None;
+        }
+        let mut limits = Vec::with_capacity(specs.len());
+        for spec in specs {
+            match spec {
+                LimitSpec::Unlimited { name, replaces } => {
+                    return NodeLimits::Unlimited { name, replaces };
+                }
+                LimitSpec::Limited(limit) => limits.push(limit),
+            }
+        }
+        match Limits::new(limits) {
+            Ok(limits) => NodeLimits::Limited(limits),
+            Err(LimitsError::Empty) => NodeLimits::None,
+            Err(LimitsError::SharedCounter(shared)) => {
+                for it in shared {
+                    self.problem(
+                        &format!("{path}.rate_limits[{}]", it.position),
+                        format!(
+                            "descriptor '{composite}': two limits with the same window ({}s) and algorithm ({}) would share one counter",
+                            it.window_seconds, it.algorithm
+                        ),
+                    );
+                }
+                NodeLimits::None
+            }
+        }
+    }
+
+    /// The valid limits of `rate_limit` or `rate_limits`, whichever is set.
+    fn limit_specs(&mut self, map: &Mapping, path: &str, composite: &str) -> Vec<LimitSpec> {
+        match (get(map, "rate_limit"), get(map, "rate_limits")) {
+            (Some(_), Some(_)) => {
+                self.problem(
+                    path,
+                    format!("descriptor '{composite}' cannot have both rate_limit and rate_limits"),
+                );
+                Vec::new()
+            }
+            (Some(value), None) => {
+                let limit_path = join(path, "rate_limit");
+                let Some(limit) = self.mapping(value, &limit_path) else {
+                    return Vec::new();
+                };
+                self.limit(limit, &limit_path, composite)
+                    .into_iter()
+                    .collect()
+            }
+            (None, Some(value)) => {
+                let list_path = join(path, "rate_limits");
+                let limits = self.list(Some(value), &list_path);
+                limits
+                    .into_iter()
+                    .filter_map(|(limit, limit_path)| self.limit(limit, &limit_path, composite))
+                    .collect()
+            }
+            (None, None) => Vec::new(),
+        }
+    }
+
+    /// One `rate_limit` mapping; `None` when it is invalid (reported).
+    fn limit(&mut self, map: &Mapping, path: &str, composite: &str) -> Option<LimitSpec> {
+        let before = self.problems.len();
+        self.check_keys(map, LIMIT_KEYS, path, "a rate_limit");
+        let fields = self.limit_fields(map, path);
+        let replaces = self.replaces(map, path, fields.name.as_deref());
+        if fields.unlimited {
+            self.check_unlimited(&fields, path, composite);
+            return (self.problems.len() == before).then_some(LimitSpec::Unlimited {
+                name: fields.name,
+                replaces,
+            });
+        }
+        let window = self.window(&fields, path, composite)?;
+        if self.problems.len() != before {
+            return None;
+        }
+        let requests_per_unit = fields.requests_per_unit.unwrap_or_else(|| {
+            // envoyproxy/ratelimit reads an absent number as 0, which blocks
+            // everything: keep the meaning, but say so.
+            self.warn(format!(
+                "descriptor '{composite}': requests_per_unit is absent, so 0: every request is denied"
+            ));
+            0
+        });
+        let limit = self.rate_limit(&window, requests_per_unit, fields.burst, path, composite)?;
+        Some(LimitSpec::Limited(RateLimit {
+            name: fields.name,
+            replaces,
+            ..limit
+        }))
+    }
+
+    fn limit_fields(&mut self, map: &Mapping, path: &str) -> LimitFields {
+        let unlimited = self.flag(map, "unlimited", path);
+        let unit_text = self.string(map, "unit", path);
+        LimitFields {
+            unlimited,
+            unit: unit_text.as_deref().and_then(Unit::from_name),
+            unit_text,
+            requests_per_unit: self.integer(map, "requests_per_unit", path),
+            name: self
+                .string(map, "name", path)
+                .filter(|it| !it.is_empty())
+                .map(Arc::<str>::from),
+            algorithm: self.algorithm(map, "algorithm", path),
+            burst: self.integer(map, "burst", path),
+            unit_multiplier: self.integer(map, "unit_multiplier", path),
+        }
+    }
+
+    /// The `replaces` list of a limit named `name`.
+    fn replaces(&mut self, map: &Mapping, path: &str, name: Option<&str>) -> Vec<Arc<str>> {
+        let mut replaces = Vec::new();
+        let replaces_path = join(path, "replaces");
+        for (entry, entry_path) in self.list(get(map, "replaces"), &replaces_path) {
+            self.check_keys(entry, REPLACES_KEYS, &entry_path, "a replaces entry");
+            let replaced = self.string(entry, "name", &entry_path).unwrap_or_default();
+            if replaced.is_empty() {
+                self.problem(
+                    &entry_path,
+                    "should not have an empty replaces entry".to_owned(),
+                );
+            } else if name == Some(replaced.as_str()) {
+                self.problem(
+                    &entry_path,
+                    "replaces should not contain name of same descriptor".to_owned(),
+                );
+            } else {
+                replaces.push(Arc::<str>::from(replaced));
+            }
+        }
+        replaces
+    }
+
+    /// Reports what an unlimited limit must not have.
+    fn check_unlimited(&mut self, fields: &LimitFields, path: &str, composite: &str) {
+        if fields.unit.is_some() {
+            self.problem(
+                &join(path, "unit"),
+                "should not specify rate limit unit when unlimited".to_owned(),
+            );
+        } else if let Some(text) = &fields.unit_text {
+            // envoyproxy/ratelimit accepts (and ignores) an invalid unit here.
+            self.warn(format!(
+                "descriptor '{composite}': unit '{text}' is ignored on an unlimited limit"
+            ));
+        }
+        for (field, present) in [
+            ("algorithm", fields.algorithm.is_some()),
+            ("burst", fields.burst.is_some()),
+            ("unit_multiplier", fields.unit_multiplier.is_some()),
+        ] {
+            if present {
+                self.problem(
+                    &join(path, field),
+                    format!("should not specify {field} when unlimited"),
+                );
+            }
+        }
+    }
+
+    /// The window and algorithm of a limited limit; `None` without a valid
+    /// unit. Reports a burst or multiplier out of range (the caller checks
+    /// for problems).
+    fn window(&mut self, fields: &LimitFields, path: &str, composite: &str) -> Option<Window> {
+        let Some(unit) = fields.unit else {
+            self.problem(
+                &join(path, "unit"),
+                format!(
+                    "invalid rate limit unit '{}'",
+                    fields.unit_text.as_deref().unwrap_or_default()
+                ),
+            );
+            return None;
+        };
+        let algorithm = fields.algorithm.unwrap_or(self.default_algorithm);
+        if let Some(burst) = fields.burst {
+            if burst < 1 {
+                self.problem(
+                    &join(path, "burst"),
+                    format!("descriptor '{composite}': burst must be at least 1"),
+                );
+            } else if !algorithm.has_burst() {
+                self.problem(
+                    &join(path, "burst"),
+                    format!(
+                        "descriptor '{composite}': burst applies only to token_bucket and gcra, not {algorithm}"
+                    ),
+                );
+            }
+        }
+        let unit_multiplier = fields.unit_multiplier.unwrap_or(1);
+        if unit_multiplier < 1 {
+            self.problem(
+                &join(path, "unit_multiplier"),
+                format!("descriptor '{composite}': unit_multiplier must be at least 1"),
+            );
+        }
+        Some(Window {
+            unit,
+            unit_multiplier,
+            algorithm,
+            named: fields.algorithm.is_some(),
+        })
+    }
+
+    /// The limit of `requests_per_unit` per `window` (unnamed, replacing
+    /// nothing), the sliding-window log capped; `None` when it cannot be
+    /// enforced exactly (reported).
+    fn rate_limit(
+        &mut self,
+        window: &Window,
+        requests_per_unit: u32,
+        burst: Option<u32>,
+        path: &str,
+        composite: &str,
+    ) -> Option<RateLimit> {
+        let Window {
+            unit,
+            unit_multiplier,
+            ..
+        } = *window;
+        let Some(window_us) = unit
+            .seconds()
+            .checked_mul(u64::from(unit_multiplier))
+            .and_then(|it| it.checked_mul(1_000_000))
+        else {
+            self.problem(
+                &join(path, "unit_multiplier"),
+                format!("descriptor '{composite}': unit_multiplier {unit_multiplier} makes the window too long"),
+            );
+            return None;
+        };
+        let (algorithm, log_capped) = self.log_cap(window, requests_per_unit, path, composite)?;
+        let requests = u64::from(requests_per_unit);
+        let params = match LimitParams::new(algorithm, requests, window_us, burst.map(u64::from)) {
+            Ok(params) => params,
+            Err(err) if log_capped => {
+                let cap = self.max_log_entries;
+                self.problem(
+                    path,
+                    format!(
+                        "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries), and {err}"
+                    ),
+                );
+                return None;
+            }
+            Err(err) => {
+                self.problem(path, format!("descriptor '{composite}': {err}"));
+                return None;
+            }
+        };
+        if log_capped {
+            let cap = self.max_log_entries;
+            self.warn(format!(
+                "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another"
+            ));
+        }
+        Some(RateLimit {
+            unit,
+            unit_multiplier,
+            requests_per_unit,
+            name: None,
+            replaces: Vec::new(),
+            params,
+            log_capped,
+        })
+    }
+
+    /// The algorithm a limit uses, and whether the log cap chose it: a
+    /// sliding log keeps one entry per request of its window (in Redis, one
+    /// sorted-set member per unit of cost), so its number bounds the memory
+    /// of every key. Over the cap, an inherited log becomes the counter and
+    /// a named one is refused (`None`, reported).
+    fn log_cap(
+        &mut self,
+        window: &Window,
+        requests_per_unit: u32,
+        path: &str,
+        composite: &str,
+    ) -> Option<(Algorithm, bool)> {
+        let cap = self.max_log_entries;
+        let over = window.algorithm == Algorithm::SlidingWindowLog && requests_per_unit > cap;
+        if !over {
+            return Some((window.algorithm, false));
+        }
+        if window.named {
+            self.problem(
+                &join(path, "algorithm"),
+                format!(
+                    "descriptor '{composite}': sliding_window_log with {requests_per_unit} per window is over the cap of {cap} entries per key (--max-log-entries); use sliding_window_counter or gcra, or raise the cap"
+                ),
+            );
+            return None;
+        }
+        Some((Algorithm::SlidingWindowCounter, true))
+    }
+}
+
+/// The last key of a YAML path, for messages.
+fn last_segment(path: &str) -> &str {
+    path.rsplit('.').next().unwrap_or(path)
+}
