@@ -6,7 +6,7 @@ use std::sync::Arc;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::{LoadOptions, Problem};
-use crate::algorithms::{Algorithm, LimitParams};
+use crate::algorithms::Algorithm;
 use crate::rules::{Limits, LimitsError, Node, NodeLimits, RateLimit, Unit, ValueMatcher, segment};
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "default_algorithm"];
@@ -608,56 +608,48 @@ impl<'a> Walk<'a> {
         path: &str,
         composite: &str,
     ) -> Option<RateLimit> {
-        let Window {
-            unit,
-            unit_multiplier,
-            ..
-        } = *window;
-        let Some(window_us) = unit
-            .seconds()
-            .checked_mul(u64::from(unit_multiplier))
-            .and_then(|it| it.checked_mul(1_000_000))
-        else {
+        let unit_multiplier = window.unit_multiplier;
+        if window.unit.window_us(unit_multiplier).is_none() {
             self.problem(
                 &join(path, "unit_multiplier"),
                 format!("descriptor '{composite}': unit_multiplier {unit_multiplier} makes the window too long"),
             );
             return None;
-        };
+        }
         let (algorithm, log_capped) = self.log_cap(window, requests_per_unit, path, composite)?;
-        let requests = u64::from(requests_per_unit);
-        let params = match LimitParams::new(algorithm, requests, window_us, burst.map(u64::from)) {
-            Ok(params) => params,
+        let limit = RateLimit::new(
+            window.unit,
+            unit_multiplier,
+            requests_per_unit,
+            algorithm,
+            burst,
+        );
+        let cap = self.max_log_entries;
+        match limit {
+            Ok(limit) if log_capped => {
+                self.warn(format!(
+                    "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another"
+                ));
+                Some(RateLimit {
+                    log_capped,
+                    ..limit
+                })
+            }
+            Ok(limit) => Some(limit),
             Err(err) if log_capped => {
-                let cap = self.max_log_entries;
                 self.problem(
                     path,
                     format!(
                         "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries), and {err}"
                     ),
                 );
-                return None;
+                None
             }
             Err(err) => {
                 self.problem(path, format!("descriptor '{composite}': {err}"));
-                return None;
+                None
             }
-        };
-        if log_capped {
-            let cap = self.max_log_entries;
-            self.warn(format!(
-                "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another"
-            ));
         }
-        Some(RateLimit {
-            unit,
-            unit_multiplier,
-            requests_per_unit,
-            name: None,
-            replaces: Vec::new(),
-            params,
-            log_capped,
-        })
     }
 
     /// The algorithm a limit uses, and whether the log cap chose it: a

@@ -1016,17 +1016,7 @@ mod tests {
         unit_multiplier: u32,
         algorithm: Algorithm,
     ) -> RateLimit {
-        let window_us = unit.seconds() * u64::from(unit_multiplier) * 1_000_000;
-        RateLimit {
-            unit,
-            unit_multiplier,
-            requests_per_unit,
-            name: None,
-            replaces: Vec::new(),
-            params: LimitParams::new(algorithm, u64::from(requests_per_unit), window_us, None)
-                .unwrap(),
-            log_capped: false,
-        }
+        RateLimit::new(unit, unit_multiplier, requests_per_unit, algorithm, None).unwrap()
     }
 
     fn named(mut it: RateLimit, name: &str, replaces: &[&str]) -> RateLimit {

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::algorithms::{Algorithm, LimitParams};
+use crate::algorithms::{Algorithm, LimitParams, ParamsError};
 use crate::rules::wildcard::WildcardIndex;
 
 /// A time unit of a configured limit.
@@ -71,6 +71,13 @@ impl Unit {
         }
     }
 
+    /// `multiplier` units in microseconds; `None` when that overflows.
+    pub fn window_us(self, multiplier: u32) -> Option<u64> {
+        self.seconds()
+            .checked_mul(u64::from(multiplier))
+            .and_then(|it| it.checked_mul(1_000_000))
+    }
+
     /// Case-insensitive parse of a config unit name.
     pub fn from_name(name: &str) -> Option<Unit> {
         Unit::ALL
@@ -97,7 +104,47 @@ pub struct RateLimit {
     pub log_capped: bool,
 }
 
+/// Why [`RateLimit::new`] refused a limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RateLimitError {
+    #[error("unit_multiplier must be at least 1")]
+    ZeroMultiplier,
+    #[error("unit_multiplier {0} makes the window too long")]
+    WindowTooLong(u32),
+    #[error(transparent)]
+    Params(#[from] ParamsError),
+}
+
 impl RateLimit {
+    /// `requests_per_unit` per `unit × unit_multiplier`, counted by
+    /// `algorithm` (`burst` as in [`LimitParams::new`]), unnamed and
+    /// replacing nothing: its params agree with its unit and multiplier.
+    pub fn new(
+        unit: Unit,
+        unit_multiplier: u32,
+        requests_per_unit: u32,
+        algorithm: Algorithm,
+        burst: Option<u32>,
+    ) -> Result<RateLimit, RateLimitError> {
+        if unit_multiplier < 1 {
+            return Err(RateLimitError::ZeroMultiplier);
+        }
+        let window_us = unit
+            .window_us(unit_multiplier)
+            .ok_or(RateLimitError::WindowTooLong(unit_multiplier))?;
+        let requests = u64::from(requests_per_unit);
+        let params = LimitParams::new(algorithm, requests, window_us, burst.map(u64::from))?;
+        Ok(RateLimit {
+            unit,
+            unit_multiplier,
+            requests_per_unit,
+            name: None,
+            replaces: Vec::new(),
+            params,
+            log_capped: false,
+        })
+    }
+
     pub fn window_seconds(&self) -> u64 {
         self.unit.seconds() * u64::from(self.unit_multiplier)
     }
@@ -492,17 +539,7 @@ mod tests {
     use super::*;
 
     fn limit(requests_per_unit: u32, unit: Unit, algorithm: Algorithm) -> RateLimit {
-        let window_us = unit.seconds() * 1_000_000;
-        RateLimit {
-            unit,
-            unit_multiplier: 1,
-            requests_per_unit,
-            name: None,
-            replaces: Vec::new(),
-            params: LimitParams::new(algorithm, u64::from(requests_per_unit), window_us, None)
-                .unwrap(),
-            log_capped: false,
-        }
+        RateLimit::new(unit, 1, requests_per_unit, algorithm, None).unwrap()
     }
 
     fn node(parent: &str, key: &str, value: &str) -> Node {
