@@ -53,15 +53,7 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
         options,
         &mut problems,
     );
-    if problems.is_empty() {
-        Ok(Loaded {
-            rules,
-            warnings,
-            files,
-        })
-    } else {
-        Err(Error { problems })
-    }
+    outcome(rules, warnings, files, problems)
 }
 
 /// Parses one file's text; `file_name` names it in messages.
@@ -70,17 +62,28 @@ pub fn parse_str(file_name: &str, yaml: &str, options: &LoadOptions) -> Result<L
     let mut warnings = Vec::new();
     let parsed = parse_file(file_name, yaml, options, &mut problems, &mut warnings);
     let rules = assemble(parsed.into_iter().collect(), options, &mut problems);
-    if problems.is_empty() {
-        Ok(Loaded {
-            rules,
-            warnings,
-            files: Vec::new(),
-        })
-    } else {
-        Err(Error { problems })
-    }
+    outcome(rules, warnings, Vec::new(), problems)
 }
 
+/// The config loaded, or refused whole if anything was wrong.
+fn outcome(
+    rules: RuleSet,
+    warnings: Vec<String>,
+    files: Vec<PathBuf>,
+    problems: Vec<Problem>,
+) -> Result<Loaded, Error> {
+    if !problems.is_empty() {
+        return Err(Error { problems });
+    }
+    Ok(Loaded {
+        rules,
+        warnings,
+        files,
+    })
+}
+
+/// Adds the config files below `dir` to `files`, in path order, reading
+/// real subdirectories in place.
 fn collect_dir(
     dir: &Path,
     files: &mut Vec<PathBuf>,
@@ -132,6 +135,7 @@ struct FileRules {
     nodes: Vec<Node>,
 }
 
+/// A problem with a whole file (no YAML path, no position).
 fn file_problem(file: &str, message: String) -> Problem {
     Problem {
         file: file.to_owned(),

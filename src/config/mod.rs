@@ -10,7 +10,6 @@
 //!   error, where envoyproxy silently ignores it);
 //! - `*` makes a wildcard only in `value`; the pattern is matched against the
 //!   entry's value, never across the key.
-
 //!
 //! Files: `load` reads files and directories and assembles their rules;
 //! `walk` turns one file's YAML tree into rule nodes; `position` finds

@@ -311,7 +311,35 @@ mod tests {
         assert_eq!(WildcardIndex::default().first_match(b"y"), None);
     }
 
+    #[test]
+    fn glob_matches_bytes_that_are_not_utf8() {
+        assert!(glob_match("/files/*".as_bytes(), b"/files/\xff\xfe"));
+        assert!(glob_match("*".as_bytes(), b"\xff"));
+        assert!(glob_match("a*b".as_bytes(), b"a\xc3b"));
+        assert!(glob_match("*x*".as_bytes(), b"\xffx\x80"));
+        assert!(!glob_match("/files/*".as_bytes(), b"/file\xff"));
+        // Literals compare bytes: part of a character is not the character.
+        assert!(glob_match("*\u{a9}".as_bytes(), b"\xff\xc2\xa9"));
+        assert!(!glob_match("\u{e9}".as_bytes(), b"\xc3"));
+        assert!(!glob_match("*\u{e9}*".as_bytes(), b"\xc3\xff\xa9"));
+    }
+
     proptest! {
+        #[test]
+        fn glob_agrees_with_reference_on_any_bytes(
+            pattern in "[a\u{e9}*]{0,8}",
+            value in proptest::collection::vec(
+                proptest::sample::select(vec![b'a', 0xc3, 0xa9, 0xff]),
+                0..10,
+            ),
+        ) {
+            prop_assert_eq!(
+                glob_match(pattern.as_bytes(), &value),
+                reference(pattern.as_bytes(), &value),
+                "pattern {:?} value {:?}", pattern, value
+            );
+        }
+
         #[test]
         fn glob_agrees_with_reference(pattern in "[ab*]{0,8}", value in "[ab]{0,10}") {
             prop_assert_eq!(
