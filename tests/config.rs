@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use support::config::load_options as options;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::config::{self, LoadOptions, Loaded};
-use throttlegate::rules::{NodeLimits, Unit};
+use throttlegate::rules::{Limits, Node, NodeLimits, Unit};
 
 const FIXTURES: &str = "tests/fixtures/config";
 
@@ -30,6 +30,14 @@ fn refusal(name: &str) -> String {
     match config::parse_str(name, &text, &options()) {
         Ok(loaded) => panic!("{name} should be refused, got {:?}", loaded.rules),
         Err(err) => err.to_string(),
+    }
+}
+
+/// The limits of `node`, which must have some.
+fn limits(node: &Node) -> &Limits {
+    match &node.limits {
+        NodeLimits::Limited(limits) => limits,
+        other => panic!("{} has no limits: {other:?}", node.path),
     }
 }
 
@@ -186,10 +194,7 @@ fn burst_depends_on_the_effective_algorithm() {
     };
     let loaded = config::parse_str("burst.yaml", yaml, &bucket).expect("token bucket default");
     let node = &loaded.rules.domain("d").expect("domain").children()[0];
-    let NodeLimits::Limited(limits) = &node.limits else {
-        panic!("limited: {node:?}");
-    };
-    assert_eq!(limits[0].params.capacity(), 9);
+    assert_eq!(limits(node)[0].params.capacity(), 9);
 }
 
 #[test]
@@ -328,9 +333,7 @@ fn envoy_style_basic_config_loads() {
     let found = domain
         .find(&[("key1", "value1"), ("subkey1", "subvalue1")])
         .expect("match");
-    let NodeLimits::Limited(limits) = &found.rule().limits else {
-        panic!("limited");
-    };
+    let limits = limits(found.rule());
     assert_eq!(
         (limits[0].requests_per_unit, limits[0].unit),
         (10, Unit::Second)
@@ -525,10 +528,8 @@ fn default_algorithm_precedence() {
     let yaml = "domain: d\ndefault_algorithm: gcra\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: second, requests_per_unit: 5, algorithm: FIXED_WINDOW}\n";
     let loaded = config::parse_str("d.yaml", yaml, &options()).expect("valid");
     let domain = loaded.rules.domain("d").unwrap();
-    let algorithm_of = |key: &str| match &domain.find(&[(key, "x")]).unwrap().rule().limits {
-        NodeLimits::Limited(limits) => limits[0].algorithm(),
-        other => panic!("{other:?}"),
-    };
+    let algorithm_of =
+        |key: &str| limits(domain.find(&[(key, "x")]).unwrap().rule())[0].algorithm();
     assert_eq!(algorithm_of("a"), Algorithm::Gcra);
     assert_eq!(algorithm_of("b"), Algorithm::FixedWindow);
     assert_eq!(domain.default_algorithm, Algorithm::Gcra);
@@ -557,9 +558,9 @@ fn an_inherited_sliding_log_over_the_cap_becomes_a_counter() {
         )]
     );
     let domain = loaded.rules.domain("capped").unwrap();
-    let algorithm_of = |key: &str| match &domain.find(&[(key, "x")]).unwrap().rule().limits {
-        NodeLimits::Limited(limits) => (limits[0].algorithm(), limits[0].log_capped),
-        other => panic!("{other:?}"),
+    let algorithm_of = |key: &str| {
+        let limit = &limits(domain.find(&[(key, "x")]).unwrap().rule())[0];
+        (limit.algorithm(), limit.log_capped)
     };
     assert_eq!(algorithm_of("big"), (Algorithm::SlidingWindowCounter, true));
     assert_eq!(algorithm_of("at_cap"), (Algorithm::SlidingWindowLog, false));
@@ -621,10 +622,7 @@ fn absent_requests_per_unit_means_zero_with_a_warning() {
         ["d.yaml: descriptor 'd.k': requests_per_unit is absent, so 0: every request is denied"]
     );
     let node = &loaded.rules.domain("d").unwrap().children()[0];
-    let NodeLimits::Limited(limits) = &node.limits else {
-        panic!("limited");
-    };
-    assert_eq!(limits[0].params.capacity(), 0);
+    assert_eq!(limits(node)[0].params.capacity(), 0);
 }
 
 #[test]
@@ -653,9 +651,7 @@ descriptors:
     assert_eq!(&*status.path, "status_503");
     let other = domain.find(&[("other", "x")]).expect("match").rule();
     assert!(!other.quota_mode);
-    let NodeLimits::Limited(limits) = &other.limits else {
-        panic!("limited");
-    };
+    let limits = limits(other);
     assert_eq!(
         (limits[0].unit, limits[0].requests_per_unit),
         (Unit::Second, 7)
