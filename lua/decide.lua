@@ -13,14 +13,10 @@
 -- `fmt` (concatenating a number would use %.14g and mangle µs timestamps).
 --
 -- KEYS[i]: the counter key of limit i (i = 1..n), all distinct
--- ARGV[1]: now in µs since the Unix epoch (decimal integer), or "" to use
---          the server's TIME so that replicas with skewed clocks agree
--- ARGV[2]: extra expiry in ms added to every key's TTL (0 = expire exactly
---          when the state becomes equal to a fresh one)
--- ARGV[3 + 8(i-1)] .. ARGV[10 + 8(i-1)]: limit i as algorithm name, limit,
---          window_us, capacity, rate per_us, rate scale, cost, mode
---          (enforce | shadow | quota); the cost may be any non-negative
---          integer, also 2^53 and above
+-- ARGV: the fields of HEADER_FIELDS, then those of LIMIT_FIELDS once per
+--          limit, in the order of the tables below; HEADER_FIELDS and
+--          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
+--          what each holds (a test keeps both alike)
 -- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
 --          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
 --
@@ -43,11 +39,13 @@
 local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
 local tonumber, ipairs, unpack = tonumber, ipairs, unpack
 
+local HEADER_FIELDS = { 'now_us', 'grace_ms' }
+local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
+
 local TWO53 = 9007199254740992
-local PER_LIMIT = 8
 -- Expired log members removed per limit and call (see log.advance).
 local LOG_EXPIRE_MAX = 32
--- ARGV[2], read before any limit is looked at.
+-- The header's grace_ms, read before any limit is looked at.
 local grace_ms = 0
 
 local function fmt(n)
@@ -673,24 +671,34 @@ local function cost_of(raw, capacity)
   return n
 end
 
+-- The arguments from ARGV[first] on, by the names of `fields`.
+local function named_args(fields, first)
+  local out = {}
+  for idx, name in ipairs(fields) do
+    out[name] = ARGV[first + idx - 1]
+  end
+  return out
+end
+
 -- Validates every argument before anything is read or written.
 local function parse_checks()
   local n = #KEYS
-  if #ARGV ~= 2 + PER_LIMIT * n then
-    return nil, 'ERR throttlegate: expected ' .. fmt(2 + PER_LIMIT * n) .. ' arguments'
+  local expected = #HEADER_FIELDS + #LIMIT_FIELDS * n
+  if #ARGV ~= expected then
+    return nil, 'ERR throttlegate: expected ' .. fmt(expected) .. ' arguments'
   end
   local checks = {}
   for idx = 1, n do
-    local base = 2 + PER_LIMIT * (idx - 1)
+    local arg = named_args(LIMIT_FIELDS, #HEADER_FIELDS + #LIMIT_FIELDS * (idx - 1) + 1)
     local c = {
-      algorithm = ALGORITHMS[ARGV[base + 1]],
-      limit = integer(ARGV[base + 2]),
-      window_us = integer(ARGV[base + 3]),
-      capacity = integer(ARGV[base + 4]),
-      per_us = integer(ARGV[base + 5]),
-      scale = integer(ARGV[base + 6]),
-      cost = cost_of(ARGV[base + 7]),
-      mode = ARGV[base + 8],
+      algorithm = ALGORITHMS[arg.algorithm],
+      limit = integer(arg.limit),
+      window_us = integer(arg.window_us),
+      capacity = integer(arg.capacity),
+      per_us = integer(arg.per_us),
+      scale = integer(arg.scale),
+      cost = cost_of(arg.cost),
+      mode = arg.mode,
     }
     if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
       or c.per_us == nil or c.scale == nil or c.cost == nil or not MODES[c.mode]
@@ -703,17 +711,18 @@ local function parse_checks()
   return checks
 end
 
+local header = named_args(HEADER_FIELDS, 1)
 local checks, problem = parse_checks()
 if not checks then
   return redis.error_reply(problem)
 end
-grace_ms = integer(ARGV[2])
+grace_ms = integer(header.grace_ms)
 if grace_ms == nil then
   return redis.error_reply('ERR throttlegate: bad expiry grace')
 end
 
 local now
-if ARGV[1] == '' then
+if header.now_us == '' then
   -- Effects replication lets writes follow TIME on Redis < 7 (a no-op on 7).
   if redis.replicate_commands then
     redis.replicate_commands()
@@ -721,7 +730,7 @@ if ARGV[1] == '' then
   local time = call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
-  now = integer(ARGV[1])
+  now = integer(header.now_us)
   if now == nil then
     return redis.error_reply('ERR throttlegate: bad time')
   end
