@@ -30,14 +30,13 @@
 --                           score = µs; <end> is the key's running total of
 --                           units through that entry, modulo 2^53 (see the
 --                           section below)
---   token_bucket            string "<scaled tokens>:<last µs>:<scale>"
---   gcra                    string "<tat µs>:<frac>:<per_us>"
---   sliding_window_counter  string "<window start µs>:<current>:<previous>"
---   fixed_window            string "<window start µs>:<count>"
+--   token_bucket, gcra, sliding_window_counter, fixed_window: a string of
+--                           integers joined by ':', the algorithm's `fields`
+--                           in order (bucket.fields and so on, below)
 
 -- Globals read once: every call of the script runs this whole body.
 local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
-local tonumber, ipairs, unpack = tonumber, ipairs, unpack
+local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
 
 local HEADER_FIELDS = { 'now_us', 'grace_ms' }
 local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
@@ -129,20 +128,51 @@ local function parts(raw, count, key)
   return out
 end
 
-local function load_string(key, count)
+-- A string state: its integers joined by ':', one per name of `fields`, in
+-- order. nil when the key is absent.
+local function load_fields(key, fields)
   local raw = call('GET', key)
   if not raw then
     return nil
   end
-  local it = parts(raw, count)
+  local it = parts(raw, #fields)
   if not it then
     error('throttlegate: unreadable state at ' .. key)
   end
-  return it
+  local s = {}
+  for idx, name in ipairs(fields) do
+    s[name] = it[idx]
+  end
+  return s
 end
 
-local function store_string(key, value, ttl_ms)
-  call('SET', key, value, 'PX', fmt(ttl_ms))
+local function store_fields(key, s, fields, ttl_ms)
+  local out = {}
+  for idx, name in ipairs(fields) do
+    out[idx] = fmt(s[name])
+  end
+  call('SET', key, concat(out, ':'), 'PX', fmt(ttl_ms))
+end
+
+-- max(a, b): effective times never move backwards.
+local function later(a, b)
+  if a > b then
+    return a
+  end
+  return b
+end
+
+-- What is left of `limit` once `used` is taken, never below 0.
+local function room_left(limit, used)
+  if limit > used then
+    return limit - used
+  end
+  return 0
+end
+
+-- The start of the window of length `window` that holds `now`.
+local function window_start_of(now, window)
+  return now - (now - div(now, window) * window)
 end
 
 -- === sliding_window_log ===
@@ -215,10 +245,7 @@ function log.advance(c, s, key, now)
     return now
   end
   local newest = tonumber(back[2])
-  local at = now
-  if newest > at then
-    at = newest
-  end
+  local at = later(now, newest)
   local newest_end, newest_cost = log_member(back[1])
   if newest_end == nil then
     log_convert(c, key, at, newest)
@@ -261,10 +288,7 @@ function log.advance(c, s, key, now)
 end
 
 function log.available(c, s, at)
-  if c.limit > s.total then
-    return c.limit - s.total
-  end
-  return 0
+  return room_left(c.limit, s.total)
 end
 
 function log.consume(c, s, key, at, cost)
@@ -335,19 +359,14 @@ local function bucket_full(c)
   return c.capacity * c.scale
 end
 
-function bucket.load(c, key, now)
-  local it = load_string(key, 3)
-  if not it then
-    return { scaled = bucket_full(c), last_us = now, scale = c.scale }
-  end
-  return { scaled = it[1], last_us = it[2], scale = it[3] }
+bucket.fields = { 'scaled', 'last_us', 'scale' }
+
+function bucket.fresh(c, now)
+  return { scaled = bucket_full(c), last_us = now, scale = c.scale }
 end
 
 function bucket.advance(c, s, key, now)
-  local at = now
-  if s.last_us > at then
-    at = s.last_us
-  end
+  local at = later(now, s.last_us)
   local full = bucket_full(c)
   if s.scale ~= c.scale then
     s.scaled = mul_div(s.scaled, c.scale, s.scale)
@@ -390,10 +409,6 @@ function bucket.until_available(c, s, key, at, need)
   return div_ceil(need * c.scale - s.scaled, c.per_us)
 end
 
-function bucket.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.scaled) .. ':' .. fmt(s.last_us) .. ':' .. fmt(s.scale), ttl_ms)
-end
-
 -- === gcra ===
 
 local gcra = {}
@@ -406,12 +421,10 @@ local function gcra_debt(c, s, at)
   return (s.tat_us - at) * c.per_us + s.frac
 end
 
-function gcra.load(c, key, now)
-  local it = load_string(key, 3)
-  if not it then
-    return { tat_us = 0, frac = 0, per_us = 0 }
-  end
-  return { tat_us = it[1], frac = it[2], per_us = it[3] }
+gcra.fields = { 'tat_us', 'frac', 'per_us' }
+
+function gcra.fresh(c, now)
+  return { tat_us = 0, frac = 0, per_us = 0 }
 end
 
 function gcra.advance(c, s, key, now)
@@ -461,10 +474,6 @@ function gcra.until_available(c, s, key, at, need)
   return div_ceil(over, c.per_us)
 end
 
-function gcra.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.tat_us) .. ':' .. fmt(s.frac) .. ':' .. fmt(s.per_us), ttl_ms)
-end
-
 -- === sliding_window_counter ===
 
 local counter = {}
@@ -486,17 +495,15 @@ local function first_elapsed_ms(count, room, window_ms)
   return window_ms - max_part
 end
 
-function counter.load(c, key, now)
-  local it = load_string(key, 3)
-  if not it then
-    return { window_start = 0, current = 0, previous = 0 }
-  end
-  return { window_start = it[1], current = it[2], previous = it[3] }
+counter.fields = { 'window_start', 'current', 'previous' }
+
+function counter.fresh(c, now)
+  return { window_start = 0, current = 0, previous = 0 }
 end
 
 function counter.advance(c, s, key, now)
   local window = c.window_us
-  local start = now - (now - div(now, window) * window)
+  local start = window_start_of(now, window)
   if start > s.window_start then
     if start == s.window_start + window then
       s.previous = s.current
@@ -506,10 +513,7 @@ function counter.advance(c, s, key, now)
     s.current = 0
     s.window_start = start
   end
-  if s.window_start > now then
-    return s.window_start
-  end
-  return now
+  return later(now, s.window_start)
 end
 
 local function counter_estimate(c, s, at)
@@ -519,11 +523,7 @@ local function counter_estimate(c, s, at)
 end
 
 function counter.available(c, s, at)
-  local estimate = counter_estimate(c, s, at)
-  if c.limit > estimate then
-    return c.limit - estimate
-  end
-  return 0
+  return room_left(c.limit, counter_estimate(c, s, at))
 end
 
 function counter.consume(c, s, key, at, cost)
@@ -582,39 +582,27 @@ function counter.until_available(c, s, key, at, need)
   return 0
 end
 
-function counter.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.window_start) .. ':' .. fmt(s.current) .. ':' .. fmt(s.previous), ttl_ms)
-end
-
 -- === fixed_window ===
 
 local fixed = {}
 
-function fixed.load(c, key, now)
-  local it = load_string(key, 2)
-  if not it then
-    return { window_start = 0, count = 0 }
-  end
-  return { window_start = it[1], count = it[2] }
+fixed.fields = { 'window_start', 'count' }
+
+function fixed.fresh(c, now)
+  return { window_start = 0, count = 0 }
 end
 
 function fixed.advance(c, s, key, now)
-  local start = now - (now - div(now, c.window_us) * c.window_us)
+  local start = window_start_of(now, c.window_us)
   if start > s.window_start then
     s.window_start = start
     s.count = 0
   end
-  if s.window_start > now then
-    return s.window_start
-  end
-  return now
+  return later(now, s.window_start)
 end
 
 function fixed.available(c, s, at)
-  if c.limit > s.count then
-    return c.limit - s.count
-  end
-  return 0
+  return room_left(c.limit, s.count)
 end
 
 function fixed.consume(c, s, key, at, cost)
@@ -633,10 +621,6 @@ function fixed.until_available(c, s, key, at, need)
   return s.window_start + c.window_us - at
 end
 
-function fixed.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.window_start) .. ':' .. fmt(s.count), ttl_ms)
-end
-
 -- === the request ===
 
 local ALGORITHMS = {
@@ -647,6 +631,31 @@ local ALGORITHMS = {
   fixed_window = fixed,
 }
 local MODES = { enforce = true, shadow = true, quota = true }
+
+-- A key's state: the log reads its own; the others are string states of
+-- their `fields`, or `fresh` when the key is absent.
+local function load(impl, c, key, now)
+  if impl.load then
+    return impl.load(c, key, now)
+  end
+  return load_fields(key, impl.fields) or impl.fresh(c, now)
+end
+
+local function store(impl, c, s, key, ttl_ms)
+  if impl.store then
+    impl.store(c, s, key, ttl_ms)
+  else
+    store_fields(key, s, impl.fields, ttl_ms)
+  end
+end
+
+-- Units a check needs room for: a cost-0 check needs room for 1.
+local function need_of(c)
+  if c.cost < 1 then
+    return 1
+  end
+  return c.cost
+end
 
 local function integer(raw)
   local n = tonumber(raw)
@@ -740,15 +749,11 @@ end
 local has_room, effective_now, states = {}, {}, {}
 for idx, c in ipairs(checks) do
   local key = KEYS[idx]
-  local s = c.algorithm.load(c, key, now)
+  local s = load(c.algorithm, c, key, now)
   local at = c.algorithm.advance(c, s, key, now)
-  local need = c.cost
-  if need < 1 then
-    need = 1
-  end
   states[idx] = s
   effective_now[idx] = at
-  has_room[idx] = need <= c.algorithm.available(c, s, at)
+  has_room[idx] = need_of(c) <= c.algorithm.available(c, s, at)
 end
 
 local enforced_ok, quota_seen, quota_ok = true, false, false
@@ -773,10 +778,7 @@ for idx, c in ipairs(checks) do
   if consumed then
     impl.consume(c, s, key, at, c.cost)
   end
-  local need = c.cost
-  if need < 1 then
-    need = 1
-  end
+  local need = need_of(c)
   -- Durations count from the effective time; a request whose clock lags
   -- the stored state waits that much longer.
   local reset_us
@@ -796,7 +798,7 @@ for idx, c in ipairs(checks) do
     -- never used writes nothing, whatever the cost asked).
     call('DEL', key)
   else
-    impl.store(c, s, key, div_ceil(keep_for, 1000) + grace_ms)
+    store(impl, c, s, key, div_ceil(keep_for, 1000) + grace_ms)
   end
   reply[#reply + 1] = room and 1 or 0
   reply[#reply + 1] = consumed and 1 or 0

@@ -99,7 +99,11 @@ async fn query<T: redis::FromRedisValue>(
     command: &str,
     key: &str,
 ) -> T {
-    redis::cmd(command).arg(key).query_async(conn).await.unwrap()
+    redis::cmd(command)
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
 }
 
 async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {

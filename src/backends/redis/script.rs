@@ -31,6 +31,12 @@ pub struct Field<T> {
     pub value: fn(&T) -> Arg,
 }
 
+impl<T> Field<T> {
+    const fn new(name: &'static str, doc: &'static str, value: fn(&T) -> Arg) -> Field<T> {
+        Field { name, doc, value }
+    }
+}
+
 /// What a call sends once, before the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeaderArgs {
@@ -55,62 +61,52 @@ pub struct LimitArgs {
 
 /// ARGV[1..=2], in this order.
 pub const HEADER_FIELDS: [Field<HeaderArgs>; 2] = [
-    Field {
-        name: "now_us",
-        doc: "now in µs since the Unix epoch (decimal), or \"\" to read the server's TIME \
-              so that replicas with skewed clocks agree",
-        value: |it| it.now_us.map_or(Arg::Text(""), Arg::Int),
-    },
-    Field {
-        name: "grace_ms",
-        doc: "ms added to every key's TTL (0: a key expires exactly when its state \
-              becomes equal to a fresh one)",
-        value: |it| Arg::Int(it.grace_ms),
-    },
+    Field::new(
+        "now_us",
+        "now in µs since the Unix epoch (decimal), or \"\" to read the server's TIME \
+         so that replicas with skewed clocks agree",
+        |it| it.now_us.map_or(Arg::Text(""), Arg::Int),
+    ),
+    Field::new(
+        "grace_ms",
+        "ms added to every key's TTL (0: a key expires exactly when its state \
+         becomes equal to a fresh one)",
+        |it| Arg::Int(it.grace_ms),
+    ),
 ];
 
 /// The fields of one limit, in this order, once per key after the header.
 pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
-    Field {
-        name: "algorithm",
-        doc: "the algorithm's name (`Algorithm::name`)",
-        value: |it| Arg::Text(it.algorithm),
-    },
-    Field {
-        name: "limit",
-        doc: "requests per window",
-        value: |it| Arg::Int(it.limit),
-    },
-    Field {
-        name: "window_us",
-        doc: "the window in µs",
-        value: |it| Arg::Int(it.window_us),
-    },
-    Field {
-        name: "capacity",
-        doc: "the most a request may take: the burst, or the limit",
-        value: |it| Arg::Int(it.capacity),
-    },
-    Field {
-        name: "per_us",
-        doc: "scaled tokens refilled per µs (`LimitParams::rate`)",
-        value: |it| Arg::Int(it.per_us),
-    },
-    Field {
-        name: "scale",
-        doc: "scaled units per token (`LimitParams::rate`)",
-        value: |it| Arg::Int(it.scale),
-    },
-    Field {
-        name: "cost",
-        doc: "units the request takes: any non-negative integer, 2^53 and above included",
-        value: |it| Arg::Int(it.cost),
-    },
-    Field {
-        name: "mode",
-        doc: "enforce, shadow or quota",
-        value: |it| Arg::Text(it.mode),
-    },
+    Field::new(
+        "algorithm",
+        "the algorithm's name (`Algorithm::name`)",
+        |it| Arg::Text(it.algorithm),
+    ),
+    Field::new("limit", "requests per window", |it| Arg::Int(it.limit)),
+    Field::new("window_us", "the window in µs", |it| {
+        Arg::Int(it.window_us)
+    }),
+    Field::new(
+        "capacity",
+        "the most a request may take: the burst, or the limit",
+        |it| Arg::Int(it.capacity),
+    ),
+    Field::new(
+        "per_us",
+        "scaled tokens refilled per µs (`LimitParams::rate`)",
+        |it| Arg::Int(it.per_us),
+    ),
+    Field::new(
+        "scale",
+        "scaled units per token (`LimitParams::rate`)",
+        |it| Arg::Int(it.scale),
+    ),
+    Field::new(
+        "cost",
+        "units the request takes: any non-negative integer, 2^53 and above included",
+        |it| Arg::Int(it.cost),
+    ),
+    Field::new("mode", "enforce, shadow or quota", |it| Arg::Text(it.mode)),
 ];
 
 /// Integers per limit in the reply, after `{allowed, now_us}`:
