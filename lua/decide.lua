@@ -38,6 +38,7 @@
 local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
 local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
 
+-- The arguments, in order: the header's fields, then each limit's.
 local HEADER_FIELDS = { 'now_us', 'grace_ms' }
 local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
 

@@ -2,7 +2,7 @@
 //!
 //! `lua/decide.lua` is `algorithms::decide` ported line for line; a request's
 //! limits are checked and consumed in one script call, so replicas sharing
-//! a Redis agree exactly. [`pool`] holds the connections (multiplexed,
+//! a Redis agree exactly. `pool` holds the connections (multiplexed,
 //! broken ones retired, a circuit that fails calls at once while Redis
 //! cannot be reached); [`script`] the script's arguments and reply; this
 //! module the backend itself and how Redis failures are classified.
@@ -203,7 +203,8 @@ impl Backend for RedisBackend {
         script::parse_reply(&reply, checks.len())
     }
 
-    /// PING within the timeout (see [`Pool::probe`]).
+    /// PING within the timeout; while the circuit is open, a fresh
+    /// connection at once, so health reports recovery as soon as it happens.
     async fn probe(&self) -> Result<(), Error> {
         self.pool.probe(Instant::now() + self.timeout).await
     }
