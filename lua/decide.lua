@@ -114,7 +114,7 @@ local function mul_div(a, b, c)
   return q + hi
 end
 
-local function parts(raw, count, key)
+local function parts(raw, count)
   local out = {}
   for piece in gmatch(raw, '[^:]+') do
     local n = tonumber(piece)

@@ -114,6 +114,11 @@ struct Slot {
     stored_key: Option<CounterKey>,
 }
 
+/// The entries a request took out of their tables, once room for its new
+/// keys is reserved: only [`MemoryBackend::reserve`] makes one, so no
+/// request decides before the bound has admitted it.
+struct Reserved(Inline<Option<Entry>>);
+
 struct Entry {
     /// The key's hash, kept so that growing the table never rehashes keys.
     hash: u64,
@@ -258,7 +263,7 @@ impl MemoryBackend {
         slots: &[Slot],
         checks: &[KeyedCheck],
         taken: Inline<Option<Entry>>,
-    ) -> Result<Inline<Option<Entry>>, Refused> {
+    ) -> Result<Reserved, Refused> {
         let new: usize = checks
             .iter()
             .zip(&taken)
@@ -266,11 +271,11 @@ impl MemoryBackend {
             .map(|(it, _)| weight(&it.key))
             .sum();
         if new == 0 {
-            return Ok(taken);
+            return Ok(Reserved(taken));
         }
         let before = self.len.fetch_add(new, Ordering::Relaxed);
         if before.saturating_add(new) <= self.max_counters {
-            return Ok(taken);
+            return Ok(Reserved(taken));
         }
         self.len.fetch_sub(new, Ordering::Relaxed);
         for (slot, entry) in slots.iter().zip(taken) {
@@ -544,14 +549,10 @@ fn lock_order(slots: &mut [Slot]) -> Inline<usize> {
 /// The states `decide` starts from: a taken entry's, unless it has expired
 /// (then, like an absent key, none). Each slot keeps its stored key for the
 /// write-back.
-fn live_states(
-    slots: &mut [Slot],
-    taken: Inline<Option<Entry>>,
-    now: Micros,
-) -> Inline<Option<State>> {
+fn live_states(slots: &mut [Slot], taken: Reserved, now: Micros) -> Inline<Option<State>> {
     slots
         .iter_mut()
-        .zip(taken)
+        .zip(taken.0)
         .map(|(slot, entry)| {
             let entry = entry?;
             slot.stored_key = Some(entry.key);
