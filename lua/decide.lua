@@ -13,14 +13,10 @@
 -- `fmt` (concatenating a number would use %.14g and mangle µs timestamps).
 --
 -- KEYS[i]: the counter key of limit i (i = 1..n), all distinct
--- ARGV[1]: now in µs since the Unix epoch (decimal integer), or "" to use
---          the server's TIME so that replicas with skewed clocks agree
--- ARGV[2]: extra expiry in ms added to every key's TTL (0 = expire exactly
---          when the state becomes equal to a fresh one)
--- ARGV[3 + 8(i-1)] .. ARGV[10 + 8(i-1)]: limit i as algorithm name, limit,
---          window_us, capacity, rate per_us, rate scale, cost, mode
---          (enforce | shadow | quota); the cost may be any non-negative
---          integer, also 2^53 and above
+-- ARGV: the fields of HEADER_FIELDS, then those of LIMIT_FIELDS once per
+--          limit, in the order of the tables below; HEADER_FIELDS and
+--          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
+--          what each holds (a test keeps both alike)
 -- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
 --          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
 --
@@ -34,20 +30,22 @@
 --                           score = µs; <end> is the key's running total of
 --                           units through that entry, modulo 2^53 (see the
 --                           section below)
---   token_bucket            string "<scaled tokens>:<last µs>:<scale>"
---   gcra                    string "<tat µs>:<frac>:<per_us>"
---   sliding_window_counter  string "<window start µs>:<current>:<previous>"
---   fixed_window            string "<window start µs>:<count>"
+--   token_bucket, gcra, sliding_window_counter, fixed_window: a string of
+--                           integers joined by ':', the algorithm's `fields`
+--                           in order (bucket.fields and so on, below)
 
 -- Globals read once: every call of the script runs this whole body.
 local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
-local tonumber, ipairs, unpack = tonumber, ipairs, unpack
+local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
+
+-- The arguments, in order: the header's fields, then each limit's.
+local HEADER_FIELDS = { 'now_us', 'grace_ms' }
+local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
 
 local TWO53 = 9007199254740992
-local PER_LIMIT = 8
 -- Expired log members removed per limit and call (see log.advance).
 local LOG_EXPIRE_MAX = 32
--- ARGV[2], read before any limit is looked at.
+-- The header's grace_ms, read before any limit is looked at.
 local grace_ms = 0
 
 local function fmt(n)
@@ -116,7 +114,7 @@ local function mul_div(a, b, c)
   return q + hi
 end
 
-local function parts(raw, count, key)
+local function parts(raw, count)
   local out = {}
   for piece in gmatch(raw, '[^:]+') do
     local n = tonumber(piece)
@@ -131,20 +129,51 @@ local function parts(raw, count, key)
   return out
 end
 
-local function load_string(key, count)
+-- A string state: its integers joined by ':', one per name of `fields`, in
+-- order. nil when the key is absent.
+local function load_fields(key, fields)
   local raw = call('GET', key)
   if not raw then
     return nil
   end
-  local it = parts(raw, count)
+  local it = parts(raw, #fields)
   if not it then
     error('throttlegate: unreadable state at ' .. key)
   end
-  return it
+  local s = {}
+  for idx, name in ipairs(fields) do
+    s[name] = it[idx]
+  end
+  return s
 end
 
-local function store_string(key, value, ttl_ms)
-  call('SET', key, value, 'PX', fmt(ttl_ms))
+local function store_fields(key, s, fields, ttl_ms)
+  local out = {}
+  for idx, name in ipairs(fields) do
+    out[idx] = fmt(s[name])
+  end
+  call('SET', key, concat(out, ':'), 'PX', fmt(ttl_ms))
+end
+
+-- max(a, b): effective times never move backwards.
+local function later(a, b)
+  if a > b then
+    return a
+  end
+  return b
+end
+
+-- What is left of `limit` once `used` is taken, never below 0.
+local function room_left(limit, used)
+  if limit > used then
+    return limit - used
+  end
+  return 0
+end
+
+-- The start of the window of length `window` that holds `now`.
+local function window_start_of(now, window)
+  return now - (now - div(now, window) * window)
 end
 
 -- === sliding_window_log ===
@@ -217,10 +246,7 @@ function log.advance(c, s, key, now)
     return now
   end
   local newest = tonumber(back[2])
-  local at = now
-  if newest > at then
-    at = newest
-  end
+  local at = later(now, newest)
   local newest_end, newest_cost = log_member(back[1])
   if newest_end == nil then
     log_convert(c, key, at, newest)
@@ -263,10 +289,7 @@ function log.advance(c, s, key, now)
 end
 
 function log.available(c, s, at)
-  if c.limit > s.total then
-    return c.limit - s.total
-  end
-  return 0
+  return room_left(c.limit, s.total)
 end
 
 function log.consume(c, s, key, at, cost)
@@ -337,19 +360,14 @@ local function bucket_full(c)
   return c.capacity * c.scale
 end
 
-function bucket.load(c, key, now)
-  local it = load_string(key, 3)
-  if not it then
-    return { scaled = bucket_full(c), last_us = now, scale = c.scale }
-  end
-  return { scaled = it[1], last_us = it[2], scale = it[3] }
+bucket.fields = { 'scaled', 'last_us', 'scale' }
+
+function bucket.fresh(c, now)
+  return { scaled = bucket_full(c), last_us = now, scale = c.scale }
 end
 
 function bucket.advance(c, s, key, now)
-  local at = now
-  if s.last_us > at then
-    at = s.last_us
-  end
+  local at = later(now, s.last_us)
   local full = bucket_full(c)
   if s.scale ~= c.scale then
     s.scaled = mul_div(s.scaled, c.scale, s.scale)
@@ -392,10 +410,6 @@ function bucket.until_available(c, s, key, at, need)
   return div_ceil(need * c.scale - s.scaled, c.per_us)
 end
 
-function bucket.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.scaled) .. ':' .. fmt(s.last_us) .. ':' .. fmt(s.scale), ttl_ms)
-end
-
 -- === gcra ===
 
 local gcra = {}
@@ -408,12 +422,10 @@ local function gcra_debt(c, s, at)
   return (s.tat_us - at) * c.per_us + s.frac
 end
 
-function gcra.load(c, key, now)
-  local it = load_string(key, 3)
-  if not it then
-    return { tat_us = 0, frac = 0, per_us = 0 }
-  end
-  return { tat_us = it[1], frac = it[2], per_us = it[3] }
+gcra.fields = { 'tat_us', 'frac', 'per_us' }
+
+function gcra.fresh(c, now)
+  return { tat_us = 0, frac = 0, per_us = 0 }
 end
 
 function gcra.advance(c, s, key, now)
@@ -463,10 +475,6 @@ function gcra.until_available(c, s, key, at, need)
   return div_ceil(over, c.per_us)
 end
 
-function gcra.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.tat_us) .. ':' .. fmt(s.frac) .. ':' .. fmt(s.per_us), ttl_ms)
-end
-
 -- === sliding_window_counter ===
 
 local counter = {}
@@ -488,17 +496,15 @@ local function first_elapsed_ms(count, room, window_ms)
   return window_ms - max_part
 end
 
-function counter.load(c, key, now)
-  local it = load_string(key, 3)
-  if not it then
-    return { window_start = 0, current = 0, previous = 0 }
-  end
-  return { window_start = it[1], current = it[2], previous = it[3] }
+counter.fields = { 'window_start', 'current', 'previous' }
+
+function counter.fresh(c, now)
+  return { window_start = 0, current = 0, previous = 0 }
 end
 
 function counter.advance(c, s, key, now)
   local window = c.window_us
-  local start = now - (now - div(now, window) * window)
+  local start = window_start_of(now, window)
   if start > s.window_start then
     if start == s.window_start + window then
       s.previous = s.current
@@ -508,10 +514,7 @@ function counter.advance(c, s, key, now)
     s.current = 0
     s.window_start = start
   end
-  if s.window_start > now then
-    return s.window_start
-  end
-  return now
+  return later(now, s.window_start)
 end
 
 local function counter_estimate(c, s, at)
@@ -521,11 +524,7 @@ local function counter_estimate(c, s, at)
 end
 
 function counter.available(c, s, at)
-  local estimate = counter_estimate(c, s, at)
-  if c.limit > estimate then
-    return c.limit - estimate
-  end
-  return 0
+  return room_left(c.limit, counter_estimate(c, s, at))
 end
 
 function counter.consume(c, s, key, at, cost)
@@ -584,39 +583,27 @@ function counter.until_available(c, s, key, at, need)
   return 0
 end
 
-function counter.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.window_start) .. ':' .. fmt(s.current) .. ':' .. fmt(s.previous), ttl_ms)
-end
-
 -- === fixed_window ===
 
 local fixed = {}
 
-function fixed.load(c, key, now)
-  local it = load_string(key, 2)
-  if not it then
-    return { window_start = 0, count = 0 }
-  end
-  return { window_start = it[1], count = it[2] }
+fixed.fields = { 'window_start', 'count' }
+
+function fixed.fresh(c, now)
+  return { window_start = 0, count = 0 }
 end
 
 function fixed.advance(c, s, key, now)
-  local start = now - (now - div(now, c.window_us) * c.window_us)
+  local start = window_start_of(now, c.window_us)
   if start > s.window_start then
     s.window_start = start
     s.count = 0
   end
-  if s.window_start > now then
-    return s.window_start
-  end
-  return now
+  return later(now, s.window_start)
 end
 
 function fixed.available(c, s, at)
-  if c.limit > s.count then
-    return c.limit - s.count
-  end
-  return 0
+  return room_left(c.limit, s.count)
 end
 
 function fixed.consume(c, s, key, at, cost)
@@ -635,10 +622,6 @@ function fixed.until_available(c, s, key, at, need)
   return s.window_start + c.window_us - at
 end
 
-function fixed.store(c, s, key, ttl_ms)
-  store_string(key, fmt(s.window_start) .. ':' .. fmt(s.count), ttl_ms)
-end
-
 -- === the request ===
 
 local ALGORITHMS = {
@@ -649,6 +632,31 @@ local ALGORITHMS = {
   fixed_window = fixed,
 }
 local MODES = { enforce = true, shadow = true, quota = true }
+
+-- A key's state: the log reads its own; the others are string states of
+-- their `fields`, or `fresh` when the key is absent.
+local function load(impl, c, key, now)
+  if impl.load then
+    return impl.load(c, key, now)
+  end
+  return load_fields(key, impl.fields) or impl.fresh(c, now)
+end
+
+local function store(impl, c, s, key, ttl_ms)
+  if impl.store then
+    impl.store(c, s, key, ttl_ms)
+  else
+    store_fields(key, s, impl.fields, ttl_ms)
+  end
+end
+
+-- Units a check needs room for: a cost-0 check needs room for 1.
+local function need_of(c)
+  if c.cost < 1 then
+    return 1
+  end
+  return c.cost
+end
 
 local function integer(raw)
   local n = tonumber(raw)
@@ -673,24 +681,34 @@ local function cost_of(raw, capacity)
   return n
 end
 
+-- The arguments from ARGV[first] on, by the names of `fields`.
+local function named_args(fields, first)
+  local out = {}
+  for idx, name in ipairs(fields) do
+    out[name] = ARGV[first + idx - 1]
+  end
+  return out
+end
+
 -- Validates every argument before anything is read or written.
 local function parse_checks()
   local n = #KEYS
-  if #ARGV ~= 2 + PER_LIMIT * n then
-    return nil, 'ERR throttlegate: expected ' .. fmt(2 + PER_LIMIT * n) .. ' arguments'
+  local expected = #HEADER_FIELDS + #LIMIT_FIELDS * n
+  if #ARGV ~= expected then
+    return nil, 'ERR throttlegate: expected ' .. fmt(expected) .. ' arguments'
   end
   local checks = {}
   for idx = 1, n do
-    local base = 2 + PER_LIMIT * (idx - 1)
+    local arg = named_args(LIMIT_FIELDS, #HEADER_FIELDS + #LIMIT_FIELDS * (idx - 1) + 1)
     local c = {
-      algorithm = ALGORITHMS[ARGV[base + 1]],
-      limit = integer(ARGV[base + 2]),
-      window_us = integer(ARGV[base + 3]),
-      capacity = integer(ARGV[base + 4]),
-      per_us = integer(ARGV[base + 5]),
-      scale = integer(ARGV[base + 6]),
-      cost = cost_of(ARGV[base + 7]),
-      mode = ARGV[base + 8],
+      algorithm = ALGORITHMS[arg.algorithm],
+      limit = integer(arg.limit),
+      window_us = integer(arg.window_us),
+      capacity = integer(arg.capacity),
+      per_us = integer(arg.per_us),
+      scale = integer(arg.scale),
+      cost = cost_of(arg.cost),
+      mode = arg.mode,
     }
     if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
       or c.per_us == nil or c.scale == nil or c.cost == nil or not MODES[c.mode]
@@ -703,17 +721,18 @@ local function parse_checks()
   return checks
 end
 
+local header = named_args(HEADER_FIELDS, 1)
 local checks, problem = parse_checks()
 if not checks then
   return redis.error_reply(problem)
 end
-grace_ms = integer(ARGV[2])
+grace_ms = integer(header.grace_ms)
 if grace_ms == nil then
   return redis.error_reply('ERR throttlegate: bad expiry grace')
 end
 
 local now
-if ARGV[1] == '' then
+if header.now_us == '' then
   -- Effects replication lets writes follow TIME on Redis < 7 (a no-op on 7).
   if redis.replicate_commands then
     redis.replicate_commands()
@@ -721,7 +740,7 @@ if ARGV[1] == '' then
   local time = call('TIME')
   now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 else
-  now = integer(ARGV[1])
+  now = integer(header.now_us)
   if now == nil then
     return redis.error_reply('ERR throttlegate: bad time')
   end
@@ -731,15 +750,11 @@ end
 local has_room, effective_now, states = {}, {}, {}
 for idx, c in ipairs(checks) do
   local key = KEYS[idx]
-  local s = c.algorithm.load(c, key, now)
+  local s = load(c.algorithm, c, key, now)
   local at = c.algorithm.advance(c, s, key, now)
-  local need = c.cost
-  if need < 1 then
-    need = 1
-  end
   states[idx] = s
   effective_now[idx] = at
-  has_room[idx] = need <= c.algorithm.available(c, s, at)
+  has_room[idx] = need_of(c) <= c.algorithm.available(c, s, at)
 end
 
 local enforced_ok, quota_seen, quota_ok = true, false, false
@@ -764,10 +779,7 @@ for idx, c in ipairs(checks) do
   if consumed then
     impl.consume(c, s, key, at, c.cost)
   end
-  local need = c.cost
-  if need < 1 then
-    need = 1
-  end
+  local need = need_of(c)
   -- Durations count from the effective time; a request whose clock lags
   -- the stored state waits that much longer.
   local reset_us
@@ -787,7 +799,7 @@ for idx, c in ipairs(checks) do
     -- never used writes nothing, whatever the cost asked).
     call('DEL', key)
   else
-    impl.store(c, s, key, div_ceil(keep_for, 1000) + grace_ms)
+    store(impl, c, s, key, div_ceil(keep_for, 1000) + grace_ms)
   end
   reply[#reply + 1] = room and 1 or 0
   reply[#reply + 1] = consumed and 1 or 0

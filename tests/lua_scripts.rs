@@ -5,25 +5,18 @@ mod support;
 
 use redis::aio::MultiplexedConnection;
 use support::redis::RedisServer;
+use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
 use throttlegate::backends::redis::DECIDE_LUA;
+use throttlegate::backends::redis::script::{Arg, HeaderArgs, LimitArgs, argv};
 
 const T0: u64 = 1_700_000_000_000_001;
 
-/// One limit's ARGV fields: algorithm, limit, window_us, capacity, per_us,
-/// scale, cost, mode.
-struct Limit {
-    algorithm: &'static str,
-    limit: u64,
-    window_us: u64,
-    capacity: u64,
-    per_us: u64,
-    scale: u64,
-    cost: u64,
-    mode: &'static str,
-}
+/// A grace long enough that no key expires in real time while a test steps
+/// its injected clock.
+const GRACE_MS: u64 = 60_000;
 
-fn log_limit(limit: u64, window_s: u64, cost: u64) -> Limit {
-    Limit {
+fn log_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
+    LimitArgs {
         algorithm: "sliding_window_log",
         limit,
         window_us: window_s * 1_000_000,
@@ -35,11 +28,30 @@ fn log_limit(limit: u64, window_s: u64, cost: u64) -> Limit {
     }
 }
 
+fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
+    let params =
+        LimitParams::new(Algorithm::TokenBucket, limit, window_s * 1_000_000, None).unwrap();
+    LimitArgs::of(&Check {
+        params,
+        cost,
+        mode: Mode::Enforce,
+    })
+}
+
+/// ARGV as the backend builds it.
+fn args(now: Option<u64>, grace_ms: u64, limits: &[LimitArgs]) -> Vec<Arg> {
+    let header = HeaderArgs {
+        now_us: now,
+        grace_ms,
+    };
+    argv(&header, limits)
+}
+
 async fn call(
     conn: &mut MultiplexedConnection,
     keys: &[&str],
     now: Option<u64>,
-    limits: &[Limit],
+    limits: &[LimitArgs],
 ) -> redis::RedisResult<Vec<i64>> {
     call_with_grace(conn, keys, now, 0, limits).await
 }
@@ -52,27 +64,22 @@ async fn call_with_grace(
     keys: &[&str],
     now: Option<u64>,
     grace_ms: u64,
-    limits: &[Limit],
+    limits: &[LimitArgs],
 ) -> redis::RedisResult<Vec<i64>> {
     let script = redis::Script::new(DECIDE_LUA);
     let mut invocation = script.prepare_invoke();
     for key in keys {
         invocation.key(*key);
     }
-    invocation.arg(now.map(|it| it.to_string()).unwrap_or_default());
-    invocation.arg(grace_ms);
-    for it in limits {
-        invocation
-            .arg(it.algorithm)
-            .arg(it.limit)
-            .arg(it.window_us)
-            .arg(it.capacity)
-            .arg(it.per_us)
-            .arg(it.scale)
-            .arg(it.cost)
-            .arg(it.mode);
-    }
+    invocation.arg(args(now, grace_ms, limits));
     invocation.invoke_async(conn).await
+}
+
+/// One limit on the key `k` at `now`, with [`GRACE_MS`]: the reply.
+async fn hit(conn: &mut MultiplexedConnection, now: u64, limit: LimitArgs) -> Vec<i64> {
+    call_with_grace(conn, &["k"], Some(now), GRACE_MS, &[limit])
+        .await
+        .unwrap()
 }
 
 /// Writes one log member as an earlier call (or layout) would have.
@@ -86,8 +93,53 @@ async fn zadd(conn: &mut MultiplexedConnection, key: &str, score: u64, member: &
         .unwrap();
 }
 
+/// A one-argument command on `key`, such as PTTL, GET, EXISTS or ZCARD.
+async fn query<T: redis::FromRedisValue>(
+    conn: &mut MultiplexedConnection,
+    command: &str,
+    key: &str,
+) -> T {
+    redis::cmd(command)
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
 async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
-    redis::cmd("PTTL").arg(key).query_async(conn).await.unwrap()
+    query(conn, "PTTL", key).await
+}
+
+/// The log's members as (member, score), the score read as `T`.
+async fn members<T: redis::FromRedisValue>(
+    conn: &mut MultiplexedConnection,
+    key: &str,
+) -> Vec<(String, T)> {
+    redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
+
+async fn dbsize(conn: &mut MultiplexedConnection) -> u64 {
+    redis::cmd("DBSIZE").query_async(conn).await.unwrap()
+}
+
+/// Writes since start-up: unchanged across a call means it wrote nothing.
+async fn writes(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("persistence")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
+        .and_then(|it| it.trim().parse().ok())
+        .expect("INFO persistence reports rdb_changes_since_last_save")
 }
 
 #[tokio::test]
@@ -118,37 +170,13 @@ async fn boundary_of_the_window_holds() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     for idx in 0..10 {
-        let reply = call_with_grace(
-            &mut conn,
-            &["k"],
-            Some(T0 + idx),
-            60_000,
-            &[log_limit(10, 1, 1)],
-        )
-        .await
-        .unwrap();
+        let reply = hit(&mut conn, T0 + idx, log_limit(10, 1, 1)).await;
         assert_eq!(reply[0], 1, "request {idx}");
     }
     // Full: the oldest entry (T0) leaves at T0 + W exactly, not a µs before.
-    let denied = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(T0 + 999_999),
-        60_000,
-        &[log_limit(10, 1, 1)],
-    )
-    .await
-    .unwrap();
+    let denied = hit(&mut conn, T0 + 999_999, log_limit(10, 1, 1)).await;
     assert_eq!(denied, vec![0, (T0 + 999_999) as i64, 0, 0, 0, 1]);
-    let allowed = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(T0 + 1_000_000),
-        60_000,
-        &[log_limit(10, 1, 1)],
-    )
-    .await
-    .unwrap();
+    let allowed = hit(&mut conn, T0 + 1_000_000, log_limit(10, 1, 1)).await;
     assert_eq!(allowed[..5], [1, (T0 + 1_000_000) as i64, 1, 1, 0]);
 }
 
@@ -160,14 +188,7 @@ async fn injected_time_is_used_and_redis_time_otherwise() {
         .await
         .unwrap();
     assert_eq!(reply[1], 42_000_000);
-    let scores: Vec<(String, String)> = redis::cmd("ZRANGE")
-        .arg("a")
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let scores: Vec<(String, String)> = members(&mut conn, "a").await;
     assert_eq!(scores, vec![("1,1".to_owned(), "42000000".to_owned())]);
 
     let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut conn).await.unwrap();
@@ -191,21 +212,14 @@ async fn microsecond_timestamps_are_stored_exactly() {
     call(&mut conn, &["log"], Some(T0), &[log_limit(5, 1, 2)])
         .await
         .unwrap();
-    let members: Vec<(String, String)> = redis::cmd("ZRANGE")
-        .arg("log")
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let members: Vec<(String, String)> = members(&mut conn, "log").await;
     assert_eq!(
         members,
         vec![("2,2".to_owned(), "1700000000000001".to_owned())]
     );
     // A token bucket of 3 per second (scale 1_000_000 / 1 … reduced: per_us
     // 3, scale 1_000_000), one taken.
-    let bucket = Limit {
+    let bucket = LimitArgs {
         algorithm: "token_bucket",
         limit: 3,
         window_us: 1_000_000,
@@ -216,11 +230,7 @@ async fn microsecond_timestamps_are_stored_exactly() {
         mode: "enforce",
     };
     call(&mut conn, &["tb"], Some(T0), &[bucket]).await.unwrap();
-    let stored: String = redis::cmd("GET")
-        .arg("tb")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let stored: String = query(&mut conn, "GET", "tb").await;
     assert_eq!(stored, "2000000:1700000000000001:1000000");
 }
 
@@ -233,10 +243,7 @@ async fn same_microsecond_requests_are_all_counted() {
     let mut conn = server.connection().await;
     let mut allowed = 0;
     for _ in 0..8 {
-        let reply = call(&mut conn, &["k"], Some(T0), &[log_limit(5, 1, 1)])
-            .await
-            .unwrap();
-        allowed += reply[0];
+        allowed += hit(&mut conn, T0, log_limit(5, 1, 1)).await[0];
     }
     assert_eq!(allowed, 5);
     assert_eq!(members(&mut conn, "k").await, [("5,5".to_owned(), T0)]);
@@ -252,10 +259,7 @@ async fn cost_counts_as_cost_in_the_log() {
     let mut conn = server.connection().await;
     let mut allowed = 0;
     for idx in 0..6 {
-        let reply = call(&mut conn, &["k"], Some(T0 + idx), &[log_limit(10, 1, 5)])
-            .await
-            .unwrap();
-        allowed += reply[0];
+        allowed += hit(&mut conn, T0 + idx, log_limit(10, 1, 5)).await[0];
     }
     assert_eq!(allowed, 2);
     assert_eq!(
@@ -281,11 +285,7 @@ async fn denied_request_writes_nothing_to_the_limit_it_passed() {
     .unwrap();
     assert_eq!(reply[0], 0);
     assert_eq!(reply[2..6], [1, 0, 5, 0]);
-    let exists: u64 = redis::cmd("EXISTS")
-        .arg("open")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let exists: u64 = query(&mut conn, "EXISTS", "open").await;
     assert_eq!(exists, 0);
 }
 
@@ -310,29 +310,7 @@ async fn bad_arguments_are_refused_before_any_write() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("bad time"), "{err}");
-    let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
-    assert_eq!(size, 0);
-}
-
-fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> Limit {
-    let params = throttlegate::algorithms::LimitParams::new(
-        throttlegate::algorithms::Algorithm::TokenBucket,
-        limit,
-        window_s * 1_000_000,
-        None,
-    )
-    .unwrap();
-    let rate = params.rate();
-    Limit {
-        algorithm: "token_bucket",
-        limit,
-        window_us: window_s * 1_000_000,
-        capacity: params.capacity(),
-        per_us: rate.per_us,
-        scale: rate.scale,
-        cost,
-        mode: "enforce",
-    }
+    assert_eq!(dbsize(&mut conn).await, 0);
 }
 
 /// Float refill (0.1 token added ten times is below 1) moved a boundary by
@@ -343,29 +321,24 @@ fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> Limit {
 async fn token_bucket_refill_has_no_float_drift() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let grace = 60_000;
-    let take = |now| call_with_grace_owned(&server, now, grace, bucket_limit(10, 1, 1));
+    let take = bucket_limit(10, 1, 1);
     for _ in 0..10 {
-        assert_eq!(take(T0).await[0], 1);
+        assert_eq!(hit(&mut conn, T0, take).await[0], 1);
     }
-    assert_eq!(take(T0).await[0], 0);
+    assert_eq!(hit(&mut conn, T0, take).await[0], 0);
     // 1.1 tokens at +110 ms: one taken, a tenth stored; and so on, each
     // take leaving one more tenth behind.
     for step in 1..10 {
-        assert_eq!(take(T0 + step * 110_000).await[0], 1, "step {step}");
+        assert_eq!(
+            hit(&mut conn, T0 + step * 110_000, take).await[0],
+            1,
+            "step {step}"
+        );
     }
     // 0.9 stored at +990 ms: the next whole token is at +1000 ms exactly.
-    let reply = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(T0 + 999_999),
-        grace,
-        &[bucket_limit(10, 1, 0)],
-    )
-    .await
-    .unwrap();
+    let reply = hit(&mut conn, T0 + 999_999, bucket_limit(10, 1, 0)).await;
     assert_eq!(reply[4], 0, "no whole token a µs early");
-    assert_eq!(take(T0 + 1_000_000).await[0], 1);
+    assert_eq!(hit(&mut conn, T0 + 1_000_000, take).await[0], 1);
 }
 
 /// A request whose clock lags the stored state never moves its timestamp
@@ -385,53 +358,12 @@ async fn a_lagging_clock_never_moves_a_stored_timestamp_back() {
     // 8 tokens left, 2 × 6 s to refill, counted from the stored time: the
     // lagging request waits the 5 s of lag on top.
     assert_eq!(reply[4..6], [8, 5_000_000 + 12_000_000]);
-    let stored: String = redis::cmd("GET")
-        .arg("k")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let stored: String = query(&mut conn, "GET", "k").await;
     // 8 tokens at scale 6_000_000 (10 per 60 s is 1 per 6_000_000 µs).
     assert_eq!(stored, format!("48000000:{late}:6000000"));
 }
 
-async fn call_with_grace_owned(
-    server: &RedisServer,
-    now: u64,
-    grace: u64,
-    limit: Limit,
-) -> Vec<i64> {
-    let mut conn = server.connection().await;
-    call_with_grace(&mut conn, &["k"], Some(now), grace, &[limit])
-        .await
-        .unwrap()
-}
-
 // === the sliding log's layout: one member per request ===
-
-/// The log's members as (member, score).
-async fn members(conn: &mut MultiplexedConnection, key: &str) -> Vec<(String, u64)> {
-    redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await
-        .unwrap()
-}
-
-/// Writes since start-up: unchanged across a call means it wrote nothing.
-async fn writes(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("persistence")
-        .query_async(conn)
-        .await
-        .unwrap();
-    info.lines()
-        .find_map(|line| line.strip_prefix("rdb_changes_since_last_save:"))
-        .and_then(|it| it.trim().parse().ok())
-        .expect("INFO persistence reports rdb_changes_since_last_save")
-}
 
 /// A request of cost equal to a large limit wrote that many members (a
 /// 3,000,000-unit request ran the script for seconds); it is one member,
@@ -470,36 +402,27 @@ async fn a_request_at_the_cap_is_one_member_with_the_window_ttl() {
 async fn expiry_subtracts_the_costs_of_the_entries_that_left() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let grace = 60_000;
-    let at = |now, cost| {
-        let server = &server;
-        async move {
-            let mut conn = server.connection().await;
-            call_with_grace(
-                &mut conn,
-                &["k"],
-                Some(now),
-                grace,
-                &[log_limit(10, 1, cost)],
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let limit = |cost| log_limit(10, 1, cost);
     for (offset, cost) in [(0, 2), (10, 3), (20, 4)] {
-        assert_eq!(at(T0 + offset, cost).await[0], 1);
+        assert_eq!(hit(&mut conn, T0 + offset, limit(cost)).await[0], 1);
     }
     // 9 of 10 held: a request of 5 waits for the first two entries (5
     // units) to leave, a request of 2 only for the first.
-    assert_eq!(at(T0 + 30, 5).await[2..], [0, 0, 1, 1_000_010 - 30]);
-    assert_eq!(at(T0 + 30, 2).await[2..], [0, 0, 1, 1_000_000 - 30]);
+    assert_eq!(
+        hit(&mut conn, T0 + 30, limit(5)).await[2..],
+        [0, 0, 1, 1_000_010 - 30]
+    );
+    assert_eq!(
+        hit(&mut conn, T0 + 30, limit(2)).await[2..],
+        [0, 0, 1, 1_000_000 - 30]
+    );
     // The first entry (2 units) leaves at T0 + 1 s exactly.
-    assert_eq!(at(T0 + 999_999, 0).await[4], 1);
-    assert_eq!(at(T0 + 1_000_000, 0).await[4], 3);
-    assert_eq!(at(T0 + 1_000_010, 0).await[4], 6);
+    assert_eq!(hit(&mut conn, T0 + 999_999, limit(0)).await[4], 1);
+    assert_eq!(hit(&mut conn, T0 + 1_000_000, limit(0)).await[4], 3);
+    assert_eq!(hit(&mut conn, T0 + 1_000_010, limit(0)).await[4], 6);
     // Consuming removes the expired entries and keeps the running total.
     assert_eq!(
-        at(T0 + 1_000_010, 6).await[..6],
+        hit(&mut conn, T0 + 1_000_010, limit(6)).await[..6],
         [1, (T0 + 1_000_010) as i64, 1, 1, 0, 1_000_000]
     );
     assert_eq!(
@@ -520,26 +443,14 @@ async fn equal_timestamps_never_collide() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     for _ in 0..4 {
-        let reply = call(&mut conn, &["k"], Some(T0), &[log_limit(20, 1, 5)])
-            .await
-            .unwrap();
-        assert_eq!(reply[0], 1);
+        assert_eq!(hit(&mut conn, T0, log_limit(20, 1, 5)).await[0], 1);
     }
     assert_eq!(members(&mut conn, "k").await, [("20,20".to_owned(), T0)]);
-    let reply = call(&mut conn, &["k"], Some(T0), &[log_limit(20, 1, 1)])
-        .await
-        .unwrap();
+    let reply = hit(&mut conn, T0, log_limit(20, 1, 1)).await;
     assert_eq!(reply[..5], [0, T0 as i64, 0, 0, 0]);
     // Once the window has passed, the expired member goes and a new one
     // starts the running total over.
-    let reply = call(
-        &mut conn,
-        &["k"],
-        Some(T0 + 1_000_000),
-        &[log_limit(20, 1, 12)],
-    )
-    .await
-    .unwrap();
+    let reply = hit(&mut conn, T0 + 1_000_000, log_limit(20, 1, 12)).await;
     assert_eq!(reply[..5], [1, (T0 + 1_000_000) as i64, 1, 1, 8]);
     assert_eq!(
         members(&mut conn, "k").await,
@@ -555,15 +466,7 @@ async fn running_totals_wrap_at_two_to_the_53() {
     let mut conn = server.connection().await;
     let top = (1u64 << 53) - 2;
     zadd(&mut conn, "k", T0, &format!("{top},3")).await;
-    let reply = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(T0 + 1),
-        60_000,
-        &[log_limit(10, 1, 4)],
-    )
-    .await
-    .unwrap();
+    let reply = hit(&mut conn, T0 + 1, log_limit(10, 1, 4)).await;
     assert_eq!(reply[..5], [1, (T0 + 1) as i64, 1, 1, 3]);
     assert_eq!(
         members(&mut conn, "k").await,
@@ -571,15 +474,7 @@ async fn running_totals_wrap_at_two_to_the_53() {
     );
     // 7 held: a request of 5 waits for the first entry, one of 8 for both.
     for (cost, reset) in [(5, 1_000_000 - 2), (8, 1_000_001 - 2)] {
-        let reply = call_with_grace(
-            &mut conn,
-            &["k"],
-            Some(T0 + 2),
-            60_000,
-            &[log_limit(10, 1, cost)],
-        )
-        .await
-        .unwrap();
+        let reply = hit(&mut conn, T0 + 2, log_limit(10, 1, cost)).await;
         assert_eq!(reply[2..], [0, 0, 3, reset], "cost {cost}");
     }
 }
@@ -594,15 +489,7 @@ async fn a_log_of_the_older_layout_keeps_its_units() {
     for (seq, at) in [(1, T0), (2, T0), (1, T0 + 5)] {
         zadd(&mut conn, "k", at, &format!("{at}:{seq}")).await;
     }
-    let reply = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(T0 + 10),
-        60_000,
-        &[log_limit(5, 1, 1)],
-    )
-    .await
-    .unwrap();
+    let reply = hit(&mut conn, T0 + 10, log_limit(5, 1, 1)).await;
     assert_eq!(reply[..5], [1, (T0 + 10) as i64, 1, 1, 1]);
     assert_eq!(
         members(&mut conn, "k").await,
@@ -618,40 +505,22 @@ async fn a_log_of_the_older_layout_keeps_its_units() {
 async fn costs_up_to_two_to_the_64_are_denied_without_a_write() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let costs = [
-        "9007199254740991",
-        "9007199254740992",
-        "9223372036854775808",
-        "18446744073709551615",
-    ];
+    let costs = [(1 << 53) - 1, 1 << 53, 1 << 63, u64::MAX];
     for limit in [log_limit(5, 1, 0), bucket_limit(5, 1, 0)] {
         for cost in costs {
-            let script = redis::Script::new(DECIDE_LUA);
             let before = writes(&mut conn).await;
-            let reply: Vec<i64> = script
-                .key("k")
-                .arg(T0)
-                .arg(0)
-                .arg(limit.algorithm)
-                .arg(limit.limit)
-                .arg(limit.window_us)
-                .arg(limit.capacity)
-                .arg(limit.per_us)
-                .arg(limit.scale)
-                .arg(cost)
-                .arg(limit.mode)
-                .invoke_async(&mut conn)
+            let reply = call(&mut conn, &["k"], Some(T0), &[LimitArgs { cost, ..limit }])
                 .await
                 .unwrap();
             assert_eq!(reply, vec![0, T0 as i64, 0, 0, 5, 1_000_000], "{cost}");
             assert_eq!(writes(&mut conn).await, before, "{cost}");
         }
     }
-    let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
-    assert_eq!(size, 0);
+    assert_eq!(dbsize(&mut conn).await, 0);
 }
 
-/// The expiry grace (ARGV[2]) is added to the TTL of every written key.
+/// The expiry grace (the header's grace_ms) is added to the TTL of every
+/// written key.
 #[tokio::test]
 async fn the_expiry_grace_extends_every_ttl() {
     let server = RedisServer::start();
@@ -681,52 +550,16 @@ async fn expired_entries_are_removed_a_bounded_number_per_call() {
             .arg(&sha)
             .arg(1)
             .arg("k")
-            .arg(T0 + idx)
-            .arg(60_000)
-            .arg("sliding_window_log")
-            .arg(1_000)
-            .arg(1_000_000)
-            .arg(1_000)
-            .arg(0)
-            .arg(1)
-            .arg(1)
-            .arg("enforce")
+            .arg(args(Some(T0 + idx), GRACE_MS, &[log_limit(1_000, 1, 1)]))
             .ignore();
     }
     let () = fill.query_async(&mut conn).await.unwrap();
-    let card = |conn: &mut MultiplexedConnection| {
-        let mut conn = conn.clone();
-        async move {
-            let n: u64 = redis::cmd("ZCARD")
-                .arg("k")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            n
-        }
-    };
-    assert_eq!(card(&mut conn).await, 300);
+    assert_eq!(query::<u64>(&mut conn, "ZCARD", "k").await, 300);
     let later = T0 + 2_000_000;
-    let reply = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(later),
-        60_000,
-        &[log_limit(1_000, 1, 1)],
-    )
-    .await
-    .unwrap();
+    let reply = hit(&mut conn, later, log_limit(1_000, 1, 1)).await;
     assert_eq!(reply[..5], [1, later as i64, 1, 1, 999]);
-    assert_eq!(card(&mut conn).await, 300 - 32 + 1);
-    let reply = call_with_grace(
-        &mut conn,
-        &["k"],
-        Some(later + 1),
-        60_000,
-        &[log_limit(1_000, 1, 1)],
-    )
-    .await
-    .unwrap();
+    assert_eq!(query::<u64>(&mut conn, "ZCARD", "k").await, 300 - 32 + 1);
+    let reply = hit(&mut conn, later + 1, log_limit(1_000, 1, 1)).await;
     assert_eq!(reply[..5], [1, (later + 1) as i64, 1, 1, 998]);
-    assert_eq!(card(&mut conn).await, 300 - 64 + 2);
+    assert_eq!(query::<u64>(&mut conn, "ZCARD", "k").await, 300 - 64 + 2);
 }

@@ -1,22 +1,49 @@
 //! Differential test: the memory and Redis backends give identical verdicts
-//! on the same random traces with the same manual clock.
+//! on the same traces with the same manual clock, and after every step hold
+//! the same state for every key it touched, with the TTL in Redis matching
+//! the memory backend's expiry.
+//!
+//! Redis expires keys on its own (real) clock while a trace moves a manual
+//! one, so keys get an hour of grace against real time. Then either Redis
+//! keeps every key past its lifetime, as a grace does in production, and a
+//! state read after its lifetime must decide as a fresh one
+//! ([`Expiry::Kept`]); or the test expires keys on the trace's clock in
+//! both backends ([`Expiry::OnTraceClock`]). Either way every write checks
+//! that the TTL Redis set ends when the memory backend's entry expires (to
+//! the ms, Redis's granularity).
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use redis::aio::MultiplexedConnection;
 use support::redis::RedisServer;
-use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, Verdict};
+use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, State, Verdict};
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
-use throttlegate::clock::ManualClock;
+use throttlegate::clock::{Clock, ManualClock};
 
 const T0: u64 = 1_700_000_000_000_000;
 const SEEDS: u64 = 40;
 const STEPS: usize = 150;
+
+/// Keeps keys from expiring in real time: see the module's comment.
+const GRACE_MS: u64 = 3_600_000;
+
+/// When a key past its lifetime leaves Redis.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Expiry {
+    /// Never during a trace: a state past its lifetime is read again.
+    Kept,
+    /// When the memory backend drops its entry: the memory backend sweeps
+    /// before every step, and the keys it no longer holds are deleted from
+    /// Redis.
+    OnTraceClock,
+}
 
 /// splitmix64: a reproducible trace per seed without a dependency.
 struct Rng(u64);
@@ -50,21 +77,19 @@ fn random_params(
     rng: &mut Rng,
     algorithm: Algorithm,
     window_s: u64,
-    reloads: bool,
+    reloads: Reloads,
 ) -> Vec<LimitParams> {
-    // Both backends treat a key as fresh once it is idle past the time it
-    // would be full under the parameters it was written with. A token
-    // bucket refills at the rate in force, so after a reload that changes
-    // its rate or capacity that moment is not "full" under the new
-    // parameters, and the memory backend (expiring to the µs) and Redis
-    // (to the ms, and here with the trace's grace) part ways: token buckets
-    // do not reload here; their rescaling is covered by the test near the
-    // exactness bound, whose keys never expire.
-    let n_variants = if reloads && algorithm != Algorithm::TokenBucket {
-        1 + rng.below(3)
-    } else {
-        1
+    // A token bucket idle past its lifetime is full under the parameters it
+    // was written with, not under reloaded ones: the memory backend then
+    // starts it fresh, while Redis, still holding the key, refills the old
+    // level at the new rate. Its reloads agree only when keys leave Redis
+    // when they leave memory ([`Expiry::OnTraceClock`]).
+    let reloaded = match reloads {
+        Reloads::None => false,
+        Reloads::ButTokenBuckets => algorithm != Algorithm::TokenBucket,
+        Reloads::All => true,
     };
+    let n_variants = if reloaded { 1 + rng.below(3) } else { 1 };
     (0..n_variants)
         .map(|_| {
             let limit = rng.pick(&[0, 1, 2, 3, 5, 7, 10, 100]);
@@ -78,7 +103,15 @@ fn random_params(
         .collect()
 }
 
-fn random_slots(rng: &mut Rng, algorithms: &[Algorithm], reloads: bool) -> Vec<Slot> {
+/// Which counters of a trace switch between parameter sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reloads {
+    None,
+    ButTokenBuckets,
+    All,
+}
+
+fn random_slots(rng: &mut Rng, algorithms: &[Algorithm], reloads: Reloads) -> Vec<Slot> {
     let mut slots = Vec::new();
     for idx in 0..6 {
         let algorithm = rng.pick(algorithms);
@@ -161,31 +194,213 @@ fn step_clock(rng: &mut Rng, clock: &ManualClock, now: &mut u64, backwards: bool
     clock.set(*now);
 }
 
-async fn run_trace(server: &RedisServer, seed: u64, reloads: bool) {
+/// A key's state as Redis holds it: a log's entries as (µs, running total,
+/// units), or the integers of a string state in order.
+#[derive(Debug, PartialEq, Eq)]
+enum Stored {
+    Log(Vec<(u64, u64, u64)>),
+    Fields(Vec<u64>),
+}
+
+impl Stored {
+    fn of(state: &State) -> Stored {
+        match state {
+            State::SlidingWindowLog(it) => Stored::Log(it.parts()),
+            State::TokenBucket(it) => {
+                let (scaled, last_us, scale) = it.parts();
+                Stored::Fields(vec![scaled, last_us, scale])
+            }
+            State::Gcra(it) => {
+                let (tat_us, frac, per_us) = it.parts();
+                Stored::Fields(vec![tat_us, frac, per_us])
+            }
+            State::SlidingWindowCounter(it) => {
+                let (start, current, previous) = it.parts();
+                Stored::Fields(vec![start, current, previous])
+            }
+            State::FixedWindow(it) => {
+                let (start, count) = it.parts();
+                Stored::Fields(vec![start, count])
+            }
+        }
+    }
+}
+
+/// Both backends on one manual clock, and a connection to read Redis with.
+struct Pair {
+    clock: ManualClock,
+    memory: MemoryBackend,
+    redis: RedisBackend,
+    conn: MultiplexedConnection,
+    expiry: Expiry,
+    /// Redis keys written and not deleted since, with their counters.
+    held: HashMap<String, CounterKey>,
+}
+
+impl Pair {
+    async fn new(server: &RedisServer, key_prefix: String, now: u64, expiry: Expiry) -> Pair {
+        let clock = ManualClock::new(now);
+        let memory = MemoryBackend::new(Arc::new(clock.clone()));
+        let mut settings =
+            support::redis::settings(server, ClockSource::Local(Arc::new(clock.clone())));
+        settings.key_prefix = key_prefix;
+        settings.expiry_grace_ms = GRACE_MS;
+        let redis = RedisBackend::connect(settings).await.expect("connect");
+        Pair {
+            clock,
+            memory,
+            redis,
+            conn: server.connection().await,
+            expiry,
+            held: HashMap::new(),
+        }
+    }
+
+    /// Decides `checks` on both backends: the verdicts must be equal, and
+    /// so must the state and expiry of every key the request touched.
+    async fn step(&mut self, checks: &[KeyedCheck]) -> Result<Verdict, String> {
+        self.expire().await;
+        let expected = self.memory.decide(checks).await.expect("memory decides");
+        let started = std::time::Instant::now();
+        let actual = self
+            .redis
+            .decide(checks)
+            .await
+            .map_err(|err| format!("redis failed: {err}"))?;
+        if actual != expected {
+            return Err(format!("redis answered {actual:?}, memory {expected:?}"));
+        }
+        for it in checks {
+            self.compare_stored(it, started).await?;
+        }
+        Ok(expected)
+    }
+
+    /// Expires keys on the trace's clock in both backends: the memory
+    /// backend's sweep removes its expired entries (which a clock moving
+    /// back would otherwise find live again, while an expired Redis key is
+    /// gone for good), and the keys whose state it no longer holds are
+    /// deleted from Redis.
+    async fn expire(&mut self) {
+        if self.expiry == Expiry::Kept {
+            return;
+        }
+        self.memory.purge_expired();
+        let gone: Vec<String> = self
+            .held
+            .iter()
+            .filter(|(_, key)| self.memory.stored(key).is_none())
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            let _: () = redis::cmd("DEL")
+                .arg(&name)
+                .query_async(&mut self.conn)
+                .await
+                .expect("del");
+            self.held.remove(&name);
+        }
+    }
+
+    /// The key of `check` holds the same state in both backends, and its
+    /// TTL in Redis (less the grace, and the real time passed since
+    /// `started`) ends when the memory backend's entry expires, rounded up
+    /// to the ms.
+    async fn compare_stored(
+        &mut self,
+        check: &KeyedCheck,
+        started: std::time::Instant,
+    ) -> Result<(), String> {
+        let now = self.clock.now_us();
+        let name = self.redis.key_of(&check.key);
+        let window_us = check.check.params.window_us();
+        let in_redis = redis_stored(&mut self.conn, &name, check.key.algorithm, window_us, now);
+        let in_redis = in_redis.await;
+        let in_memory = self.memory.stored(&check.key);
+        let Some((mut state, expires_us)) = in_memory else {
+            return match in_redis {
+                None => Ok(()),
+                Some(it) => Err(format!("{name}: redis holds {it:?}, memory nothing")),
+            };
+        };
+        let in_memory = Stored::of(&state);
+        if in_redis.as_ref() != Some(&in_memory) {
+            return Err(format!(
+                "{name}: redis holds {in_redis:?}, memory {in_memory:?}"
+            ));
+        }
+        self.held.insert(name.clone(), check.key.clone());
+        // The stored state is advanced already: this returns its effective
+        // time, which the TTL counts from.
+        let at = state.advance(&check.check.params, now);
+        let expected = (expires_us - at).div_ceil(1_000) as i64 + GRACE_MS as i64;
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(&name)
+            .query_async(&mut self.conn)
+            .await
+            .expect("pttl");
+        let passed = started.elapsed().as_millis() as i64 + 1;
+        if pttl > expected || pttl < expected - passed {
+            return Err(format!(
+                "{name}: pttl {pttl} ms, expected {expected} ms less up to {passed} ms passed"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The state Redis holds at `name`, decoded; for a log, only the entries
+/// still in the window at the effective time (the script leaves some
+/// expired ones for later calls to remove).
+async fn redis_stored(
+    conn: &mut MultiplexedConnection,
+    name: &str,
+    algorithm: Algorithm,
+    window_us: u64,
+    now: u64,
+) -> Option<Stored> {
+    if algorithm != Algorithm::SlidingWindowLog {
+        let raw: Option<String> = redis::cmd("GET").arg(name).query_async(conn).await.ok()?;
+        let fields = raw?
+            .split(':')
+            .map(|it| it.parse().expect("integer"))
+            .collect();
+        return Some(Stored::Fields(fields));
+    }
+    let members: Vec<(String, u64)> = redis::cmd("ZRANGE")
+        .arg(name)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .expect("zrange");
+    let at = now.max(members.last()?.1);
+    let live = members
+        .iter()
+        .filter(|(_, ts)| ts + window_us > at)
+        .map(|(member, ts)| {
+            let (end, cost) = member.split_once(',').expect("member <end>,<cost>");
+            (*ts, end.parse().expect("end"), cost.parse().expect("cost"))
+        })
+        .collect();
+    Some(Stored::Log(live))
+}
+
+async fn run_trace(server: &RedisServer, seed: u64, reloads: Reloads, expiry: Expiry) {
     let mut rng = Rng(seed);
     let mut now = T0 + rng.below(10_000_000_000);
-    let clock = ManualClock::new(now);
-    let memory = MemoryBackend::new(Arc::new(clock.clone()));
-    let mut settings =
-        support::redis::settings(server, ClockSource::Local(Arc::new(clock.clone())));
-    settings.key_prefix = format!("parity{seed}{}", if reloads { "r" } else { "" });
-    // Keys expire by Redis's real clock while this trace's clock jumps
-    // ahead and back; the grace keeps a key from expiring in real time
-    // before its state is fresh by the trace's clock.
-    settings.expiry_grace_ms = 3_600_000;
-    let redis = RedisBackend::connect(settings).await.expect("connect");
+    let prefix = format!("parity{seed}");
+    let mut pair = Pair::new(server, prefix, now, expiry).await;
     // Half the traces move the clock back now and then.
     let backwards = seed.is_multiple_of(2);
     let slots = random_slots(&mut rng, &Algorithm::ALL, reloads);
     for step in 0..STEPS {
-        step_clock(&mut rng, &clock, &mut now, backwards);
+        step_clock(&mut rng, &pair.clock, &mut now, backwards);
         let checks = random_request(&mut rng, &slots);
-        let expected: Verdict = memory.decide(&checks).await.expect("memory decides");
-        let actual = redis.decide(&checks).await.expect("redis decides");
-        assert_eq!(
-            actual, expected,
-            "seed {seed} step {step} at {now}: redis differs from memory for {checks:#?}"
-        );
+        if let Err(err) = pair.step(&checks).await {
+            panic!("seed {seed} step {step} at {now}: {err} for {checks:#?}");
+        }
     }
 }
 
@@ -193,7 +408,7 @@ async fn run_trace(server: &RedisServer, seed: u64, reloads: bool) {
 async fn memory_and_redis_agree_on_random_traces() {
     let server = RedisServer::start();
     for seed in 0..SEEDS {
-        run_trace(&server, seed, false).await;
+        run_trace(&server, seed, Reloads::None, Expiry::Kept).await;
     }
 }
 
@@ -201,7 +416,21 @@ async fn memory_and_redis_agree_on_random_traces() {
 async fn memory_and_redis_agree_when_limits_are_reloaded() {
     let server = RedisServer::start();
     for seed in 0..SEEDS {
-        run_trace(&server, 1_000 + seed, true).await;
+        run_trace(
+            &server,
+            1_000 + seed,
+            Reloads::ButTokenBuckets,
+            Expiry::Kept,
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn memory_and_redis_agree_when_token_buckets_are_reloaded() {
+    let server = RedisServer::start();
+    for seed in 0..SEEDS {
+        run_trace(&server, 2_000 + seed, Reloads::All, Expiry::OnTraceClock).await;
     }
 }
 
@@ -213,12 +442,7 @@ type Variant = (u64, Option<u64>);
 #[tokio::test]
 async fn memory_and_redis_agree_near_the_exactness_bound() {
     let server = RedisServer::start();
-    let clock = ManualClock::new(T0);
-    let memory = MemoryBackend::new(Arc::new(clock.clone()));
-    let mut settings =
-        support::redis::settings(&server, ClockSource::Local(Arc::new(clock.clone())));
-    settings.expiry_grace_ms = 3_600_000;
-    let redis = RedisBackend::connect(settings).await.expect("connect");
+    let mut pair = Pair::new(&server, "bound".to_owned(), T0, Expiry::Kept).await;
     let year_s = 365 * 86_400;
     // (algorithm, window, the (limit, burst) variants a reload switches
     // between): switching exercises the exact rescaling of stored state.
@@ -258,7 +482,8 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
             .collect();
         let key = support::keys::counter_key(algorithm, window_s, &[("big", &idx.to_string())]);
         for step in 0..80 {
-            clock.advance(rng.pick(&[0, 1, 7, 1_000_003, 86_400_000_000]));
+            pair.clock
+                .advance(rng.pick(&[0, 1, 7, 1_000_003, 86_400_000_000]));
             let params = variants[rng.below(variants.len() as u64) as usize];
             let cost = rng.pick(&[0, 1, 3, params.capacity() / 2, params.capacity()]);
             let checks = [KeyedCheck {
@@ -269,9 +494,9 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
                     mode: Mode::Enforce,
                 },
             }];
-            let expected = memory.decide(&checks).await.expect("memory decides");
-            let actual = redis.decide(&checks).await.expect("redis decides");
-            assert_eq!(actual, expected, "case {idx} step {step}: {checks:?}");
+            if let Err(err) = pair.step(&checks).await {
+                panic!("case {idx} step {step}: {err} for {checks:?}");
+            }
         }
     }
 }
@@ -349,16 +574,10 @@ async fn run_cost_trace(
     trace: &CostTrace,
 ) -> Result<(), TestCaseError> {
     let mut now = T0;
-    let clock = ManualClock::new(now);
-    let memory = MemoryBackend::new(Arc::new(clock.clone()));
-    let mut settings =
-        support::redis::settings(server, ClockSource::Local(Arc::new(clock.clone())));
-    settings.key_prefix = format!("costs{case}");
-    settings.expiry_grace_ms = 3_600_000;
-    let redis = RedisBackend::connect(settings).await.expect("connect");
+    let mut pair = Pair::new(server, format!("costs{case}"), now, Expiry::Kept).await;
     for (step, (delta, limits)) in trace.iter().enumerate() {
         now += delta;
-        clock.set(now);
+        pair.clock.set(now);
         let mut checks: Vec<KeyedCheck> = Vec::new();
         for &(idx, cost) in limits {
             let (algorithm, limit, window_s, burst) = COST_LIMITS[idx];
@@ -380,13 +599,11 @@ async fn run_cost_trace(
                 },
             });
         }
-        let expected = memory.decide(&checks).await.expect("memory decides");
-        let actual = redis
-            .decide(&checks)
+        let verdict = pair
+            .step(&checks)
             .await
-            .map_err(|err| TestCaseError::fail(format!("step {step}: redis failed: {err}")))?;
-        prop_assert_eq!(&actual, &expected, "step {} for {:?}", step, checks);
-        for (check, outcome) in checks.iter().zip(&expected.outcomes) {
+            .map_err(|err| TestCaseError::fail(format!("step {step}: {err} for {checks:?}")))?;
+        for (check, outcome) in checks.iter().zip(&verdict.outcomes) {
             if check.check.cost > check.check.params.capacity() {
                 prop_assert!(!outcome.has_room && !outcome.consumed);
             }

@@ -39,6 +39,20 @@ impl SlidingWindowLog {
         self.entries.is_empty()
     }
 
+    /// The entries as Redis holds them, oldest first: (time µs, running
+    /// total through the entry, units the entry took).
+    pub fn parts(&self) -> Vec<(u64, u64, u64)> {
+        let mut before = self.base;
+        self.entries
+            .iter()
+            .map(|&(ts, end)| {
+                let cost = end.wrapping_sub(before);
+                before = end;
+                (ts, end, cost)
+            })
+            .collect()
+    }
+
     pub(super) fn advance(&mut self, params: &LimitParams, now: u64) -> u64 {
         let at = self
             .entries

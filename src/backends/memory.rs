@@ -114,6 +114,11 @@ struct Slot {
     stored_key: Option<CounterKey>,
 }
 
+/// The entries a request took out of their tables, once room for its new
+/// keys is reserved: only [`MemoryBackend::reserve`] makes one, so no
+/// request decides before the bound has admitted it.
+struct Reserved(Inline<Option<Entry>>);
+
 struct Entry {
     /// The key's hash, kept so that growing the table never rehashes keys.
     hash: u64,
@@ -194,8 +199,37 @@ impl MemoryBackend {
         Err(refused)
     }
 
+    /// Decides one request at `now`: locates its keys, locks their shards,
+    /// takes what is stored, reserves room for new keys, decides, and
+    /// stores the states back.
     fn decide_at(&self, checks: &[KeyedCheck], now: Micros) -> Result<Verdict, Refused> {
-        let mut slots: Inline<Slot> = checks
+        let mut slots = self.locate(checks)?;
+        let locked = lock_order(&mut slots);
+        // Ascending order: any two requests take their common shards in the
+        // same order, so they cannot deadlock.
+        let mut guards: Inline<MutexGuard<'_, Table>> =
+            locked.iter().map(|&idx| self.shards[idx].lock()).collect();
+
+        // One lookup per key: what is stored comes out of its table here.
+        let taken: Inline<Option<Entry>> = slots
+            .iter()
+            .zip(checks)
+            .map(|(slot, it)| guards[slot.guard].take(slot.hash, &it.key))
+            .collect();
+        let taken = self.reserve(&mut guards, &slots, checks, taken)?;
+        let mut states = live_states(&mut slots, taken, now);
+
+        let plain: Inline<Check> = checks.iter().map(|it| it.check).collect();
+        let verdict = algorithms::decide(&plain, &mut states, now);
+        self.store(&mut guards, slots, checks, states, now);
+        Ok(verdict)
+    }
+
+    /// Hashes every key to its shard. Refuses a repeated key: `decide`
+    /// needs distinct keys, and a repeated one would be read twice and
+    /// written twice, losing one of the writes.
+    fn locate(&self, checks: &[KeyedCheck]) -> Result<Inline<Slot>, Refused> {
+        let slots: Inline<Slot> = checks
             .iter()
             .map(|it| {
                 let hash = self.hasher.hash_one(&it.key);
@@ -207,8 +241,6 @@ impl MemoryBackend {
                 }
             })
             .collect();
-        // `decide` needs distinct keys; a repeated one would be read twice
-        // and written twice, losing one of the writes.
         for idx in 1..checks.len() {
             let repeated = (0..idx).any(|prev| {
                 slots[prev].hash == slots[idx].hash && checks[prev].key == checks[idx].key
@@ -220,61 +252,50 @@ impl MemoryBackend {
                 ))));
             }
         }
-        let mut locked: Inline<usize> = slots.iter().map(|it| it.shard).collect();
-        if locked.len() > 1 {
-            locked.sort_unstable();
-            locked.dedup();
-        }
-        for slot in &mut slots {
-            slot.guard = locked
-                .binary_search(&slot.shard)
-                .expect("every shard is in the list");
-        }
-        // Ascending order: any two requests take their common shards in the
-        // same order, so they cannot deadlock.
-        let mut guards: Inline<MutexGuard<'_, Table>> =
-            locked.iter().map(|&idx| self.shards[idx].lock()).collect();
+        Ok(slots)
+    }
 
-        // One lookup per key: what is stored comes out of its table here.
-        let mut taken: Inline<Option<Entry>> = slots
-            .iter()
-            .zip(checks)
-            .map(|(slot, it)| guards[slot.guard].take(slot.hash, &it.key))
-            .collect();
-        // Reserve room for the keys not stored yet before deciding: a
-        // refused request puts back what it took and changes nothing.
+    /// Reserves room for the keys not stored yet, before deciding: a
+    /// request refused as full puts back what it took and changes nothing.
+    fn reserve(
+        &self,
+        guards: &mut [MutexGuard<'_, Table>],
+        slots: &[Slot],
+        checks: &[KeyedCheck],
+        taken: Inline<Option<Entry>>,
+    ) -> Result<Reserved, Refused> {
         let new: usize = checks
             .iter()
             .zip(&taken)
             .filter(|(_, entry)| entry.is_none())
             .map(|(it, _)| weight(&it.key))
             .sum();
-        if new > 0 {
-            let before = self.len.fetch_add(new, Ordering::Relaxed);
-            if before.saturating_add(new) > self.max_counters {
-                self.len.fetch_sub(new, Ordering::Relaxed);
-                for (slot, entry) in slots.iter().zip(taken) {
-                    if let Some(entry) = entry {
-                        guards[slot.guard].restore(entry);
-                    }
-                }
-                return Err(Refused::Full);
+        if new == 0 {
+            return Ok(Reserved(taken));
+        }
+        let before = self.len.fetch_add(new, Ordering::Relaxed);
+        if before.saturating_add(new) <= self.max_counters {
+            return Ok(Reserved(taken));
+        }
+        self.len.fetch_sub(new, Ordering::Relaxed);
+        for (slot, entry) in slots.iter().zip(taken) {
+            if let Some(entry) = entry {
+                guards[slot.guard].restore(entry);
             }
         }
+        Err(Refused::Full)
+    }
 
-        let mut states: Inline<Option<State>> = Inline::with_capacity(checks.len());
-        for (slot, entry) in slots.iter_mut().zip(taken.iter_mut()) {
-            let state = entry.take().and_then(|entry| {
-                let live = entry.expires_us > now;
-                slot.stored_key = Some(entry.key);
-                live.then_some(entry.state)
-            });
-            states.push(state);
-        }
-
-        let plain: Inline<Check> = checks.iter().map(|it| it.check).collect();
-        let verdict = algorithms::decide(&plain, &mut states, now);
-
+    /// Writes the decided states back; a state equal to a fresh one is not
+    /// stored, and gives back its weight.
+    fn store(
+        &self,
+        guards: &mut [MutexGuard<'_, Table>],
+        slots: Inline<Slot>,
+        checks: &[KeyedCheck],
+        states: Inline<Option<State>>,
+        now: Micros,
+    ) {
         for ((slot, it), state) in slots.into_iter().zip(checks).zip(states) {
             let Some(mut state) = state else {
                 // Equal to a fresh state: its entry (or reservation) goes.
@@ -296,7 +317,18 @@ impl MemoryBackend {
             let swept = guards[slot.guard].insert(entry, now);
             self.len.fetch_sub(swept, Ordering::Relaxed);
         }
-        Ok(verdict)
+    }
+
+    /// The state stored for `key` and the time (clock µs) from which it
+    /// equals a fresh one, while it differs from a fresh one; `None` when
+    /// the key is absent or expired. For tests and diagnostics: it locks the
+    /// key's shard like a request does.
+    pub fn stored(&self, key: &CounterKey) -> Option<(State, Micros)> {
+        let now = self.clock.now_us();
+        let hash = self.hasher.hash_one(key);
+        let table = self.shards[self.shard_index(hash)].lock();
+        let entry = table.entries.find(hash, |it| it.key == *key)?;
+        (entry.expires_us > now).then(|| (entry.state.clone(), entry.expires_us))
     }
 
     /// Most counters held, as set by [`MemoryBackend::with_max_counters`].
@@ -496,6 +528,37 @@ fn weight(key: &CounterKey) -> usize {
             })
             .sum::<usize>();
     1 + bytes / KEY_BYTES_PER_COUNTER
+}
+
+/// The shards `slots` touch, ascending and each once; every slot learns
+/// the index of its shard's guard among them.
+fn lock_order(slots: &mut [Slot]) -> Inline<usize> {
+    let mut locked: Inline<usize> = slots.iter().map(|it| it.shard).collect();
+    if locked.len() > 1 {
+        locked.sort_unstable();
+        locked.dedup();
+    }
+    for slot in slots {
+        slot.guard = locked
+            .binary_search(&slot.shard)
+            .expect("every shard is in the list");
+    }
+    locked
+}
+
+/// The states `decide` starts from: a taken entry's, unless it has expired
+/// (then, like an absent key, none). Each slot keeps its stored key for the
+/// write-back.
+fn live_states(slots: &mut [Slot], taken: Reserved, now: Micros) -> Inline<Option<State>> {
+    slots
+        .iter_mut()
+        .zip(taken.0)
+        .map(|(slot, entry)| {
+            let entry = entry?;
+            slot.stored_key = Some(entry.key);
+            (entry.expires_us > now).then_some(entry.state)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,514 @@
+//! Connections to Redis: a bb8 pool of multiplexed connections, their
+//! generations, and the circuit that fails calls at once while Redis cannot
+//! be reached, with the task that reconnects meanwhile.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bb8_redis::bb8;
+use redis::aio::MultiplexedConnection;
+use redis::{AsyncConnectionConfig, RedisError};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::{Instant, timeout_at};
+
+use super::{Error, classify, is_broken};
+
+/// First wait before the background task tries to reconnect after the
+/// circuit opened; doubled after every failure up to [`RECONNECT_MAX_DELAY`].
+/// Short, so a blip costs little; capped, so recovery is seen within a
+/// second while a long outage costs Redis one connect a second per replica.
+const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
+const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// Connections to one Redis, and what is known about reaching it.
+pub(super) struct Pool {
+    pool: bb8::Pool<Manager>,
+    timeout_ms: u64,
+    /// Generation of connections: see [`Manager`].
+    epoch: Arc<AtomicU64>,
+    /// The last error from creating a connection, to say why a checkout
+    /// timed out. A std Mutex: held only to swap a String, never across `.await`.
+    last_connect_error: Arc<Mutex<Option<String>>>,
+    redacted_url: String,
+    circuit: Arc<Circuit>,
+    reconnector: Arc<Reconnector>,
+    /// Owns the task that reconnects while the circuit is open.
+    _reconnecting: ReconnectGuard,
+}
+
+/// A connection cloned out of the pool, with what retires it.
+pub(super) struct Pooled {
+    pub(super) conn: MultiplexedConnection,
+    epoch: u64,
+    /// Shared by the pooled connection and the clones handed out, so a
+    /// caller can retire the one it used.
+    retired: Arc<AtomicBool>,
+}
+
+/// Open while Redis cannot be connected to: calls then fail at once with
+/// [`Error::Unavailable`] instead of each waiting the whole timeout (with
+/// Redis down, a wait per request would outlast Envoy's own timeout, which
+/// then lets the request through whatever the failure mode says).
+///
+/// Only a failure to connect opens it (refused, connect timeout, DNS, TLS,
+/// authentication): a slow reply on a live connection does not, so a slow
+/// Redis still gets the full timeout on every call. It closes when a fresh
+/// connection answers PING, made by the [`Reconnector`] in the background
+/// or by a health probe.
+struct Circuit {
+    open: AtomicBool,
+    /// Why it opened, for the errors answered meanwhile. A std Mutex: held
+    /// only to swap a String, never across `.await`.
+    reason: Mutex<String>,
+    /// Wakes the reconnecting task, and checkouts waiting for a connection
+    /// that will not come.
+    opened: Notify,
+    redacted_url: String,
+}
+
+/// Makes a fresh connection and PINGs it; on success the connection joins
+/// the pool and the circuit closes.
+struct Reconnector {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    pool: bb8::Pool<Manager>,
+    epoch: Arc<AtomicU64>,
+    circuit: Arc<Circuit>,
+    timeout: Duration,
+    timeout_ms: u64,
+}
+
+/// Stops the reconnecting task when the backend is dropped.
+struct ReconnectGuard {
+    task: JoinHandle<()>,
+}
+
+/// Creates multiplexed connections with our timeouts and tells bb8 which
+/// ones are broken.
+///
+/// bb8-redis's manager cannot do either: its `has_broken` always answers
+/// false (with the per-checkout PING off, a dead connection would stay in
+/// the pool forever) and its connections carry redis-rs's fixed 500 ms
+/// response timeout. Instead every connection remembers the epoch it was
+/// made in; an I/O failure on a connection bumps the epoch past it, which
+/// marks it and every connection made before it broken (a restart of Redis
+/// kills them all at once), and bb8 drops them when they come back. A
+/// suspicion about one connection only (a probe PING with no answer) marks
+/// that connection alone, through its `retired` flag.
+struct Manager {
+    client: redis::Client,
+    config: AsyncConnectionConfig,
+    epoch: Arc<AtomicU64>,
+    /// Cleared by a successful connect, so that a checkout timeout never
+    /// blames an error from an earlier outage.
+    last_connect_error: Arc<Mutex<Option<String>>>,
+    /// Opened by any failure to connect.
+    circuit: Arc<Circuit>,
+}
+
+/// Records connection errors that bb8 swallows while it retries.
+#[derive(Debug, Clone)]
+struct LastErrorSink(Arc<Mutex<Option<String>>>);
+
+// === impl Pool ===
+
+impl Pool {
+    /// Builds the pool without connecting (an unreachable server is not an
+    /// error here) and starts the task that reconnects while the circuit is
+    /// open; it stops when the pool is dropped.
+    pub(super) fn start(
+        client: redis::Client,
+        max_size: u32,
+        timeout_ms: u64,
+        redacted_url: String,
+    ) -> Pool {
+        let timeout = Duration::from_millis(timeout_ms);
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout));
+        let epoch = Arc::new(AtomicU64::new(0));
+        let last_connect_error = Arc::new(Mutex::new(None));
+        let circuit = Arc::new(Circuit::new(redacted_url.clone()));
+        let manager = Manager {
+            client: client.clone(),
+            config: config.clone(),
+            epoch: epoch.clone(),
+            last_connect_error: last_connect_error.clone(),
+            circuit: circuit.clone(),
+        };
+        let sink = LastErrorSink(last_connect_error.clone());
+        let pool = build_pool(manager, max_size, timeout, sink);
+        let reconnector = Arc::new(Reconnector {
+            client,
+            config,
+            pool: pool.clone(),
+            epoch: epoch.clone(),
+            circuit: circuit.clone(),
+            timeout,
+            timeout_ms,
+        });
+        let reconnecting = ReconnectGuard {
+            task: tokio::spawn(reconnector.clone().run()),
+        };
+        Pool {
+            pool,
+            timeout_ms,
+            epoch,
+            last_connect_error,
+            redacted_url,
+            circuit,
+            reconnector,
+            _reconnecting: reconnecting,
+        }
+    }
+
+    /// Whether calls fail at once because Redis could not be connected to
+    /// (see [`Circuit`]).
+    pub(super) fn circuit_open(&self) -> bool {
+        self.circuit.is_open()
+    }
+
+    /// bb8's view of the pool, for `Debug`.
+    pub(super) fn state(&self) -> bb8::State {
+        self.pool.state()
+    }
+
+    /// A connection cloned out of the pool; the pool slot is released
+    /// before the caller uses it (a multiplexed connection serves many
+    /// concurrent calls, so holding the slot would only serialise them).
+    pub(super) async fn connection(&self) -> Result<Pooled, Error> {
+        if self.circuit.is_open() {
+            return Err(self.circuit.error());
+        }
+        // Each broken connection met is dropped by bb8 as it is put back,
+        // so after pool_size of them a fresh one is made.
+        for _ in 0..=self.pool.state().connections.max(1) {
+            // A checkout waiting for a connection gives up as soon as a
+            // connect fails, rather than at the timeout.
+            let checkout = tokio::select! {
+                biased;
+                res = self.pool.get() => res,
+                () = self.circuit.wait_open() => return Err(self.circuit.error()),
+            };
+            let pooled = checkout.map_err(|err| self.checkout_error(err))?;
+            if is_retired(&pooled, &self.epoch) {
+                // Dropping it makes bb8 ask `has_broken`, which says yes.
+                drop(pooled);
+                continue;
+            }
+            return Ok(Pooled {
+                conn: pooled.conn.clone(),
+                epoch: pooled.epoch,
+                retired: pooled.retired.clone(),
+            });
+        }
+        Err(Error::Unavailable(format!(
+            "no healthy connection to {}",
+            self.redacted_url
+        )))
+    }
+
+    fn checkout_error(&self, err: bb8::RunError<RedisError>) -> Error {
+        match err {
+            bb8::RunError::User(err) => classify(&err, self.timeout_ms),
+            bb8::RunError::TimedOut => {
+                let why = self
+                    .last_connect_error
+                    .lock()
+                    .unwrap_or_else(|it| it.into_inner())
+                    .clone()
+                    .unwrap_or_else(|| "still connecting".to_owned());
+                Error::Unavailable(format!(
+                    "no connection to {} within {} ms: {why}",
+                    self.redacted_url, self.timeout_ms
+                ))
+            }
+        }
+    }
+
+    /// Marks `conn` and every older connection broken when `err` means the
+    /// connection is dead, and classifies the error.
+    pub(super) fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
+        if is_broken(err) {
+            self.retire(conn);
+        }
+        classify(err, self.timeout_ms)
+    }
+
+    /// Marks `conn` and every older connection broken.
+    fn retire(&self, conn: &Pooled) {
+        self.epoch.fetch_max(conn.epoch + 1, Ordering::SeqCst);
+    }
+
+    pub(super) fn checkout_timeout(&self) -> Error {
+        Error::Unavailable(format!(
+            "no connection to {} within {} ms",
+            self.redacted_url, self.timeout_ms
+        ))
+    }
+
+    /// PING by `deadline`. A connection found dead is replaced and the
+    /// PING retried once (PING is idempotent), so the first probe after
+    /// Redis comes back already succeeds. While the circuit is open, a
+    /// fresh connection is tried at once (not at the reconnector's next
+    /// turn), so health reports recovery as soon as it happens.
+    pub(super) async fn probe(&self, deadline: Instant) -> Result<(), Error> {
+        if self.circuit.is_open() {
+            return self.reconnector.attempt().await;
+        }
+        match self.ping(deadline).await {
+            Ok(()) => Ok(()),
+            Err((_, true)) => self.ping(deadline).await.map_err(|(err, _)| err),
+            Err((err, false)) => Err(err),
+        }
+    }
+
+    /// One PING; the flag says whether the connection was found dead.
+    async fn ping(&self, deadline: Instant) -> Result<(), (Error, bool)> {
+        let mut conn = match timeout_at(deadline, self.connection()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(err)) => return Err((err, false)),
+            Err(_) => return Err((self.checkout_timeout(), false)),
+        };
+        // A PING that gets no answer in time may be on a half-open
+        // connection (a partition without a reset), which a multiplexed
+        // connection never notices by itself: retire it, so the pool
+        // reconnects once the network heals. Only this connection: the
+        // likelier cause is a slow script, and retiring every connection
+        // would make every replica reconnect at once. Calls are not retired
+        // on a timeout, since a slow script says nothing about the connection.
+        let res: Result<String, RedisError> =
+            match timeout_at(deadline, redis::cmd("PING").query_async(&mut conn.conn)).await {
+                Ok(res) => res,
+                Err(_) => {
+                    conn.retired.store(true, Ordering::SeqCst);
+                    return Err((Error::Timeout(self.timeout_ms), false));
+                }
+            };
+        match res {
+            Ok(pong) if pong == "PONG" => Ok(()),
+            Ok(other) => Err((
+                Error::Protocol(format!("unexpected ping reply {other:?}")),
+                false,
+            )),
+            Err(err) => {
+                if err.is_timeout() {
+                    conn.retired.store(true, Ordering::SeqCst);
+                }
+                Err((self.fail(&conn, &err), is_broken(&err)))
+            }
+        }
+    }
+}
+
+/// The bb8 pool over `manager`: no PING per checkout, no retries of its own,
+/// and no connection made before the first call.
+fn build_pool(
+    manager: Manager,
+    max_size: u32,
+    timeout: Duration,
+    sink: LastErrorSink,
+) -> bb8::Pool<Manager> {
+    bb8::Pool::builder()
+        .max_size(max_size)
+        // A PING per checkout doubles the round trips; broken
+        // connections are found by `Manager::has_broken` instead.
+        .test_on_check_out(false)
+        .connection_timeout(timeout)
+        // A failed connect opens the circuit, and the reconnector owns
+        // retrying: bb8's own retries would only add load on a Redis
+        // that is down.
+        .retry_connection(false)
+        .error_sink(Box::new(sink))
+        // Never block start-up on an unreachable server.
+        .build_unchecked(manager)
+}
+
+// === impl Manager ===
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Pooled;
+    type Error = RedisError;
+
+    async fn connect(&self) -> Result<Pooled, RedisError> {
+        // Read before connecting: a failure reported meanwhile marks this
+        // connection too, which at worst costs one reconnect.
+        let epoch = self.epoch.load(Ordering::SeqCst);
+        let conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .inspect_err(|err| self.circuit.open(err.to_string()))?;
+        *self
+            .last_connect_error
+            .lock()
+            .unwrap_or_else(|it| it.into_inner()) = None;
+        Ok(Pooled {
+            conn,
+            epoch,
+            retired: Arc::default(),
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut Pooled) -> Result<(), RedisError> {
+        redis::cmd("PING").query_async::<()>(&mut conn.conn).await
+    }
+
+    fn has_broken(&self, conn: &mut Pooled) -> bool {
+        is_retired(conn, &self.epoch)
+    }
+}
+
+// === impl Circuit ===
+
+impl Circuit {
+    fn new(redacted_url: String) -> Circuit {
+        Circuit {
+            open: AtomicBool::new(false),
+            reason: Mutex::new(String::new()),
+            opened: Notify::new(),
+            redacted_url,
+        }
+    }
+
+    fn is_open(&self) -> bool {
+        self.open.load(Ordering::SeqCst)
+    }
+
+    /// Opens the circuit (logged once per outage) or updates its reason.
+    fn open(&self, reason: String) {
+        *self.reason.lock().unwrap_or_else(|it| it.into_inner()) = reason;
+        if !self.open.swap(true, Ordering::SeqCst) {
+            let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
+            tracing::warn!(
+                url = %self.redacted_url,
+                reason = %*reason,
+                "cannot connect to redis: answering under the failure mode until it is back"
+            );
+            drop(reason);
+            self.opened.notify_waiters();
+        }
+    }
+
+    /// Closes the circuit (logged once per outage).
+    fn close(&self) {
+        if self.open.swap(false, Ordering::SeqCst) {
+            tracing::info!(url = %self.redacted_url, "connected to redis again: deciding requests");
+        }
+    }
+
+    /// The error every call gets while the circuit is open.
+    fn error(&self) -> Error {
+        let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
+        Error::Unavailable(format!(
+            "no connection to {} (reconnecting in the background): {reason}",
+            self.redacted_url
+        ))
+    }
+
+    /// Completes once the circuit is open.
+    async fn wait_open(&self) {
+        loop {
+            let notified = self.opened.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so an opening in between is not missed.
+            notified.as_mut().enable();
+            if self.is_open() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+// === impl Reconnector ===
+
+impl Reconnector {
+    /// Waits for the circuit to open, then tries to reconnect with backoff
+    /// until it closes; forever, until its guard aborts it.
+    async fn run(self: Arc<Self>) {
+        loop {
+            self.circuit.wait_open().await;
+            let mut delay = RECONNECT_MIN_DELAY;
+            while self.circuit.is_open() {
+                tokio::time::sleep(delay).await;
+                // A health probe may have closed it meanwhile.
+                if !self.circuit.is_open() || self.attempt().await.is_ok() {
+                    break;
+                }
+                delay = (delay * 2).min(RECONNECT_MAX_DELAY);
+            }
+        }
+    }
+
+    /// One fresh connection and a PING within the timeout. On success the
+    /// connection joins the pool and the circuit closes; on failure the
+    /// circuit opens (or stays open with the new reason).
+    async fn attempt(&self) -> Result<(), Error> {
+        let res = tokio::time::timeout(self.timeout, async {
+            let mut conn = self
+                .client
+                .get_multiplexed_async_connection_with_config(&self.config)
+                .await?;
+            let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
+            Ok::<_, RedisError>((conn, pong))
+        })
+        .await;
+        let (err, reason) = match res {
+            Ok(Ok((conn, pong))) if pong == "PONG" => {
+                self.admit(conn);
+                return Ok(());
+            }
+            Ok(Ok((_, other))) => {
+                let reason = format!("unexpected ping reply {other:?}");
+                (Error::Protocol(reason.clone()), reason)
+            }
+            Ok(Err(err)) => (classify(&err, self.timeout_ms), err.to_string()),
+            Err(_) => {
+                let reason = format!("no answer within {} ms", self.timeout_ms);
+                (Error::Unavailable(reason.clone()), reason)
+            }
+        };
+        self.circuit.open(reason);
+        Err(err)
+    }
+
+    /// Puts a connection that answered into the pool, in a new epoch, and
+    /// closes the circuit.
+    fn admit(&self, conn: MultiplexedConnection) {
+        // Connections from before the outage are not trusted after it: a
+        // partition leaves them half-open, and nothing else would retire them.
+        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        // A full pool keeps its slots; the connection is then dropped and
+        // bb8 makes new ones as the old ones are retired.
+        let _ = self.pool.add(Pooled {
+            conn,
+            epoch,
+            retired: Arc::default(),
+        });
+        self.circuit.close();
+    }
+}
+
+impl Drop for ReconnectGuard {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl bb8::ErrorSink<RedisError> for LastErrorSink {
+    fn sink(&self, err: RedisError) {
+        *self.0.lock().unwrap_or_else(|it| it.into_inner()) = Some(err.to_string());
+    }
+
+    fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
+        Box::new(self.clone())
+    }
+}
+
+/// Whether `conn` was retired alone or with its epoch.
+fn is_retired(conn: &Pooled, epoch: &AtomicU64) -> bool {
+    conn.retired.load(Ordering::SeqCst) || conn.epoch < epoch.load(Ordering::SeqCst)
+}
