@@ -1,0 +1,221 @@
+//! Requests, limiters and what the limiter tests compare: statuses in
+//! brief, headers, and samples of the metrics text.
+
+use std::sync::Arc;
+
+use crate::backends::Backend;
+use crate::clock::ManualClock;
+use crate::decision::{Code, Decision, Descriptor, Entry, FailureMode, Limiter, Options, Request};
+use crate::metrics::Metrics;
+use crate::rules::{RuleSet, Unit};
+
+use super::{FakeBackend, T0, default_options, limiter, memory_backend, rules_from};
+
+pub(crate) use Code::{Ok as OK, OverLimit as OVER};
+
+// === requests ===
+
+/// A descriptor of text `entries`, without override or cost of its own.
+pub(crate) fn desc(entries: &[(&str, &str)]) -> Descriptor {
+    bytes_desc(
+        &entries
+            .iter()
+            .map(|(key, value)| (key.as_bytes(), value.as_bytes()))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// A descriptor of byte `entries`, without override or cost of its own.
+pub(crate) fn bytes_desc(entries: &[(&[u8], &[u8])]) -> Descriptor {
+    Descriptor {
+        entries: entries
+            .iter()
+            .map(|(key, value)| Entry {
+                key: key.to_vec(),
+                value: value.to_vec(),
+            })
+            .collect(),
+        limit: None,
+        hits_addend: None,
+    }
+}
+
+/// A request of `descriptors` in the domain [`super::rules::rules`] builds.
+pub(crate) fn req(descriptors: Vec<Descriptor>) -> Request {
+    request_in(super::rules::DOMAIN, descriptors, 0)
+}
+
+pub(crate) fn request_in(domain: &str, descriptors: Vec<Descriptor>, hits_addend: u32) -> Request {
+    Request {
+        domain: domain.to_owned(),
+        descriptors,
+        hits_addend,
+    }
+}
+
+// === limiters ===
+
+/// A limiter on a memory backend and the clock that backend reads.
+pub(crate) struct Fixture {
+    pub(crate) limiter: Limiter,
+    pub(crate) clock: ManualClock,
+}
+
+pub(crate) fn fixture(rules: RuleSet, options: Options) -> Fixture {
+    let clock = ManualClock::new(T0);
+    Fixture {
+        limiter: limiter(rules, memory_backend(&clock), options, Metrics::new()),
+        clock,
+    }
+}
+
+/// A limiter whose backend is always down.
+pub(crate) fn down(rules: RuleSet, failure_mode: FailureMode) -> Limiter {
+    limiter(
+        rules,
+        Arc::new(FakeBackend::down()),
+        Options {
+            failure_mode,
+            ..default_options()
+        },
+        Metrics::new(),
+    )
+}
+
+/// Limiter options that answer OK when the backend fails.
+pub(crate) fn allow_options(shadow_mode: bool) -> Options {
+    Options {
+        shadow_mode,
+        failure_mode: FailureMode::Allow,
+        ..default_options()
+    }
+}
+
+/// A limiter over the config file `api.yaml` of `yaml` on `backend`.
+pub(crate) fn yaml_limiter_on(yaml: &str, backend: Arc<dyn Backend>, options: Options) -> Limiter {
+    limiter(
+        rules_from("api.yaml", yaml),
+        backend,
+        options,
+        Metrics::new(),
+    )
+}
+
+/// A limiter over the config file `api.yaml` of `yaml`, recording into
+/// `metrics`, on a memory backend.
+pub(crate) fn yaml_limiter(yaml: &str, shadow_mode: bool, metrics: Metrics) -> Limiter {
+    limiter(
+        rules_from("api.yaml", yaml),
+        memory_backend(&ManualClock::new(T0)),
+        allow_options(shadow_mode),
+        metrics,
+    )
+}
+
+// === statuses ===
+
+/// `(code, remaining, reset seconds, (requests_per_unit, unit, name))`
+/// of a status: what the table rows compare.
+pub(crate) type Brief = (Code, u32, Option<u64>, Option<(u32, Unit, String)>);
+
+pub(crate) fn brief(status: &crate::decision::Status) -> Brief {
+    (
+        status.code,
+        status.limit_remaining,
+        status.duration_until_reset_s,
+        status
+            .current_limit
+            .as_ref()
+            .map(|it| (it.requests_per_unit, it.unit, it.name.to_string())),
+    )
+}
+
+/// OK without a limit.
+pub(crate) fn ok_none() -> Brief {
+    (Code::Ok, 0, None, None)
+}
+
+/// OK with every request left: an unlimited rule.
+pub(crate) fn unlimited_brief() -> Brief {
+    (Code::Ok, u32::MAX, None, None)
+}
+
+pub(crate) fn lim(
+    code: Code,
+    remaining: u32,
+    reset: u64,
+    rpu: u32,
+    unit: Unit,
+    name: &str,
+) -> Brief {
+    (
+        code,
+        remaining,
+        Some(reset),
+        Some((rpu, unit, name.to_owned())),
+    )
+}
+
+/// The overall code and the statuses in brief.
+pub(crate) fn briefs(decision: &Decision) -> (Code, Vec<Brief>) {
+    (
+        decision.overall,
+        decision.statuses.iter().map(brief).collect(),
+    )
+}
+
+/// Runs `steps` in order, each `(request, overall, statuses)`.
+pub(crate) async fn check(fixture: &Fixture, steps: &[(Request, Code, Vec<Brief>)]) {
+    for (idx, (request, overall, statuses)) in steps.iter().enumerate() {
+        let decision = fixture.limiter.decide(request).await.unwrap();
+        assert_eq!(
+            briefs(&decision),
+            (*overall, statuses.clone()),
+            "step {idx}: {request:?}"
+        );
+    }
+}
+
+pub(crate) fn header<'a>(decision: &'a Decision, name: &str) -> Option<&'a str> {
+    decision
+        .headers
+        .iter()
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.as_str())
+}
+
+// === metrics text ===
+
+/// The value of the sample `series` (name and labels as exposed).
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().unwrap())
+}
+
+/// Decisions counted under `domain`, `rule` and `result`.
+pub(crate) fn decisions(text: &str, domain: &str, rule: &str, result: &str) -> Option<f64> {
+    let series = format!(
+        "throttlegate_decisions_total{{domain=\"{domain}\",rule=\"{rule}\",result=\"{result}\"}}"
+    );
+    sample(text, &series)
+}
+
+/// Asserts the decisions counted under `domain` and `rule` for each
+/// `(result, count)`.
+pub(crate) fn assert_decisions(text: &str, domain: &str, rule: &str, expected: &[(&str, f64)]) {
+    for (result, count) in expected {
+        assert_eq!(
+            decisions(text, domain, rule, result),
+            Some(*count),
+            "{rule} {result}: {text}"
+        );
+    }
+}
+
+/// Lines of the series of `metric` whose labels contain `needle`.
+pub(crate) fn series_with<'t>(text: &'t str, metric: &str, needle: &str) -> Vec<&'t str> {
+    text.lines()
+        .filter(|line| line.starts_with(metric) && line.contains(needle))
+        .collect()
+}
