@@ -5,9 +5,11 @@ use std::sync::Arc;
 
 use crate::backends::Backend;
 use crate::clock::ManualClock;
-use crate::decision::{Code, Decision, Descriptor, Entry, FailureMode, Limiter, Options, Request};
+use crate::decision::{
+    Code, Decision, Descriptor, Entry, FailureMode, LimitOverride, Limiter, Options, Request,
+};
 use crate::metrics::Metrics;
-use crate::rules::{RuleSet, Unit};
+use crate::rules::{RateLimit, RuleSet, Unit};
 
 use super::{FakeBackend, T0, default_options, limiter, memory_backend, rules_from};
 
@@ -40,6 +42,22 @@ pub(crate) fn bytes_desc(entries: &[(&[u8], &[u8])]) -> Descriptor {
     }
 }
 
+/// A descriptor of text `entries` with an override of `requests_per_unit`
+/// per `unit`.
+pub(crate) fn overridden(
+    entries: &[(&str, &str)],
+    requests_per_unit: u32,
+    unit: Unit,
+) -> Descriptor {
+    Descriptor {
+        limit: Some(LimitOverride {
+            requests_per_unit,
+            unit: Some(unit),
+        }),
+        ..desc(entries)
+    }
+}
+
 /// A request of `descriptors` in the domain [`super::rules::rules`] builds.
 pub(crate) fn req(descriptors: Vec<Descriptor>) -> Request {
     request_in(super::rules::DOMAIN, descriptors, 0)
@@ -67,6 +85,15 @@ pub(crate) fn fixture(rules: RuleSet, options: Options) -> Fixture {
         limiter: limiter(rules, memory_backend(&clock), options, Metrics::new()),
         clock,
     }
+}
+
+/// A limiter under default options over one rule: any value of `key`,
+/// limited by `limit`.
+pub(crate) fn one_rule(key: &str, limit: RateLimit) -> Fixture {
+    fixture(
+        super::rules::rules(vec![super::rules::key_node(key, vec![limit])]),
+        default_options(),
+    )
 }
 
 /// A limiter whose backend is always down.
@@ -174,6 +201,16 @@ pub(crate) async fn check(fixture: &Fixture, steps: &[(Request, Code, Vec<Brief>
             "step {idx}: {request:?}"
         );
     }
+}
+
+/// Runs one step: `request` answers `overall` with `statuses`.
+pub(crate) async fn check_one(
+    fixture: &Fixture,
+    request: Request,
+    overall: Code,
+    statuses: Vec<Brief>,
+) {
+    check(fixture, &[(request, overall, statuses)]).await;
 }
 
 pub(crate) fn header<'a>(decision: &'a Decision, name: &str) -> Option<&'a str> {

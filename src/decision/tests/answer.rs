@@ -8,13 +8,7 @@ use crate::testing::rules::*;
 
 #[tokio::test]
 async fn over_limit_after_n_with_remaining_and_reset() {
-    let fixture = fixture(
-        rules(vec![key_node(
-            "user",
-            vec![named(limit(3, Unit::Minute), "per_user", &[])],
-        )]),
-        options(),
-    );
+    let fixture = one_rule("user", named(limit(3, Unit::Minute), "per_user", &[]));
     let one = || req(vec![desc(&[("user", "alice")])]);
     let status = |code, remaining, reset| lim(code, remaining, reset, 3, Unit::Minute, "per_user");
     check(
@@ -35,9 +29,9 @@ async fn over_limit_after_n_with_remaining_and_reset() {
     .await;
     // 20.5 s later the window still holds all three: 39.5 s → 40 s.
     fixture.clock.advance(20_500_000);
-    check(&fixture, &[(one(), OVER, vec![status(OVER, 0, 40)])]).await;
+    check_one(&fixture, one(), OVER, vec![status(OVER, 0, 40)]).await;
     fixture.clock.advance(40_000_000);
-    check(&fixture, &[(one(), OK, vec![status(OK, 2, 60)])]).await;
+    check_one(&fixture, one(), OK, vec![status(OK, 2, 60)]).await;
 }
 
 #[tokio::test]
@@ -122,28 +116,13 @@ async fn most_restrictive_limit_of_a_node() {
         ],
     )
     .await;
+    let denied = |reset| vec![lim(OVER, 0, reset, 1, Unit::Minute, "")];
     // Both deny; the minute limit frees up last.
     fixture.clock.advance(500_000);
-    check(
-        &fixture,
-        &[(
-            one("denied"),
-            OVER,
-            vec![lim(OVER, 0, 60, 1, Unit::Minute, "")],
-        )],
-    )
-    .await;
+    check_one(&fixture, one("denied"), OVER, denied(60)).await;
     // Only the minute limit denies now.
     fixture.clock.advance(1_000_000);
-    check(
-        &fixture,
-        &[(
-            one("denied"),
-            OVER,
-            vec![lim(OVER, 0, 59, 1, Unit::Minute, "")],
-        )],
-    )
-    .await;
+    check_one(&fixture, one("denied"), OVER, denied(59)).await;
 }
 
 #[tokio::test]

@@ -2,7 +2,8 @@
 
 use super::*;
 use crate::algorithms::{Algorithm, LimitParams};
-use crate::decision::{Decision, Options};
+use crate::decision::{Decision, Options, Request};
+use crate::rules::RuleSet;
 use crate::rules::Unit;
 use crate::testing::T0;
 use crate::testing::decision::*;
@@ -11,13 +12,7 @@ use crate::testing::rules::*;
 
 #[tokio::test]
 async fn unit_multiplier_reports_configured_unit_and_exact_headers() {
-    let fixture = fixture(
-        rules(vec![key_node(
-            "k",
-            vec![limit_with(10, Unit::Minute, 5, Algorithm::FixedWindow)],
-        )]),
-        options(),
-    );
+    let fixture = one_rule("k", limit_with(10, Unit::Minute, 5, Algorithm::FixedWindow));
     let decision = fixture
         .limiter
         .decide(&req(vec![desc(&[("k", "v")])]))
@@ -84,26 +79,32 @@ async fn a_burst_is_the_header_limit_and_remaining_never_exceeds_a_limit() {
     }
 }
 
+/// `a`: 10 per minute; `b`: 2 per hour, the more restrictive.
+fn two_rules() -> RuleSet {
+    rules(vec![
+        key_node("a", vec![limit(10, Unit::Minute)]),
+        key_node("b", vec![limit(2, Unit::Hour)]),
+    ])
+}
+
+fn both() -> Request {
+    req(vec![desc(&[("a", "1")]), desc(&[("b", "1")])])
+}
+
+fn assert_headers(decision: &Decision, expected: &[(&str, &str)]) {
+    let got: Vec<(&str, &str)> = decision
+        .headers
+        .iter()
+        .map(|(key, value)| (key.as_str(), value.as_str()))
+        .collect();
+    assert_eq!(got, expected);
+}
+
 #[tokio::test]
 async fn headers_of_the_most_restrictive_status() {
-    let tree = || {
-        rules(vec![
-            key_node("a", vec![limit(10, Unit::Minute)]),
-            key_node("b", vec![limit(2, Unit::Hour)]),
-        ])
-    };
-    let fixture = fixture(tree(), options());
-    let both = || req(vec![desc(&[("a", "1")]), desc(&[("b", "1")])]);
-    let expect = |decision: &Decision, expected: &[(&str, &str)]| {
-        let got: Vec<(&str, &str)> = decision
-            .headers
-            .iter()
-            .map(|(key, value)| (key.as_str(), value.as_str()))
-            .collect();
-        assert_eq!(got, expected);
-    };
+    let fixture = fixture(two_rules(), options());
     let decision = fixture.limiter.decide(&both()).await.unwrap();
-    expect(
+    assert_headers(
         &decision,
         &[
             ("RateLimit-Limit", "2"),
@@ -115,7 +116,7 @@ async fn headers_of_the_most_restrictive_status() {
     fixture.clock.advance(1_000_000);
     let decision = fixture.limiter.decide(&both()).await.unwrap();
     assert_eq!(decision.overall, OVER);
-    expect(
+    assert_headers(
         &decision,
         &[
             ("RateLimit-Limit", "2"),
@@ -130,26 +131,22 @@ async fn headers_of_the_most_restrictive_status() {
         .decide(&req(vec![desc(&[("nothing", "1")])]))
         .await
         .unwrap();
-    expect(&decision, &[]);
+    assert_headers(&decision, &[]);
+}
 
-    // Off: never any headers; custom names are used.
-    let off = self::fixture(
-        tree(),
+#[tokio::test]
+async fn headers_off_are_never_sent_and_custom_names_are_used() {
+    let off = fixture(
+        two_rules(),
         Options {
             response_headers: None,
             ..options()
         },
     );
-    assert!(
-        off.limiter
-            .decide(&both())
-            .await
-            .unwrap()
-            .headers
-            .is_empty()
-    );
-    let custom = self::fixture(
-        tree(),
+    let decision = off.limiter.decide(&both()).await.unwrap();
+    assert_headers(&decision, &[]);
+    let custom = fixture(
+        two_rules(),
         Options {
             response_headers: Some(HeaderNames {
                 limit: "X-L".to_owned(),
@@ -161,7 +158,7 @@ async fn headers_of_the_most_restrictive_status() {
         },
     );
     let decision = custom.limiter.decide(&both()).await.unwrap();
-    expect(
+    assert_headers(
         &decision,
         &[("X-L", "2"), ("X-R", "1"), ("X-Reset", "3600")],
     );

@@ -87,7 +87,7 @@ async fn backend_failure_follows_the_failure_mode() {
 async fn a_rule_swap_applies_to_the_next_request() {
     let fixture = fixture(rules(vec![]), options());
     let one = || req(vec![desc(&[("k", "v")])]);
-    check(&fixture, &[(one(), OK, vec![ok_none()])]).await;
+    check_one(&fixture, one(), OK, vec![ok_none()]).await;
     fixture.limiter.rules().store(Arc::new(rules(vec![key_node(
         "k",
         vec![limit(1, Unit::Minute)],
@@ -97,4 +97,39 @@ async fn a_rule_swap_applies_to_the_next_request() {
         &[(one(), OK, vec![lim(OK, 0, 60, 1, Unit::Minute, "")])],
     )
     .await;
+}
+
+#[test]
+fn near_limit_ratio_default_is_a_fifth_left() {
+    let ratio = NearLimitRatio::DEFAULT;
+    assert_eq!(NearLimitRatio::new(0.8), Some(ratio));
+    assert_eq!(NearLimitRatio::default(), ratio);
+    assert_eq!(ratio.get(), 0.8);
+    for capacity in 0..=200u64 {
+        for remaining in 0..=capacity + 2 {
+            assert_eq!(
+                ratio.is_near(remaining, capacity),
+                remaining * 5 < capacity,
+                "{remaining} of {capacity}"
+            );
+        }
+    }
+    // Exact at the largest capacities too.
+    let capacity = crate::algorithms::MAX_EXACT - 1;
+    assert!(!ratio.is_near(capacity / 5 + 1, capacity));
+    assert!(ratio.is_near(capacity / 5 - 1, capacity));
+}
+
+#[test]
+fn near_limit_ratio_is_a_share() {
+    for refused in [-0.1, 1.01, f64::NAN, f64::INFINITY] {
+        assert_eq!(NearLimitRatio::new(refused), None, "{refused}");
+    }
+    let half = NearLimitRatio::new(0.5).unwrap();
+    assert!(!half.is_near(5, 10));
+    assert!(half.is_near(4, 10));
+    // 0: any use is near; 1: never near.
+    assert!(NearLimitRatio::new(0.0).unwrap().is_near(9, 10));
+    assert!(!NearLimitRatio::new(0.0).unwrap().is_near(10, 10));
+    assert!(!NearLimitRatio::new(1.0).unwrap().is_near(0, 10));
 }

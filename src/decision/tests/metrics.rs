@@ -6,10 +6,11 @@ use std::sync::Arc;
 
 use crate::algorithms::Verdict;
 use crate::backends;
-use crate::decision::{Limiter, Request};
+use crate::clock::ManualClock;
+use crate::decision::{Limiter, NearLimitRatio, Options, Request};
 use crate::metrics::{Metrics, UNKNOWN_DOMAIN, UNKNOWN_RULE};
-use crate::testing::FakeBackend;
 use crate::testing::decision::*;
+use crate::testing::{self, FakeBackend};
 
 fn limiter(yaml: &str, shadow_mode: bool) -> Limiter {
     yaml_limiter(yaml, shadow_mode, Metrics::new())
@@ -81,6 +82,22 @@ async fn decisions_are_counted_by_result_and_hits_by_cost() {
     );
     // Descriptor values never become labels by default.
     assert!(!text.contains("acme") && !text.contains("\"a\""), "{text}");
+}
+
+#[tokio::test]
+async fn near_limit_ratio_sets_where_near_limit_begins() {
+    let limiter = yaml_limiter_on(
+        TREE,
+        testing::memory_backend(&ManualClock::new(testing::T0)),
+        Options {
+            near_limit_ratio: NearLimitRatio::new(0.5).unwrap(),
+            ..allow_options(false)
+        },
+    );
+    // 10 per minute: remaining 9..5 is ok, 4..0 near the limit.
+    decide_times(&limiter, &request("api", &[("user", "a")], 1), 10).await;
+    let text = limiter.metrics().encode();
+    assert_decisions(&text, "api", "user", &[("ok", 5.0), ("near_limit", 5.0)]);
 }
 
 #[tokio::test]

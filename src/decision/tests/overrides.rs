@@ -4,7 +4,6 @@ use super::*;
 use crate::decision::{Descriptor, LimitOverride, Request};
 use crate::rules::Unit;
 use crate::testing::decision::*;
-use crate::testing::default_options as options;
 use crate::testing::rules::*;
 
 #[test]
@@ -81,24 +80,14 @@ const EXTREME_OVERRIDES: [(u32, Unit); 5] = [
 #[tokio::test]
 async fn every_override_is_decided_on_every_algorithm() {
     for algorithm in Algorithm::ALL {
-        let fixture = fixture(
-            rules(vec![key_node(
-                "k",
-                vec![limit_with(5, Unit::Minute, 1, algorithm)],
-            )]),
-            options(),
-        );
+        let fixture = one_rule("k", limit_with(5, Unit::Minute, 1, algorithm));
         for (requests, unit) in EXTREME_OVERRIDES {
             let case = format!("{algorithm} {requests}/{}", unit.name());
             let with_cost = |cost: u64| {
                 req(vec![Descriptor {
-                    limit: Some(LimitOverride {
-                        requests_per_unit: requests,
-                        unit: Some(unit),
-                    }),
                     hits_addend: Some(cost),
                     // One counter per case: overrides of one unit share theirs.
-                    ..desc(&[("k", &case)])
+                    ..overridden(&[("k", &case)], requests, unit)
                 }])
             };
             // More than asked at once never passes.
@@ -131,28 +120,28 @@ async fn every_override_is_decided_on_every_algorithm() {
     }
 }
 
+/// A request of one descriptor of `entries` with an override.
+fn one_override(entries: &[(&str, &str)], requests_per_unit: u32, unit: Unit) -> Request {
+    req(vec![overridden(entries, requests_per_unit, unit)])
+}
+
+/// A rule of 100 per minute on a token bucket, named `rule`, for `k`.
+fn token_bucket_rule() -> Fixture {
+    one_rule(
+        "k",
+        named(
+            limit_with(100, Unit::Minute, 1, Algorithm::TokenBucket),
+            "rule",
+            &[],
+        ),
+    )
+}
+
 #[tokio::test]
 async fn override_uses_its_own_counter_and_reports_no_name() {
-    let fixture = fixture(
-        rules(vec![key_node(
-            "k",
-            vec![named(
-                limit_with(100, Unit::Minute, 1, Algorithm::TokenBucket),
-                "rule",
-                &[],
-            )],
-        )]),
-        options(),
-    );
-    let with_override = |requests_per_unit| {
-        req(vec![Descriptor {
-            limit: Some(LimitOverride {
-                requests_per_unit,
-                unit: Some(Unit::Second),
-            }),
-            ..desc(&[("k", "v")])
-        }])
-    };
+    let fixture = token_bucket_rule();
+    let with_override =
+        |requests_per_unit| one_override(&[("k", "v")], requests_per_unit, Unit::Second);
     // Token bucket (the rule's algorithm): 2 per second refills one
     // token per 500 ms.
     let status = |rpu, code, remaining, reset| lim(code, remaining, reset, rpu, Unit::Second, "");
@@ -170,13 +159,7 @@ async fn override_uses_its_own_counter_and_reports_no_name() {
             ),
             // An override for a descriptor no rule matches is enforced too.
             (
-                req(vec![Descriptor {
-                    limit: Some(LimitOverride {
-                        requests_per_unit: 0,
-                        unit: Some(Unit::Minute),
-                    }),
-                    ..desc(&[("nothing", "v")])
-                }]),
+                one_override(&[("nothing", "v")], 0, Unit::Minute),
                 OVER,
                 vec![lim(OVER, 0, 60, 0, Unit::Minute, "")],
             ),
@@ -186,23 +169,15 @@ async fn override_uses_its_own_counter_and_reports_no_name() {
     // The rule's algorithm: half a second refills one token (a sliding
     // log would still be full).
     fixture.clock.advance(500_000);
-    check(
-        &fixture,
-        &[(with_override(2), OK, vec![status(2, OK, 0, 1)])],
-    )
-    .await;
+    check_one(&fixture, with_override(2), OK, vec![status(2, OK, 0, 1)]).await;
+}
 
+#[tokio::test]
+async fn override_without_a_rule_uses_the_default_algorithm_and_keeps_its_counter() {
+    let fixture = token_bucket_rule();
     // No rule: the domain's default (sliding log). Same unit, bigger
     // number: the same counter, and the extra room at once.
-    let other = |requests_per_unit| {
-        req(vec![Descriptor {
-            limit: Some(LimitOverride {
-                requests_per_unit,
-                unit: Some(Unit::Hour),
-            }),
-            ..desc(&[("other", "v")])
-        }])
-    };
+    let other = |requests_per_unit| one_override(&[("other", "v")], requests_per_unit, Unit::Hour);
     let hourly = |rpu, code, remaining| lim(code, remaining, 3600, rpu, Unit::Hour, "");
     check(
         &fixture,
@@ -213,11 +188,38 @@ async fn override_uses_its_own_counter_and_reports_no_name() {
         ],
     )
     .await;
+}
 
-    // In an unknown domain the override is not enforced.
+#[tokio::test]
+async fn override_in_an_unknown_domain_is_not_enforced() {
+    let fixture = token_bucket_rule();
     let unknown = Request {
         domain: "unknown".to_owned(),
-        ..with_override(0)
+        ..one_override(&[("k", "v")], 0, Unit::Second)
     };
-    check(&fixture, &[(unknown, OK, vec![ok_none()])]).await;
+    check_one(&fixture, unknown, OK, vec![ok_none()]).await;
+}
+
+#[tokio::test]
+async fn override_of_an_unknown_unit_leaves_the_rules_to_decide() {
+    let fixture = token_bucket_rule();
+    let unknown_unit = Descriptor {
+        limit: Some(LimitOverride {
+            requests_per_unit: 0,
+            unit: None,
+        }),
+        ..desc(&[("k", "v")])
+    };
+    assert_eq!(unknown_unit.enforced_override(), None);
+    // A token bucket of 100 per minute refills one per 600 ms.
+    let rule = |remaining, reset| lim(OK, remaining, reset, 100, Unit::Minute, "rule");
+    check(
+        &fixture,
+        &[
+            (req(vec![unknown_unit.clone()]), OK, vec![rule(99, 1)]),
+            // The rule's own counter: the override neither replaced nor split it.
+            (req(vec![desc(&[("k", "v")])]), OK, vec![rule(98, 2)]),
+        ],
+    )
+    .await;
 }

@@ -3,17 +3,14 @@
 use std::sync::Arc;
 
 use crate::decision::{Descriptor, Request};
-use crate::rules::{NodeLimits, Unit, ValueMatcher};
+use crate::rules::{Node, NodeLimits, Unit, ValueMatcher};
 use crate::testing::decision::*;
 use crate::testing::default_options as options;
 use crate::testing::rules::*;
 
 #[tokio::test]
 async fn costs_from_request_and_descriptor_hits_addend() {
-    let fixture = fixture(
-        rules(vec![key_node("k", vec![limit(5, Unit::Minute)])]),
-        options(),
-    );
+    let fixture = one_rule("k", limit(5, Unit::Minute));
     let status = |code, remaining| lim(code, remaining, 60, 5, Unit::Minute, "");
     let with = |request_hits: u32, descriptor_hits: Option<u64>| Request {
         hits_addend: request_hits,
@@ -41,7 +38,7 @@ async fn costs_from_request_and_descriptor_hits_addend() {
     .await;
     // A cost larger than the capacity can never pass, however large.
     fixture.clock.advance(60_000_000);
-    check(&fixture, &[(with(6, None), OVER, vec![status(OVER, 0)])]).await;
+    check_one(&fixture, with(6, None), OVER, vec![status(OVER, 0)]).await;
     let huge = Request {
         hits_addend: 0,
         ..req(vec![
@@ -67,10 +64,7 @@ async fn costs_from_request_and_descriptor_hits_addend() {
 
 #[tokio::test]
 async fn descriptors_reaching_one_counter_add_their_costs() {
-    let fixture = fixture(
-        rules(vec![key_node("k", vec![limit(3, Unit::Minute)])]),
-        options(),
-    );
+    let fixture = one_rule("k", limit(3, Unit::Minute));
     let status = |code, remaining| lim(code, remaining, 60, 3, Unit::Minute, "");
     let twice = || req(vec![desc(&[("k", "v")]), desc(&[("k", "v")])]);
     check(
@@ -115,14 +109,19 @@ async fn share_threshold_values_share_one_counter() {
     .await;
 }
 
+/// `api_key`: 1 per minute, named `premium`.
+fn premium_rule() -> Node {
+    key_node(
+        "api_key",
+        vec![named(limit(1, Unit::Minute), "premium", &[])],
+    )
+}
+
 #[tokio::test]
 async fn replaced_limits_are_dropped_and_not_counted() {
     let fixture = fixture(
         rules(vec![
-            key_node(
-                "api_key",
-                vec![named(limit(1, Unit::Minute), "premium", &[])],
-            ),
+            premium_rule(),
             key_node(
                 "path",
                 vec![named(limit(10, Unit::Minute), "expensive", &["premium"])],
@@ -160,10 +159,7 @@ async fn replaced_limits_are_dropped_and_not_counted() {
 async fn an_unlimited_rule_replaces_too_and_can_be_replaced() {
     let fixture = fixture(
         rules(vec![
-            key_node(
-                "api_key",
-                vec![named(limit(1, Unit::Minute), "premium", &[])],
-            ),
+            premium_rule(),
             node(
                 "vip",
                 ValueMatcher::Any,
