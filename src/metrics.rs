@@ -655,7 +655,7 @@ fn latency_histogram() -> Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::decision::sample;
+    use crate::testing::metrics_text::assert_samples;
 
     #[test]
     fn outcome_slots_follow_all() {
@@ -668,9 +668,9 @@ mod tests {
     fn reloads_in_flight_and_stored_counters() {
         let metrics = Metrics::new();
         let text = metrics.encode();
-        assert_eq!(
-            sample(&text, "throttlegate_config_reloads_total{result=\"ok\"}"),
-            Some(0.0)
+        assert_samples(
+            &text,
+            &[("throttlegate_config_reloads_total{result=\"ok\"}", 0.0)],
         );
         assert!(!text.contains("throttlegate_memory_counters"), "{text}");
         metrics.record_reload(true);
@@ -681,36 +681,24 @@ mod tests {
         metrics.observe_stored_counters(move || source.load(std::sync::atomic::Ordering::Relaxed));
         let guard = metrics.track_in_flight();
         let text = metrics.encode();
-        assert_eq!(
-            sample(&text, "throttlegate_config_reloads_total{result=\"ok\"}"),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_config_reloads_total{result=\"error\"}"),
-            Some(2.0)
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_grpc_requests_in_flight"),
-            Some(1.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_memory_counters"),
-            Some(7.0),
-            "{text}"
+        assert_samples(
+            &text,
+            &[
+                ("throttlegate_config_reloads_total{result=\"ok\"}", 1.0),
+                ("throttlegate_config_reloads_total{result=\"error\"}", 2.0),
+                ("throttlegate_grpc_requests_in_flight", 1.0),
+                ("throttlegate_memory_counters", 7.0),
+            ],
         );
         drop(guard);
         stored.store(3, std::sync::atomic::Ordering::Relaxed);
         let text = metrics.encode();
-        assert_eq!(
-            sample(&text, "throttlegate_grpc_requests_in_flight"),
-            Some(0.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_memory_counters"),
-            Some(3.0),
-            "{text}"
+        assert_samples(
+            &text,
+            &[
+                ("throttlegate_grpc_requests_in_flight", 0.0),
+                ("throttlegate_memory_counters", 3.0),
+            ],
         );
     }
 }

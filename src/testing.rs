@@ -1,7 +1,8 @@
 //! Builders the unit tests share: load options, rule sets, limiters and a fake backend.
 //!
 //! [`rules`] builds rule trees in code; [`decision`] builds requests and
-//! limiters and reads what they answer and count.
+//! limiters and reads what they answer; [`metrics_text`] reads what they
+//! count.
 
 use std::sync::Arc;
 
@@ -24,6 +25,7 @@ mod fake_backend;
 pub(crate) use fake_backend::FakeBackend;
 
 pub(crate) mod decision;
+pub(crate) mod metrics_text;
 pub(crate) mod rules;
 
 /// A fixed start time, so windows do not roll over mid-test.

@@ -1,5 +1,5 @@
 //! Requests, limiters and what the limiter tests compare: statuses in
-//! brief, headers, and samples of the metrics text.
+//! brief and headers.
 
 use std::sync::Arc;
 
@@ -219,40 +219,4 @@ pub(crate) fn header<'a>(decision: &'a Decision, name: &str) -> Option<&'a str> 
         .iter()
         .find(|(key, _)| key == name)
         .map(|(_, value)| value.as_str())
-}
-
-// === metrics text ===
-
-/// The value of the sample `series` (name and labels as exposed).
-pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map(|value| value.parse().unwrap())
-}
-
-/// Decisions counted under `domain`, `rule` and `result`.
-pub(crate) fn decisions(text: &str, domain: &str, rule: &str, result: &str) -> Option<f64> {
-    let series = format!(
-        "throttlegate_decisions_total{{domain=\"{domain}\",rule=\"{rule}\",result=\"{result}\"}}"
-    );
-    sample(text, &series)
-}
-
-/// Asserts the decisions counted under `domain` and `rule` for each
-/// `(result, count)`.
-pub(crate) fn assert_decisions(text: &str, domain: &str, rule: &str, expected: &[(&str, f64)]) {
-    for (result, count) in expected {
-        assert_eq!(
-            decisions(text, domain, rule, result),
-            Some(*count),
-            "{rule} {result}: {text}"
-        );
-    }
-}
-
-/// Lines of the series of `metric` whose labels contain `needle`.
-pub(crate) fn series_with<'t>(text: &'t str, metric: &str, needle: &str) -> Vec<&'t str> {
-    text.lines()
-        .filter(|line| line.starts_with(metric) && line.contains(needle))
-        .collect()
 }

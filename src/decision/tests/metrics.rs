@@ -10,6 +10,7 @@ use crate::clock::ManualClock;
 use crate::decision::{Limiter, NearLimitRatio, Options, Request};
 use crate::metrics::{Metrics, UNKNOWN_DOMAIN, UNKNOWN_RULE};
 use crate::testing::decision::*;
+use crate::testing::metrics_text::*;
 use crate::testing::{self, FakeBackend};
 
 fn limiter(yaml: &str, shadow_mode: bool) -> Limiter {
