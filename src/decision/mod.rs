@@ -6,7 +6,7 @@
 //!
 //! A request goes through the files of this module in order:
 //!
-//! - [`request`](self::request): the request types and their bounds;
+//! - `request`: the request types and their bounds;
 //! - `plan`: each descriptor matched against the rules, `replaces` applied,
 //!   overrides turned into limits (`overrides`), checks on one counter merged;
 //! - the backend call, here in [`Limiter::decide`];

@@ -11,6 +11,7 @@ use crate::backends::{CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
 use crate::metrics::MetricRule;
 use crate::rules::{Domain, Node, NodeLimits, RateLimit, Unit, ValueMatcher};
 
+use super::answer::clamp_u32;
 use super::labels::{bytes_label, metric_rule};
 use super::overrides::override_params;
 use super::{CurrentLimit, Descriptor, EnforcedOverride, Error, Request};
@@ -48,14 +49,12 @@ pub(super) struct PlannedLimits {
 }
 
 impl PlannedLimits {
-    fn new(mut limits: Vec<PlannedLimit>) -> Option<PlannedLimits> {
-        if limits.is_empty() {
-            return None;
-        }
-        let first = limits.remove(0);
+    fn new(limits: Vec<PlannedLimit>) -> Option<PlannedLimits> {
+        let mut limits = limits.into_iter();
+        let first = limits.next()?;
         Some(PlannedLimits {
             first,
-            rest: limits,
+            rest: limits.collect(),
         })
     }
 
@@ -305,7 +304,7 @@ impl Planner<'_> {
             mode: Mode::Enforce,
             reported: CurrentLimit {
                 // What is enforced, which can be below what was asked.
-                requests_per_unit: super::answer::clamp_u32(params.limit()),
+                requests_per_unit: clamp_u32(params.limit()),
                 unit,
                 name: Arc::from(""),
             },
