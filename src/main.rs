@@ -21,7 +21,7 @@ use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use throttlegate::clock::SystemClock;
 use throttlegate::config::reload::{ReloadGuard, Reloader};
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
+use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::rules::RuleSet;
 use throttlegate::transport::grpc::{App, GrpcLimits, ShutdownControl};
@@ -524,7 +524,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             FailureArg::Allow => FailureMode::Allow,
             FailureArg::Deny => FailureMode::Deny,
         },
-        near_limit_ratio: NearLimitRatio::DEFAULT,
+        near_limit_ratio: Default::default(),
     };
     let limiter = Arc::new(Limiter::new(rules, backend.clone(), options, metrics));
     let listener = match tokio::net::TcpListener::bind(args.grpc_addr).await {

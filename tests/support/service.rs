@@ -16,7 +16,7 @@ use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
 use throttlegate::config;
-use throttlegate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
+use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -49,7 +49,7 @@ pub fn default_options() -> Options {
         shadow_mode: false,
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
-        near_limit_ratio: NearLimitRatio::DEFAULT,
+        near_limit_ratio: Default::default(),
     }
 }
 
