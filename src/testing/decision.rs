@@ -17,28 +17,16 @@ pub(crate) use Code::{Ok as OK, OverLimit as OVER};
 
 // === requests ===
 
-/// A descriptor of text `entries`, without override or cost of its own.
-pub(crate) fn desc(entries: &[(&str, &str)]) -> Descriptor {
-    bytes_desc(
-        &entries
-            .iter()
-            .map(|(key, value)| (key.as_bytes(), value.as_bytes()))
-            .collect::<Vec<_>>(),
-    )
-}
-
-/// A descriptor of byte `entries`, without override or cost of its own.
-pub(crate) fn bytes_desc(entries: &[(&[u8], &[u8])]) -> Descriptor {
+/// A descriptor of `entries` given as (key, value), text or raw bytes,
+/// without override or cost of its own.
+pub(crate) fn desc<K: AsRef<[u8]>, V: AsRef<[u8]>>(entries: &[(K, V)]) -> Descriptor {
+    let entries = entries.iter().map(|(key, value)| Entry {
+        key: key.as_ref().to_vec(),
+        value: value.as_ref().to_vec(),
+    });
     Descriptor {
-        entries: entries
-            .iter()
-            .map(|(key, value)| Entry {
-                key: key.to_vec(),
-                value: value.to_vec(),
-            })
-            .collect(),
-        limit: None,
-        hits_addend: None,
+        entries: entries.collect(),
+        ..Descriptor::default()
     }
 }
 

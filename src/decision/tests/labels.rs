@@ -1,7 +1,6 @@
 //! Escaped bytes and the `rule` label shapes.
 
 use super::*;
-use crate::decision::Descriptor;
 use crate::rules::Unit;
 use crate::testing::decision::*;
 use crate::testing::default_options as options;
@@ -28,22 +27,13 @@ async fn metric_labels_show_bytes_escaped() {
     let mut detailed = key_node("path", vec![limit(5, Unit::Hour)]);
     detailed.detailed_metric = true;
     let fixture = fixture(rules(vec![detailed]), options());
-    let request = req(vec![Descriptor {
-        entries: vec![Entry {
-            key: b"path".to_vec(),
-            value: b"/a\xff\\b\n".to_vec(),
-        }],
-        ..Descriptor::default()
-    }]);
+    let request = req(vec![desc(&[(
+        b"path".as_slice(),
+        b"/a\xff\\b\n".as_slice(),
+    )])]);
     fixture.limiter.decide(&request).await.unwrap();
     let long = vec![b'v'; 1_000];
-    let request = req(vec![Descriptor {
-        entries: vec![Entry {
-            key: b"path".to_vec(),
-            value: long.clone(),
-        }],
-        ..Descriptor::default()
-    }]);
+    let request = req(vec![desc(&[(b"path".as_slice(), long.as_slice())])]);
     fixture.limiter.decide(&request).await.unwrap();
     let text = fixture.limiter.metrics().encode();
     // The label holds `\xff`, `\\` and `\x0a` as text; the exposition

@@ -20,7 +20,10 @@ async fn bounds_are_invalid_argument_with_a_reason() {
             "empty domain",
         ),
         (req(vec![]), "no descriptors"),
-        (req(vec![desc(&[])]), "descriptor 0 has no entries"),
+        (
+            req(vec![Descriptor::default()]),
+            "descriptor 0 has no entries",
+        ),
         (
             req(vec![desc(&[("k", "v")]), desc(&[("", "v")])]),
             "descriptor 1, entry 0: empty entry key",
@@ -60,13 +63,7 @@ async fn keys_and_values_of_any_length_and_bytes_are_decided() {
         ]),
         options(),
     );
-    let entry = |key: &[u8], value: &[u8]| Descriptor {
-        entries: vec![Entry {
-            key: key.to_vec(),
-            value: value.to_vec(),
-        }],
-        ..Descriptor::default()
-    };
+    let entry = |key: &[u8], value: &[u8]| desc(&[(key, value)]);
     let long = vec![b'a'; 70_000];
     let mut long_other = long.clone();
     long_other[69_999] = b'b';
