@@ -524,6 +524,7 @@ async fn serve(args: ServeArgs) -> ExitCode {
             FailureArg::Allow => FailureMode::Allow,
             FailureArg::Deny => FailureMode::Deny,
         },
+        near_limit_ratio: Default::default(),
     };
     let limiter = Arc::new(Limiter::new(rules, backend.clone(), options, metrics));
     let listener = match tokio::net::TcpListener::bind(args.grpc_addr).await {

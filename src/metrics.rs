@@ -49,10 +49,12 @@ pub const DEFAULT_MAX_VALUES_PER_RULE: usize = 10_000;
 /// How one descriptor's decision was answered; the `result` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// Allowed with at least 20% of the limit left.
+    /// Allowed, with no more of the most restrictive limit used than
+    /// [`Options::near_limit_ratio`](crate::decision::Options::near_limit_ratio).
     Ok,
-    /// Allowed with less than 20% of the most restrictive limit left (as
-    /// envoyproxy/ratelimit's near_limit).
+    /// Allowed, with more of the most restrictive limit used than
+    /// [`Options::near_limit_ratio`](crate::decision::Options::near_limit_ratio)
+    /// (as envoyproxy/ratelimit's near_limit).
     NearLimit,
     /// OVER_LIMIT.
     OverLimit,
@@ -68,6 +70,16 @@ impl Outcome {
         Outcome::OverLimit,
         Outcome::Shadow,
     ];
+
+    /// This outcome's index in [`Outcome::ALL`].
+    fn slot(self) -> usize {
+        match self {
+            Outcome::Ok => 0,
+            Outcome::NearLimit => 1,
+            Outcome::OverLimit => 2,
+            Outcome::Shadow => 3,
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -474,10 +486,7 @@ impl Metrics {
         outcome: Outcome,
         hits: u64,
     ) {
-        let slot = Outcome::ALL
-            .iter()
-            .position(|it| *it == outcome)
-            .expect("every outcome is listed");
+        let slot = outcome.slot();
         let shard = self.series.shard(domain, label);
         {
             let rules = shard.read().unwrap_or_else(PoisonError::into_inner);
@@ -645,292 +654,23 @@ fn latency_histogram() -> Histogram {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
-
     use super::*;
-    use crate::algorithms::Verdict;
-    use crate::backends::Backend;
-    use crate::clock::ManualClock;
-    use crate::decision::{Descriptor, Entry, FailureMode, HeaderNames, Limiter, Options, Request};
-    use crate::testing::{self, FakeBackend};
+    use crate::testing::metrics_text::assert_samples;
 
-    fn options(shadow_mode: bool) -> Options {
-        Options {
-            shadow_mode,
-            response_headers: Some(HeaderNames::standard()),
-            failure_mode: FailureMode::Allow,
+    #[test]
+    fn outcome_slots_follow_all() {
+        for (idx, outcome) in Outcome::ALL.into_iter().enumerate() {
+            assert_eq!(outcome.slot(), idx, "{outcome:?}");
         }
-    }
-
-    fn limiter_with(yaml: &str, backend: Arc<dyn Backend>, options: Options) -> Limiter {
-        testing::limiter(
-            testing::rules_from("api.yaml", yaml),
-            backend,
-            options,
-            Metrics::new(),
-        )
-    }
-
-    fn limiter(yaml: &str, shadow_mode: bool) -> Limiter {
-        limiter_with(
-            yaml,
-            testing::memory_backend(&ManualClock::new(testing::T0)),
-            options(shadow_mode),
-        )
-    }
-
-    fn request(domain: &str, entries: &[(&str, &str)], hits_addend: u32) -> Request {
-        Request {
-            domain: domain.to_owned(),
-            descriptors: vec![Descriptor {
-                entries: entries
-                    .iter()
-                    .map(|(key, value)| Entry {
-                        key: (*key).into(),
-                        value: (*value).into(),
-                    })
-                    .collect(),
-                limit: None,
-                hits_addend: None,
-            }],
-            hits_addend,
-        }
-    }
-
-    /// The value of the sample `series` (name and labels as exposed).
-    fn sample(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-            .map(|value| value.parse().unwrap())
-    }
-
-    fn decisions(text: &str, domain: &str, rule: &str, result: &str) -> Option<f64> {
-        let series = format!(
-            "throttlegate_decisions_total{{domain=\"{domain}\",rule=\"{rule}\",result=\"{result}\"}}"
-        );
-        sample(text, &series)
-    }
-
-    const TREE: &str = "domain: api
-descriptors:
-  - key: user
-    rate_limit: {unit: minute, requests_per_unit: 10}
-  - key: tenant
-    descriptors:
-      - key: path
-        value: /expensive
-        shadow_mode: true
-        rate_limit: {unit: minute, requests_per_unit: 1}
-";
-
-    #[tokio::test]
-    async fn decisions_are_counted_by_result_and_hits_by_cost() {
-        let limiter = limiter(TREE, false);
-        // 10 per minute: remaining 9..2 is ok, 1 and 0 are near the limit
-        // (below 20%), then over.
-        for _ in 0..10 {
-            limiter
-                .decide(&request("api", &[("user", "a")], 1))
-                .await
-                .unwrap();
-        }
-        for _ in 0..3 {
-            limiter
-                .decide(&request("api", &[("user", "a")], 1))
-                .await
-                .unwrap();
-        }
-        // A cost of 4 counts 4 hits, denied or not.
-        limiter
-            .decide(&request("api", &[("user", "b")], 4))
-            .await
-            .unwrap();
-        let shadow = || request("api", &[("tenant", "acme"), ("path", "/expensive")], 1);
-        for _ in 0..3 {
-            let decision = limiter.decide(&shadow()).await.unwrap();
-            assert_eq!(decision.overall, crate::decision::Code::Ok);
-        }
-        let text = limiter.metrics().encode();
-        assert_eq!(decisions(&text, "api", "user", "ok"), Some(9.0), "{text}");
-        assert_eq!(
-            decisions(&text, "api", "user", "near_limit"),
-            Some(2.0),
-            "{text}"
-        );
-        assert_eq!(
-            decisions(&text, "api", "user", "over_limit"),
-            Some(3.0),
-            "{text}"
-        );
-        assert_eq!(
-            decisions(&text, "api", "user", "shadow"),
-            Some(0.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(
-                &text,
-                "throttlegate_hits_total{domain=\"api\",rule=\"user\"}"
-            ),
-            Some(17.0),
-            "{text}"
-        );
-        let rule = "tenant.path_/expensive";
-        // The first passes with nothing left; the shadow rule lets the rest through.
-        assert_eq!(
-            decisions(&text, "api", rule, "near_limit"),
-            Some(1.0),
-            "{text}"
-        );
-        assert_eq!(decisions(&text, "api", rule, "shadow"), Some(2.0), "{text}");
-        assert_eq!(
-            decisions(&text, "api", rule, "over_limit"),
-            Some(0.0),
-            "{text}"
-        );
-        // Descriptor values never become labels by default.
-        assert!(!text.contains("acme") && !text.contains("\"a\""), "{text}");
-    }
-
-    #[tokio::test]
-    async fn global_shadow_mode_counts_would_be_denials_as_shadow() {
-        let limiter = limiter(TREE, true);
-        for _ in 0..12 {
-            limiter
-                .decide(&request("api", &[("user", "a")], 1))
-                .await
-                .unwrap();
-        }
-        let text = limiter.metrics().encode();
-        assert_eq!(
-            decisions(&text, "api", "user", "shadow"),
-            Some(2.0),
-            "{text}"
-        );
-        assert_eq!(
-            decisions(&text, "api", "user", "over_limit"),
-            Some(0.0),
-            "{text}"
-        );
-    }
-
-    #[tokio::test]
-    async fn detailed_metric_and_value_to_metric_label_shapes() {
-        let yaml = "domain: api
-descriptors:
-  - key: tenant
-    descriptors:
-      - key: path
-        detailed_metric: true
-        rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: route
-    value_to_metric: true
-    descriptors:
-      - key: method
-        value: G*
-        value_to_metric: true
-        descriptors:
-          - key: subject
-            rate_limit: {unit: minute, requests_per_unit: 100}
-  - key: file
-    value: a*
-    rate_limit: {unit: minute, requests_per_unit: 100}
-";
-        let limiter = limiter(yaml, false);
-        let cases: [(&[(&str, &str)], &str); 3] = [
-            (&[("tenant", "acme"), ("path", "/x")], "tenant_acme.path_/x"),
-            (
-                &[("route", "api"), ("method", "GET"), ("subject", "123")],
-                "route_api.method_GET.subject",
-            ),
-            // No opt-in: the wildcard's pattern, never the value.
-            (&[("file", "abc")], "file_a*"),
-        ];
-        for (entries, _) in cases {
-            limiter.decide(&request("api", entries, 1)).await.unwrap();
-        }
-        let text = limiter.metrics().encode();
-        for (_, rule) in cases {
-            assert_eq!(
-                decisions(&text, "api", rule, "ok"),
-                Some(1.0),
-                "{rule}: {text}"
-            );
-        }
-        assert!(!text.contains("123") && !text.contains("abc"), "{text}");
-    }
-
-    #[tokio::test]
-    async fn unknown_domains_share_one_series() {
-        let limiter = limiter(TREE, false);
-        for domain in ["nope1", "nope2", "nope3"] {
-            limiter
-                .decide(&request(domain, &[("user", "a")], 1))
-                .await
-                .unwrap();
-        }
-        let text = limiter.metrics().encode();
-        assert_eq!(
-            decisions(&text, UNKNOWN_DOMAIN, UNKNOWN_RULE, "ok"),
-            Some(3.0),
-            "{text}"
-        );
-        assert!(!text.contains("nope"), "{text}");
-    }
-
-    #[tokio::test]
-    async fn backend_errors_are_counted_by_kind_and_calls_timed() {
-        let answers = VecDeque::from([
-            Err(backends::Error::Timeout(250)),
-            Err(backends::Error::Unavailable("refused".to_owned())),
-            Err(backends::Error::Unavailable("reset".to_owned())),
-            Err(backends::Error::Protocol("bad reply".to_owned())),
-            // A verdict without outcomes is a protocol error too.
-            Ok(Verdict {
-                allowed: true,
-                outcomes: Vec::new(),
-            }),
-        ]);
-        let limiter = limiter_with(
-            TREE,
-            Arc::new(FakeBackend::scripted(answers)),
-            options(false),
-        );
-        for _ in 0..5 {
-            limiter
-                .decide(&request("api", &[("user", "a")], 1))
-                .await
-                .unwrap();
-        }
-        let text = limiter.metrics().encode();
-        let errors = |kind: &str| {
-            sample(
-                &text,
-                &format!("throttlegate_backend_errors_total{{backend=\"fake\",kind=\"{kind}\"}}"),
-            )
-        };
-        assert_eq!(errors("timeout"), Some(1.0), "{text}");
-        assert_eq!(errors("unavailable"), Some(2.0), "{text}");
-        assert_eq!(errors("protocol"), Some(2.0), "{text}");
-        assert_eq!(
-            sample(
-                &text,
-                "throttlegate_backend_latency_seconds_count{backend=\"fake\"}"
-            ),
-            Some(5.0),
-            "{text}"
-        );
-        // No decision was made: none is counted.
-        assert_eq!(decisions(&text, "api", "user", "ok"), None, "{text}");
     }
 
     #[test]
     fn reloads_in_flight_and_stored_counters() {
         let metrics = Metrics::new();
         let text = metrics.encode();
-        assert_eq!(
-            sample(&text, "throttlegate_config_reloads_total{result=\"ok\"}"),
-            Some(0.0)
+        assert_samples(
+            &text,
+            &[("throttlegate_config_reloads_total{result=\"ok\"}", 0.0)],
         );
         assert!(!text.contains("throttlegate_memory_counters"), "{text}");
         metrics.record_reload(true);
@@ -941,130 +681,24 @@ descriptors:
         metrics.observe_stored_counters(move || source.load(std::sync::atomic::Ordering::Relaxed));
         let guard = metrics.track_in_flight();
         let text = metrics.encode();
-        assert_eq!(
-            sample(&text, "throttlegate_config_reloads_total{result=\"ok\"}"),
-            Some(1.0)
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_config_reloads_total{result=\"error\"}"),
-            Some(2.0)
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_grpc_requests_in_flight"),
-            Some(1.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(&text, "throttlegate_memory_counters"),
-            Some(7.0),
-            "{text}"
+        assert_samples(
+            &text,
+            &[
+                ("throttlegate_config_reloads_total{result=\"ok\"}", 1.0),
+                ("throttlegate_config_reloads_total{result=\"error\"}", 2.0),
+                ("throttlegate_grpc_requests_in_flight", 1.0),
+                ("throttlegate_memory_counters", 7.0),
+            ],
         );
         drop(guard);
         stored.store(3, std::sync::atomic::Ordering::Relaxed);
         let text = metrics.encode();
-        assert_eq!(
-            sample(&text, "throttlegate_grpc_requests_in_flight"),
-            Some(0.0),
-            "{text}"
+        assert_samples(
+            &text,
+            &[
+                ("throttlegate_grpc_requests_in_flight", 0.0),
+                ("throttlegate_memory_counters", 3.0),
+            ],
         );
-        assert_eq!(
-            sample(&text, "throttlegate_memory_counters"),
-            Some(3.0),
-            "{text}"
-        );
-    }
-
-    const PER_VALUE: &str = "domain: api
-descriptors:
-  - key: client
-    value_to_metric: true
-    rate_limit: {unit: minute, requests_per_unit: 100}
-";
-
-    /// Lines of the series of `metric` whose labels contain `needle`.
-    fn series_with<'t>(text: &'t str, metric: &str, needle: &str) -> Vec<&'t str> {
-        text.lines()
-            .filter(|line| line.starts_with(metric) && line.contains(needle))
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn a_value_with_one_decision_creates_one_series() {
-        let limiter = limiter(PER_VALUE, false);
-        limiter
-            .decide(&request("api", &[("client", "c1")], 1))
-            .await
-            .unwrap();
-        let text = limiter.metrics().encode();
-        assert_eq!(
-            series_with(&text, "throttlegate_decisions_total{", "client_c1"),
-            ["throttlegate_decisions_total{domain=\"api\",rule=\"client_c1\",result=\"ok\"} 1"],
-            "{text}"
-        );
-        assert_eq!(
-            series_with(&text, "throttlegate_hits_total{", "client_c1").len(),
-            1,
-            "{text}"
-        );
-        // Rules named by the config keep all four results from the start.
-        let limiter = limiter_with_metrics(TREE, Metrics::new());
-        limiter
-            .decide(&request("api", &[("user", "u")], 1))
-            .await
-            .unwrap();
-        let text = limiter.metrics().encode();
-        assert_eq!(
-            series_with(&text, "throttlegate_decisions_total{", "rule=\"user\"").len(),
-            4,
-            "{text}"
-        );
-    }
-
-    fn limiter_with_metrics(yaml: &str, metrics: Metrics) -> Limiter {
-        testing::limiter(
-            testing::rules_from("api.yaml", yaml),
-            testing::memory_backend(&ManualClock::new(testing::T0)),
-            options(false),
-            metrics,
-        )
-    }
-
-    #[tokio::test]
-    async fn per_value_series_are_capped_per_rule_then_fold_into_overflow() {
-        let limiter = limiter_with_metrics(PER_VALUE, Metrics::with_max_values_per_rule(3));
-        for _ in 0..2 {
-            for n in 0..10 {
-                let value = format!("v{n}");
-                limiter
-                    .decide(&request("api", &[("client", &value)], 1))
-                    .await
-                    .unwrap();
-            }
-        }
-        let text = limiter.metrics().encode();
-        let per_value = series_with(&text, "throttlegate_decisions_total{", "rule=\"client_v");
-        assert_eq!(per_value.len(), 3, "{text}");
-        // The first three values keep their series and all their decisions.
-        for n in 0..3 {
-            assert_eq!(
-                decisions(&text, "api", &format!("client_v{n}"), "ok"),
-                Some(2.0),
-                "{text}"
-            );
-        }
-        assert_eq!(
-            decisions(&text, "api", "client:_overflow", "ok"),
-            Some(14.0),
-            "{text}"
-        );
-        assert_eq!(
-            sample(
-                &text,
-                "throttlegate_metric_value_overflows_total{domain=\"api\",rule=\"client\"}"
-            ),
-            Some(14.0),
-            "{text}"
-        );
-        assert!(!text.contains("client_v3"), "{text}");
     }
 }

@@ -1,4 +1,8 @@
 //! Builders the unit tests share: load options, rule sets, limiters and a fake backend.
+//!
+//! [`rules`] builds rule trees in code; [`decision`] builds requests and
+//! limiters and reads what they answer; [`metrics_text`] reads what they
+//! count.
 
 use std::sync::Arc;
 
@@ -9,7 +13,7 @@ use crate::backends::memory::MemoryBackend;
 use crate::backends::{self, Backend, KeyedCheck};
 use crate::clock::ManualClock;
 use crate::config::{self, LoadOptions};
-use crate::decision::{FailureMode, HeaderNames, Limiter, Options};
+use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 
@@ -19,6 +23,10 @@ use crate::rules::RuleSet;
 #[allow(dead_code, reason = "the unit tests use only some of its ways to fail")]
 mod fake_backend;
 pub(crate) use fake_backend::FakeBackend;
+
+pub(crate) mod decision;
+pub(crate) mod metrics_text;
+pub(crate) mod rules;
 
 /// A fixed start time, so windows do not roll over mid-test.
 pub(crate) const T0: u64 = 1_700_000_000_000_000;
@@ -48,6 +56,7 @@ pub(crate) fn default_options() -> Options {
         shadow_mode: false,
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
+        near_limit_ratio: NearLimitRatio::DEFAULT,
     }
 }
 

@@ -49,6 +49,7 @@ pub fn default_options() -> Options {
         shadow_mode: false,
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
+        near_limit_ratio: Default::default(),
     }
 }
 

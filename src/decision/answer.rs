@@ -1,0 +1,261 @@
+//! From the backend's verdict to the answer: for each descriptor its most
+//! restrictive limit, the status reporting it and the decision's metric.
+
+use std::sync::Arc;
+
+use crate::algorithms::{Mode, Outcome, Verdict};
+use crate::metrics;
+use crate::rules::{Domain, Unit};
+
+use super::Limiter;
+use super::headers;
+use super::plan::{DescriptorPlan, Plan, PlannedLimit, PlannedLimits};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    Ok,
+    OverLimit,
+}
+
+/// The limit a status reports: the configured unit and number (a
+/// `unit_multiplier` cannot be expressed on the wire).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CurrentLimit {
+    pub requests_per_unit: u32,
+    pub unit: Unit,
+    /// The rule's `name`; empty for an override or an unnamed rule.
+    pub name: Arc<str>,
+}
+
+/// The answer for one request descriptor.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub code: Code,
+    pub current_limit: Option<CurrentLimit>,
+    pub limit_remaining: u32,
+    /// Whole seconds, rounded up; `None` when no limit applies.
+    pub duration_until_reset_s: Option<u64>,
+}
+
+/// The answer for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub overall: Code,
+    /// One per request descriptor, in request order.
+    pub statuses: Vec<Status>,
+    /// Response headers to add, `(name, value)`.
+    pub headers: Vec<(String, String)>,
+}
+
+impl Status {
+    pub(super) fn ok_without_limit() -> Status {
+        Status {
+            code: Code::Ok,
+            current_limit: None,
+            limit_remaining: 0,
+            duration_until_reset_s: None,
+        }
+    }
+}
+
+impl DescriptorPlan {
+    /// The status of a descriptor that needs no counter.
+    fn status_without_counter(&self) -> Status {
+        match self {
+            DescriptorPlan::Unlimited => Status {
+                limit_remaining: u32::MAX,
+                ..Status::ok_without_limit()
+            },
+            _ => Status::ok_without_limit(),
+        }
+    }
+}
+
+/// The statuses when the backend failed and the failure mode answers
+/// `code`: every descriptor with limits gets `code`, without a limit.
+pub(super) fn failure_statuses(plan: &Plan, code: Code) -> Vec<Status> {
+    plan.descriptors
+        .iter()
+        .map(|it| match it {
+            DescriptorPlan::Limits { .. } => Status {
+                code,
+                ..Status::ok_without_limit()
+            },
+            other => other.status_without_counter(),
+        })
+        .collect()
+}
+
+/// A limit with the backend's outcome for it.
+#[derive(Debug, Clone)]
+pub(super) struct Candidate {
+    pub(super) limit: PlannedLimit,
+    /// Could deny: no room, and not a shadow limit.
+    pub(super) denied: bool,
+    /// A shadow limit without room: would have denied.
+    shadowed: bool,
+    pub(super) remaining: u64,
+    pub(super) reset_us: u64,
+}
+
+impl Candidate {
+    fn new(limit: &PlannedLimit, outcome: &Outcome) -> Candidate {
+        let shadow = limit.mode == Mode::Shadow;
+        Candidate {
+            limit: limit.clone(),
+            denied: !outcome.has_room && !shadow,
+            shadowed: !outcome.has_room && shadow,
+            remaining: outcome.remaining,
+            reset_us: outcome.reset_us,
+        }
+    }
+}
+
+/// Of `best` and `it`, the more restrictive: the one that denied (the
+/// latest to free up if both), else the one with the least remaining
+/// (ties: the longer window, then `best`).
+pub(super) fn more_restrictive<'a>(best: &'a Candidate, it: &'a Candidate) -> &'a Candidate {
+    let better = match (it.denied, best.denied) {
+        (true, false) => true,
+        (false, true) => false,
+        (true, true) => it.reset_us > best.reset_us,
+        (false, false) => {
+            it.remaining < best.remaining
+                || (it.remaining == best.remaining && it.limit.window_us > best.limit.window_us)
+        }
+    };
+    if better { it } else { best }
+}
+
+/// One descriptor's limits against the verdict.
+struct Answered {
+    /// Some limit denied.
+    over: bool,
+    /// Some shadow limit would have denied.
+    shadowed: bool,
+    /// The most restrictive limit, its `remaining` never above its limit:
+    /// a token bucket or GCRA can hold more than its number per window,
+    /// up to its capacity.
+    chosen: Candidate,
+}
+
+impl Answered {
+    fn new(limits: &PlannedLimits, outcomes: &[Outcome]) -> Answered {
+        let candidate = |it: &PlannedLimit| Candidate::new(it, &outcomes[it.check]);
+        let first = candidate(&limits.first);
+        let rest: Vec<Candidate> = limits.rest.iter().map(candidate).collect();
+        let all = || std::iter::once(&first).chain(&rest);
+        let over = all().any(|it| it.denied);
+        let shadowed = all().any(|it| it.shadowed);
+        let chosen = rest.iter().fold(&first, more_restrictive);
+        let remaining = if over {
+            0
+        } else {
+            chosen.remaining.min(chosen.limit.limit)
+        };
+        Answered {
+            over,
+            shadowed,
+            chosen: Candidate {
+                remaining,
+                ..chosen.clone()
+            },
+        }
+    }
+
+    fn status(&self) -> Status {
+        let chosen = &self.chosen;
+        let reported = &chosen.limit.reported;
+        Status {
+            code: if self.over { Code::OverLimit } else { Code::Ok },
+            current_limit: Some(reported.clone()),
+            // Envoy's own X-RateLimit headers pair this with
+            // `current_limit.requests_per_unit` (the rate, which is all
+            // the proto carries): a burst above it is not reported here.
+            limit_remaining: clamp_u32(chosen.remaining.min(u64::from(reported.requests_per_unit))),
+            duration_until_reset_s: Some(ceil_seconds(chosen.reset_us)),
+        }
+    }
+}
+
+impl Limiter {
+    /// Builds the answer from the plan and, when counters were involved,
+    /// the backend's verdict (one outcome per check of the plan).
+    pub(super) fn answer(
+        &self,
+        domain: &Domain,
+        plan: &Plan,
+        verdict: Option<&Verdict>,
+    ) -> Decision {
+        let allowed = verdict.is_none_or(|it| it.allowed);
+        let outcomes = verdict.map(|it| it.outcomes.as_slice()).unwrap_or_default();
+        let mut statuses = Vec::with_capacity(plan.descriptors.len());
+        // The most restrictive limit of each status, for the headers.
+        let mut reported: Vec<Candidate> = Vec::new();
+        for descriptor in &plan.descriptors {
+            let DescriptorPlan::Limits {
+                limits,
+                metric,
+                cost,
+            } = descriptor
+            else {
+                statuses.push(descriptor.status_without_counter());
+                continue;
+            };
+            let answered = Answered::new(limits, outcomes);
+            let result = self.metric_outcome(&answered, plan, allowed);
+            self.metrics.record(&domain.name, metric, result, *cost);
+            statuses.push(answered.status());
+            reported.push(answered.chosen);
+        }
+        let overall = if allowed { Code::Ok } else { Code::OverLimit };
+        let headers = match &self.options.response_headers {
+            Some(names) => {
+                let retry = overall == Code::OverLimit && !self.options.shadow_mode;
+                headers::headers(names, &reported, retry)
+            }
+            None => Vec::new(),
+        };
+        Decision {
+            overall: self.shadowed(overall),
+            statuses,
+            headers,
+        }
+    }
+
+    /// The `result` label of one descriptor's decision.
+    fn metric_outcome(&self, answered: &Answered, plan: &Plan, allowed: bool) -> metrics::Outcome {
+        if answered.over {
+            return if self.options.shadow_mode && !allowed {
+                metrics::Outcome::Shadow
+            } else {
+                metrics::Outcome::OverLimit
+            };
+        }
+        if answered.shadowed {
+            return metrics::Outcome::Shadow;
+        }
+        let chosen = &answered.chosen;
+        let capacity = plan.checks[chosen.limit.check].check.params.capacity();
+        if self
+            .options
+            .near_limit_ratio
+            .is_near(chosen.remaining, capacity)
+        {
+            return metrics::Outcome::NearLimit;
+        }
+        metrics::Outcome::Ok
+    }
+}
+
+pub(super) fn ceil_seconds(us: u64) -> u64 {
+    us.div_ceil(1_000_000)
+}
+
+pub(super) fn clamp_u32(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+#[cfg(test)]
+#[path = "tests/answer.rs"]
+mod tests;

@@ -1,0 +1,434 @@
+//! Everything decided before the backend call, in four steps: match each
+//! descriptor against the rules, drop the limits some matched limit
+//! `replaces`, turn overrides into limits of their own, and merge checks
+//! that reach one counter.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use crate::algorithms::{Algorithm, Check, MAX_EXACT, Mode};
+use crate::backends::{CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
+use crate::metrics::MetricRule;
+use crate::rules::{Domain, Node, NodeLimits, RateLimit, Unit, ValueMatcher};
+
+use super::answer::clamp_u32;
+use super::labels::{bytes_label, metric_rule};
+use super::overrides::override_params;
+use super::{CurrentLimit, Descriptor, EnforcedOverride, Error, Request};
+
+/// Everything decided before the backend call.
+#[derive(Debug)]
+pub(super) struct Plan {
+    pub(super) descriptors: Vec<DescriptorPlan>,
+    /// Distinct counters; checks reaching the same counter are merged.
+    pub(super) checks: Vec<KeyedCheck>,
+    /// `check_rules[i]`: a label of `checks[i]`'s rule, for logs.
+    pub(super) check_rules: Vec<Arc<str>>,
+}
+
+#[derive(Debug)]
+pub(super) enum DescriptorPlan {
+    /// No rule, or every matched limit was replaced.
+    NoLimit,
+    Unlimited,
+    Limits {
+        limits: PlannedLimits,
+        /// The `rule` label of this descriptor's decision.
+        metric: MetricRule,
+        /// This descriptor's cost, for the hits metric.
+        cost: u64,
+    },
+}
+
+/// The limits of one descriptor: never none, so one of them is always the
+/// most restrictive.
+#[derive(Debug)]
+pub(super) struct PlannedLimits {
+    pub(super) first: PlannedLimit,
+    pub(super) rest: Vec<PlannedLimit>,
+}
+
+impl PlannedLimits {
+    fn new(limits: Vec<PlannedLimit>) -> Option<PlannedLimits> {
+        let mut limits = limits.into_iter();
+        let first = limits.next()?;
+        Some(PlannedLimits {
+            first,
+            rest: limits.collect(),
+        })
+    }
+
+    fn one(limit: PlannedLimit) -> PlannedLimits {
+        PlannedLimits {
+            first: limit,
+            rest: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct PlannedLimit {
+    /// Index into `Plan::checks`.
+    pub(super) check: usize,
+    pub(super) mode: Mode,
+    pub(super) reported: CurrentLimit,
+    /// The real window, for ties and for the headers.
+    pub(super) window_us: u64,
+    /// The most that can pass at once, for `RateLimit-Limit`: the number
+    /// per window, or the `burst` of a token bucket or GCRA.
+    pub(super) limit: u64,
+}
+
+/// Plans `request` in `domain`; refuses an override no algorithm can enforce.
+pub(super) fn plan(
+    domain: &Domain,
+    request: &Request,
+    max_log_entries: u32,
+) -> Result<Plan, Error> {
+    // First, what every descriptor matched: `replaces` looks at every
+    // matched limit of the request.
+    let matched: Vec<Matched<'_>> = request
+        .descriptors
+        .iter()
+        .map(|it| match_descriptor(domain, it))
+        .collect();
+    let mut planner = Planner {
+        domain,
+        max_log_entries,
+        replaced: matched.iter().flat_map(|it| it.found.replaces()).collect(),
+        checks: Checks::default(),
+    };
+    let request_cost = request.cost();
+    let mut descriptors = Vec::with_capacity(request.descriptors.len());
+    for (idx, (descriptor, matched)) in request.descriptors.iter().zip(&matched).enumerate() {
+        let cost = descriptor.cost(request_cost);
+        let planned = match descriptor.enforced_override() {
+            Some(limit_override) => {
+                planner.override_limit(idx, descriptor, limit_override, matched, cost)?
+            }
+            None => planner.rule_limits(descriptor, matched, cost),
+        };
+        descriptors.push(planned);
+    }
+    Ok(planner.checks.into_plan(descriptors))
+}
+
+// === match ===
+
+/// What one descriptor reached in the tree.
+struct Matched<'r> {
+    /// The node of every level on the way; empty when no rule matched.
+    levels: Vec<&'r Node>,
+    found: Found<'r>,
+}
+
+/// The limits a descriptor reached (overrides aside).
+enum Found<'r> {
+    Nothing,
+    Unlimited {
+        name: Option<&'r str>,
+        replaces: &'r [Arc<str>],
+    },
+    Limits {
+        node: &'r Node,
+        limits: &'r [RateLimit],
+    },
+}
+
+fn match_descriptor<'r>(domain: &'r Domain, descriptor: &Descriptor) -> Matched<'r> {
+    let levels = domain
+        .find(&descriptor.pairs())
+        .map(|it| it.levels)
+        .unwrap_or_default();
+    // An override ignores the tree's limits (and `replaces`).
+    let found = match levels.last() {
+        Some(node) if descriptor.enforced_override().is_none() => Found::at(node),
+        _ => Found::Nothing,
+    };
+    Matched { levels, found }
+}
+
+impl<'r> Found<'r> {
+    fn at(node: &'r Node) -> Found<'r> {
+        match &node.limits {
+            NodeLimits::None => Found::Nothing,
+            NodeLimits::Unlimited { name, replaces } => Found::Unlimited {
+                name: name.as_deref(),
+                replaces,
+            },
+            NodeLimits::Limited(limits) => Found::Limits { node, limits },
+        }
+    }
+
+    /// Names this descriptor's limits replace.
+    fn replaces(&self) -> Vec<&'r str> {
+        match self {
+            Found::Nothing => Vec::new(),
+            Found::Unlimited { replaces, .. } => replaces.iter().map(|it| &**it).collect(),
+            Found::Limits { limits, .. } => limits
+                .iter()
+                .flat_map(|it| it.replaces.iter().map(|name| &**name))
+                .collect(),
+        }
+    }
+}
+
+// === replaces, overrides, limits ===
+
+struct Planner<'r> {
+    domain: &'r Domain,
+    max_log_entries: u32,
+    /// Names some matched limit of the request replaces.
+    replaced: HashSet<&'r str>,
+    checks: Checks,
+}
+
+impl Planner<'_> {
+    fn is_replaced(&self, name: Option<&str>) -> bool {
+        name.is_some_and(|it| self.replaced.contains(it))
+    }
+
+    /// The limits of a descriptor decided by the rules, without those
+    /// replaced.
+    fn rule_limits(
+        &mut self,
+        descriptor: &Descriptor,
+        matched: &Matched<'_>,
+        cost: u64,
+    ) -> DescriptorPlan {
+        let (node, limits) = match matched.found {
+            Found::Nothing => return DescriptorPlan::NoLimit,
+            // A replaced unlimited rule is dropped like any other.
+            Found::Unlimited { name, .. } if self.is_replaced(name) => {
+                return DescriptorPlan::NoLimit;
+            }
+            Found::Unlimited { .. } => return DescriptorPlan::Unlimited,
+            Found::Limits { node, limits } => (node, limits),
+        };
+        // Once per descriptor: a long key or value is hashed once, not per limit.
+        let entries: Vec<(KeyBytes, KeyBytes)> = descriptor
+            .entries
+            .iter()
+            .map(|it| (KeyBytes::new(&it.key), KeyBytes::new(&it.value)))
+            .collect();
+        let mut planned = Vec::with_capacity(limits.len());
+        for limit in limits {
+            if !self.is_replaced(limit.name.as_deref()) {
+                planned.push(self.rule_limit(node, limit, &matched.levels, &entries, cost));
+            }
+        }
+        match PlannedLimits::new(planned) {
+            None => DescriptorPlan::NoLimit,
+            Some(limits) => DescriptorPlan::Limits {
+                limits,
+                metric: metric_rule(&matched.levels, &descriptor.entries),
+                cost,
+            },
+        }
+    }
+
+    /// One limit of the rule `node`, its check added to the plan's.
+    fn rule_limit(
+        &mut self,
+        node: &Node,
+        limit: &RateLimit,
+        levels: &[&Node],
+        entries: &[(KeyBytes, KeyBytes)],
+        cost: u64,
+    ) -> PlannedLimit {
+        let mode = mode_of(node);
+        let key = CounterKey {
+            domain: self.domain.name.clone(),
+            rule: node.path.clone(),
+            algorithm: limit.algorithm(),
+            window_s: limit.window_seconds(),
+            is_override: false,
+            entries: key_entries(levels, entries),
+        };
+        let check = Check {
+            params: limit.params,
+            cost,
+            mode,
+        };
+        let rule_label: Arc<str> = match &limit.name {
+            Some(name) => Arc::from(format!("{} ({name})", node.path)),
+            None => node.path.clone(),
+        };
+        PlannedLimit {
+            check: self.checks.add(key, check, rule_label),
+            mode,
+            reported: CurrentLimit {
+                requests_per_unit: limit.requests_per_unit,
+                unit: limit.unit,
+                name: limit.name.clone().unwrap_or_else(|| Arc::from("")),
+            },
+            window_us: limit.params.window_us(),
+            limit: limit.params.capacity(),
+        }
+    }
+
+    /// The one limit of a descriptor with an override: the rule's
+    /// algorithm (else the domain's default), the override's unit and
+    /// number (or the largest below it the algorithm holds exactly).
+    fn override_limit(
+        &mut self,
+        idx: usize,
+        descriptor: &Descriptor,
+        limit_override: EnforcedOverride,
+        matched: &Matched<'_>,
+        cost: u64,
+    ) -> Result<DescriptorPlan, Error> {
+        let EnforcedOverride {
+            requests_per_unit,
+            unit,
+        } = limit_override;
+        let algorithm = rule_algorithm(&matched.levels).unwrap_or(self.domain.default_algorithm);
+        let window_us = unit.seconds() * 1_000_000;
+        let requests = u64::from(requests_per_unit);
+        let params = override_params(algorithm, requests, window_us, self.max_log_entries)
+            .map_err(|err| {
+                Error::InvalidArgument(format!(
+                    "descriptor {idx}: override of {requests} per {} cannot be enforced: {err}",
+                    unit.name()
+                ))
+            })?;
+        let rule = override_rule(descriptor);
+        let key = self.override_key(descriptor, rule.clone(), params.algorithm(), unit);
+        let check = Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        };
+        let limit = PlannedLimit {
+            check: self.checks.add(key, check, rule),
+            mode: Mode::Enforce,
+            reported: CurrentLimit {
+                // What is enforced, which can be below what was asked.
+                requests_per_unit: clamp_u32(params.limit()),
+                unit,
+                name: Arc::from(""),
+            },
+            window_us,
+            limit: params.capacity(),
+        };
+        Ok(DescriptorPlan::Limits {
+            limits: PlannedLimits::one(limit),
+            metric: MetricRule::Override,
+            cost,
+        })
+    }
+
+    fn override_key(
+        &self,
+        descriptor: &Descriptor,
+        rule: Arc<str>,
+        algorithm: Algorithm,
+        unit: Unit,
+    ) -> CounterKey {
+        CounterKey {
+            domain: self.domain.name.clone(),
+            rule,
+            algorithm,
+            // The override's unit, not its number: raising the number
+            // mid-window keeps the counter and gives the extra room at once.
+            window_s: unit.seconds(),
+            is_override: true,
+            entries: descriptor
+                .entries
+                .iter()
+                .map(|it| KeyEntry {
+                    key: KeyBytes::new(&it.key),
+                    value: KeyValue::Value(KeyBytes::new(&it.value)),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn mode_of(node: &Node) -> Mode {
+    if node.shadow_mode {
+        Mode::Shadow
+    } else if node.quota_mode {
+        Mode::Quota
+    } else {
+        Mode::Enforce
+    }
+}
+
+/// A rule's counter key entries: each level's value, or the level's
+/// wildcard pattern where the level shares one counter among its values.
+fn key_entries(levels: &[&Node], entries: &[(KeyBytes, KeyBytes)]) -> Vec<KeyEntry> {
+    entries
+        .iter()
+        .zip(levels)
+        .map(|((key, value), level)| KeyEntry {
+            key: key.clone(),
+            value: match &level.value {
+                ValueMatcher::Wildcard(pattern) if level.share_threshold => {
+                    KeyValue::Shared(pattern.clone())
+                }
+                _ => KeyValue::Value(value.clone()),
+            },
+        })
+        .collect()
+}
+
+/// The algorithm of the first limit of the rule `levels` reached, if any.
+fn rule_algorithm(levels: &[&Node]) -> Option<Algorithm> {
+    match &levels.last()?.limits {
+        NodeLimits::Limited(limits) => limits.first().map(|it| it.algorithm()),
+        NodeLimits::None | NodeLimits::Unlimited { .. } => None,
+    }
+}
+
+/// An override's rule label: the descriptor's keys, escaped.
+fn override_rule(descriptor: &Descriptor) -> Arc<str> {
+    let keys: Vec<String> = descriptor
+        .entries
+        .iter()
+        .map(|it| bytes_label(&it.key))
+        .collect();
+    Arc::from(keys.join("."))
+}
+
+// === merge ===
+
+/// The plan's checks, one per counter.
+#[derive(Default)]
+struct Checks {
+    checks: Vec<KeyedCheck>,
+    rules: Vec<Arc<str>>,
+    by_key: HashMap<CounterKey, usize>,
+}
+
+impl Checks {
+    /// Adds a check and returns its index. Checks on one counter become
+    /// one check needing room for the sum of their costs. Equal keys mean
+    /// equal params (config refuses two limits of a node sharing window
+    /// and algorithm), except two overrides of one descriptor and unit
+    /// with different numbers in the same request: the first one's number
+    /// is enforced.
+    fn add(&mut self, key: CounterKey, check: Check, rule: Arc<str>) -> usize {
+        if let Some(&idx) = self.by_key.get(&key) {
+            let merged = &mut self.checks[idx].check;
+            merged.cost = merged.cost.saturating_add(check.cost).min(MAX_EXACT);
+            return idx;
+        }
+        self.by_key.insert(key.clone(), self.checks.len());
+        self.checks.push(KeyedCheck { key, check });
+        self.rules.push(rule);
+        self.checks.len() - 1
+    }
+
+    fn into_plan(self, descriptors: Vec<DescriptorPlan>) -> Plan {
+        Plan {
+            descriptors,
+            checks: self.checks,
+            check_rules: self.rules,
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tests/plan.rs"]
+mod tests;
