@@ -22,6 +22,8 @@ use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_clien
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::rules::RuleSet;
 use throttlegate::transport::grpc::{self, App};
+use throttlegate::transport::health::Health;
+use throttlegate::transport::http;
 
 use super::request::{descriptor, request};
 
@@ -39,6 +41,8 @@ pub struct TestService {
     pub client: RateLimitServiceClient<Channel>,
     pub channel: Channel,
     pub limiter: Arc<Limiter>,
+    /// What the HTTP routes of this service answer from.
+    pub http: http::App,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), grpc::Error>>>,
 }
@@ -92,12 +96,15 @@ pub async fn start_service_with_metrics(
     options: Options,
     metrics: Metrics,
 ) -> TestService {
+    let rules = Arc::new(ArcSwap::from_pointee(rules));
+    let metrics = Arc::new(metrics);
     let limiter = Arc::new(Limiter::new(
-        Arc::new(ArcSwap::from_pointee(rules)),
-        backend,
+        rules.clone(),
+        backend.clone(),
         options,
-        Arc::new(metrics),
+        metrics.clone(),
     ));
+    let health = Health::new(backend);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind an ephemeral port");
@@ -105,6 +112,8 @@ pub async fn start_service_with_metrics(
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
     let app = App {
         limiter: limiter.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
         drain_timeout: Duration::from_secs(5),
     };
     let task = tokio::spawn(throttlegate::serve(listener, app, async {
@@ -115,6 +124,12 @@ pub async fn start_service_with_metrics(
         addr,
         client: RateLimitServiceClient::new(channel.clone()),
         channel,
+        http: http::App {
+            limiter: limiter.clone(),
+            metrics,
+            health,
+            rules,
+        },
         limiter,
         shutdown: Some(shutdown_tx),
         task: Some(task),
