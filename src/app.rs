@@ -18,6 +18,7 @@ use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
+use tokio::time::error::Elapsed;
 use tokio_stream::StreamExt;
 use tracing_subscriber::EnvFilter;
 
@@ -203,32 +204,15 @@ async fn start(
         backend = backend.name(),
         "serving"
     );
-    let limiter = Arc::new(Limiter::new(
-        rules.clone(),
-        backend.clone(),
-        options,
-        metrics.clone(),
-    ));
-    let health = Health::new(backend);
+    let (grpc_app, http_app) =
+        server_apps(rules, backend, options, metrics, settings.drain_timeout);
     let (control, shutdown) = shutdown_channel();
-    let http_app = http::App {
-        limiter: limiter.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-        rules,
-    };
     let http = tokio::spawn(http::serve_limited(
         http_listener,
         http_app,
         http_limits,
         shutdown.clone(),
     ));
-    let grpc_app = grpc::App {
-        limiter,
-        metrics,
-        health,
-        drain_timeout: settings.drain_timeout,
-    };
     let grpc = grpc::serve_limited(grpc_listener, grpc_app, grpc_limits, shutdown);
     Ok(Serving {
         grpc: Box::pin(grpc),
@@ -239,6 +223,37 @@ async fn start(
         _reloads: reloads,
         _sweeper: sweeper,
     })
+}
+
+/// What the two servers serve: one limiter over `rules` and `backend`,
+/// one health answer over `backend`, both recording into `metrics`.
+pub fn server_apps(
+    rules: Arc<ArcSwap<RuleSet>>,
+    backend: Arc<dyn Backend>,
+    options: Options,
+    metrics: Arc<Metrics>,
+    drain_timeout: Duration,
+) -> (grpc::App, http::App) {
+    let limiter = Arc::new(Limiter::new(
+        rules.clone(),
+        backend.clone(),
+        options,
+        metrics.clone(),
+    ));
+    let health = Health::new(backend);
+    let http = http::App {
+        limiter: limiter.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        rules,
+    };
+    let grpc = grpc::App {
+        limiter,
+        metrics,
+        health,
+        drain_timeout,
+    };
+    (grpc, http)
 }
 
 /// The rules to start with: the config's, loaded off the runtime, or none.
@@ -527,46 +542,43 @@ impl Serving {
 /// 0 unless a server failed; a drain cut short at its deadline is logged,
 /// not a failure.
 fn exit_code(
-    grpc_res: Result<Result<(), grpc::Error>, tokio::time::error::Elapsed>,
-    http_res: Result<
-        Result<std::io::Result<()>, tokio::task::JoinError>,
-        tokio::time::error::Elapsed,
-    >,
+    grpc_res: Result<Result<(), grpc::Error>, Elapsed>,
+    http_res: Result<Result<std::io::Result<()>, tokio::task::JoinError>, Elapsed>,
     drain_timeout: Duration,
 ) -> ExitCode {
     let timeout_ms = drain_timeout.as_millis() as u64;
-    let mut failed = false;
-    match grpc_res {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            tracing::error!("{err}");
-            failed = true;
-        }
-        Err(_) => tracing::warn!(
-            timeout_ms,
-            "grpc requests still running at the drain deadline; stopping anyway"
-        ),
-    }
-    match http_res {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => {
-            tracing::error!("http server failed: {err}");
-            failed = true;
-        }
-        Ok(Err(err)) => {
-            tracing::error!("http server task failed: {err}");
-            failed = true;
-        }
-        Err(_) => tracing::warn!(
-            timeout_ms,
-            "http requests still running at the drain deadline; stopping anyway"
-        ),
-    }
-    if failed {
+    let grpc_res = grpc_res.map(|res| res.map_err(|err| err.to_string()));
+    let http_res = http_res.map(|res| match res {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(format!("http server failed: {err}")),
+        Err(err) => Err(format!("http server task failed: {err}")),
+    });
+    // Both, so that both outcomes are logged.
+    let grpc_ok = ended_well("grpc", grpc_res, timeout_ms);
+    let http_ok = ended_well("http", http_res, timeout_ms);
+    if !(grpc_ok && http_ok) {
         return ExitCode::FAILURE;
     }
     tracing::info!("stopped");
     ExitCode::SUCCESS
+}
+
+/// Logs how the `server` ended; false if it failed.
+fn ended_well(server: &str, res: Result<Result<(), String>, Elapsed>, timeout_ms: u64) -> bool {
+    match res {
+        Ok(Ok(())) => true,
+        Ok(Err(message)) => {
+            tracing::error!("{message}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms,
+                "{server} requests still running at the drain deadline; stopping anyway"
+            );
+            true
+        }
+    }
 }
 
 // === signals ===

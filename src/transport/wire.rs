@@ -169,16 +169,6 @@ pub fn unit_name(unit: Unit) -> &'static str {
 mod tests {
     use super::*;
 
-    const ALL_UNITS: [Unit; 7] = [
-        Unit::Second,
-        Unit::Minute,
-        Unit::Hour,
-        Unit::Day,
-        Unit::Week,
-        Unit::Month,
-        Unit::Year,
-    ];
-
     #[test]
     fn override_units_map_and_unknown_is_none() {
         let cases = [
@@ -225,7 +215,7 @@ mod tests {
 
     #[test]
     fn response_units_and_codes_are_named_as_envoy_names_them() {
-        let names: Vec<&str> = ALL_UNITS.into_iter().map(unit_name).collect();
+        let names: Vec<&str> = Unit::ALL.into_iter().map(unit_name).collect();
         assert_eq!(
             names,
             ["SECOND", "MINUTE", "HOUR", "DAY", "WEEK", "MONTH", "YEAR"]

@@ -21,8 +21,7 @@ use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::rules::RuleSet;
-use throttlegate::transport::grpc::{self, App};
-use throttlegate::transport::health::Health;
+use throttlegate::transport::grpc;
 use throttlegate::transport::http;
 
 use super::request::{descriptor, request};
@@ -96,26 +95,19 @@ pub async fn start_service_with_metrics(
     options: Options,
     metrics: Metrics,
 ) -> TestService {
-    let rules = Arc::new(ArcSwap::from_pointee(rules));
-    let metrics = Arc::new(metrics);
-    let limiter = Arc::new(Limiter::new(
-        rules.clone(),
-        backend.clone(),
+    let (app, http) = throttlegate::app::server_apps(
+        Arc::new(ArcSwap::from_pointee(rules)),
+        backend,
         options,
-        metrics.clone(),
-    ));
-    let health = Health::new(backend);
+        Arc::new(metrics),
+        Duration::from_secs(5),
+    );
+    let limiter = app.limiter.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("bound address");
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let app = App {
-        limiter: limiter.clone(),
-        metrics: metrics.clone(),
-        health: health.clone(),
-        drain_timeout: Duration::from_secs(5),
-    };
     let task = tokio::spawn(throttlegate::serve(listener, app, async {
         let _ = shutdown_rx.await;
     }));
@@ -124,12 +116,7 @@ pub async fn start_service_with_metrics(
         addr,
         client: RateLimitServiceClient::new(channel.clone()),
         channel,
-        http: http::App {
-            limiter: limiter.clone(),
-            metrics,
-            health,
-            rules,
-        },
+        http,
         limiter,
         shutdown: Some(shutdown_tx),
         task: Some(task),

@@ -22,17 +22,11 @@ pub(super) fn request_received<B>(request: http::Request<B>) -> http::Request<B>
 pub(super) fn oversized_is_resource_exhausted<B>(
     mut response: http::Response<B>,
 ) -> http::Response<B> {
-    let headers = response.headers_mut();
-    let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
-    if headers
-        .get("grpc-status")
-        .is_some_and(|it| it.as_bytes() == out_of_range.as_bytes())
-    {
-        headers.insert(
-            "grpc-status",
-            http::HeaderValue::from(tonic::Code::ResourceExhausted as i32),
-        );
-    }
+    replace_status(
+        response.headers_mut(),
+        tonic::Code::OutOfRange,
+        tonic::Code::ResourceExhausted,
+    );
     response
 }
 
@@ -47,17 +41,9 @@ pub(super) fn undecodable_is_invalid_argument<B>(
     mut response: http::Response<B>,
 ) -> http::Response<B> {
     let headers = response.headers_mut();
-    let internal = (tonic::Code::Internal as i32).to_string();
-    if headers
-        .get("grpc-status")
-        .is_none_or(|it| it.as_bytes() != internal.as_bytes())
-    {
+    if !replace_status(headers, tonic::Code::Internal, tonic::Code::InvalidArgument) {
         return response;
     }
-    headers.insert(
-        "grpc-status",
-        http::HeaderValue::from(tonic::Code::InvalidArgument as i32),
-    );
     let mut message = b"malformed request: ".to_vec();
     if let Some(reason) = headers.get("grpc-message") {
         message.extend_from_slice(reason.as_bytes());
@@ -68,4 +54,17 @@ pub(super) fn undecodable_is_invalid_argument<B>(
         headers.insert("grpc-message", value);
     }
     response
+}
+
+/// Sets the `grpc-status` header to `to` if it is `from`; true if it was.
+fn replace_status(headers: &mut http::HeaderMap, from: tonic::Code, to: tonic::Code) -> bool {
+    let from = (from as i32).to_string();
+    if headers
+        .get("grpc-status")
+        .is_none_or(|it| it.as_bytes() != from.as_bytes())
+    {
+        return false;
+    }
+    headers.insert("grpc-status", http::HeaderValue::from(to as i32));
+    true
 }

@@ -240,23 +240,16 @@ mod tests {
 
     /// The routes' parts, as the composition root builds them.
     fn app() -> App {
-        let rules = Arc::new(ArcSwap::from_pointee(testing::rules_from(
-            "api.yaml", CONFIG,
-        )));
-        let backend = testing::memory_backend(&ManualClock::new(testing::T0));
-        let metrics = Arc::new(Metrics::new());
-        let limiter = Limiter::new(
-            rules.clone(),
-            backend.clone(),
+        let (_, app) = crate::app::server_apps(
+            Arc::new(ArcSwap::from_pointee(testing::rules_from(
+                "api.yaml", CONFIG,
+            ))),
+            testing::memory_backend(&ManualClock::new(testing::T0)),
             testing::default_options(),
-            metrics.clone(),
+            Arc::new(Metrics::new()),
+            Duration::ZERO,
         );
-        App {
-            limiter: Arc::new(limiter),
-            metrics,
-            health: Health::new(backend),
-            rules,
-        }
+        app
     }
 
     async fn send(router: &Router, request: Request<Body>) -> (StatusCode, String) {
