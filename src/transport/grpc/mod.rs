@@ -1,5 +1,5 @@
 //! The gRPC server: the rate-limit service ([`service`]), health
-//! ([`health`]), reflection ([`reflection`]) and the response [`layers`],
+//! ([`health`]), reflection ([`reflection`]) and the response `layers`,
 //! within connection limits, through the stages of a graceful stop.
 
 pub mod health;
@@ -74,7 +74,7 @@ pub struct GrpcLimits {
 
 impl GrpcLimits {
     /// The defaults of the `serve` flags, with 4096 connections in place
-    /// of the cap `main` derives from the descriptor limit.
+    /// of the cap `app` derives from the descriptor limit.
     pub const fn standard() -> Self {
         Self {
             max_connections: 4096,

@@ -1,5 +1,5 @@
 //! The HTTP side: `/healthcheck`, `/json` (the decision over JSON, see
-//! [`json`]), `/rlconfig`, `/metrics`.
+//! `json`), `/rlconfig`, `/metrics`.
 
 mod json;
 
@@ -66,7 +66,7 @@ pub struct HttpLimits {
 
 impl HttpLimits {
     /// The defaults of the `serve` flags, with 1024 connections in place
-    /// of the cap `main` derives from the descriptor limit.
+    /// of the cap `app` derives from the descriptor limit.
     pub const fn standard() -> Self {
         Self {
             max_connections: 1024,
