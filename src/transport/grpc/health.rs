@@ -29,13 +29,19 @@ pub const HEALTH_SERVICES: [&str; 3] = [
 /// How often the backend is probed for health.
 const PROBE_INTERVAL: Duration = Duration::from_secs(1);
 
-/// What moves the health service through a graceful stop: the reporter
-/// every status goes through, the monitor probing while serving, and the
-/// switch that ends every Watch stream.
+/// What moves the health service through a graceful stop while serving:
+/// the reporter every status goes through, the monitor probing the
+/// backend, and the switch that ends every Watch stream.
 pub(super) struct HealthReports {
     reporter: HealthReporter,
-    monitor: Option<HealthMonitor>,
+    monitor: HealthMonitor,
     end_watches: watch::Sender<bool>,
+}
+
+/// The Watch streams of a server that reports NOT_SERVING, still open
+/// until [`OpenWatches::end`] (or a drop) ends them.
+pub(super) struct OpenWatches {
+    end: watch::Sender<bool>,
 }
 
 impl HealthReports {
@@ -55,23 +61,32 @@ impl HealthReports {
         let monitor = HealthMonitor::spawn(health, reporter.clone(), healthy);
         let reports = Self {
             reporter,
-            monitor: Some(monitor),
+            monitor,
             end_watches,
         };
         (reports, service)
     }
 
-    /// Reports NOT_SERVING from now on, whatever the backend says: load
-    /// balancers must see it while requests are still answered.
-    pub(super) async fn not_serving(&mut self) {
-        self.monitor = None;
-        set_health(&self.reporter, false).await;
+    /// Reports NOT_SERVING from now on, whatever the backend says (the
+    /// monitor stops): load balancers must see it while requests are still
+    /// answered. Every watcher is sent it before its stream can end.
+    pub(super) async fn not_serving(self) -> OpenWatches {
+        let Self {
+            reporter,
+            monitor,
+            end_watches,
+        } = self;
+        drop(monitor);
+        set_health(&reporter, false).await;
+        OpenWatches { end: end_watches }
     }
+}
 
-    /// Ends every Watch stream; call it after [`Self::not_serving`], so that
-    /// each watcher has been sent NOT_SERVING first.
-    pub(super) fn end_watches(&self) {
-        let _ = self.end_watches.send(true);
+impl OpenWatches {
+    /// Ends every Watch stream, with UNAVAILABLE so that clients look for
+    /// another server.
+    pub(super) fn end(self) {
+        let _ = self.end.send(true);
     }
 }
 

@@ -169,7 +169,7 @@ pub async fn serve_limited(
 /// in-flight RPCs drain for at most `drain_timeout`.
 async fn follow_stages(
     server: impl Future<Output = Result<(), tonic::transport::Error>>,
-    mut reports: HealthReports,
+    reports: HealthReports,
     shutdown: &Shutdown,
     drain_timeout: Duration,
 ) -> Result<(), Error> {
@@ -180,13 +180,12 @@ async fn follow_stages(
     }
     // Load balancers must see NOT_SERVING while we still answer; the
     // listener closes only at the next stage.
-    reports.not_serving().await;
+    let watches = reports.not_serving().await;
     tokio::select! {
         res = &mut server => return res.map_err(Error::from),
         () = shutdown.closing() => {}
     }
-    // Only now: a watcher has been sent NOT_SERVING before its stream ends.
-    reports.end_watches();
+    watches.end();
     match tokio::time::timeout(drain_timeout, &mut server).await {
         Ok(res) => res.map_err(Error::from),
         Err(_) => {
