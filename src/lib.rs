@@ -1,6 +1,9 @@
 //! throttlegate: an Envoy-compatible rate-limit decision service.
 //!
-//! Crate map, in the order a request meets it:
+//! Crate map: `app` builds the service, then the modules in the order a
+//! request meets them:
+//! - `app`: the composition root of `serve`: settings to running servers,
+//!   signals to an exit code;
 //! - `transport`: the gRPC and HTTP servers, bounded accepting, wire mapping;
 //! - `decision`: the decision on one request (`Limiter`);
 //! - `rules`: validated rule trees and descriptor matching;
@@ -13,6 +16,7 @@
 //! - `proto`: generated Envoy wire types.
 
 pub mod algorithms;
+pub mod app;
 pub mod backends;
 pub mod clock;
 pub mod config;

@@ -1,38 +1,24 @@
-//! The `throttlegate` binary: arguments, logging, start-up, signals, exit codes.
+//! The `throttlegate` binary: its flags (and their environment variables),
+//! parsed into [`app::Settings`] for [`app::run`]; `check-config` loads and
+//! summarises a config.
 
-use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use tokio::signal::unix::{Signal, SignalKind, signal};
-use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
-use tracing_subscriber::EnvFilter;
 
 use throttlegate::algorithms::Algorithm;
-use throttlegate::backends::Backend;
-use throttlegate::backends::memory::{DEFAULT_MAX_COUNTERS, MemoryBackend};
-use throttlegate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
+use throttlegate::app::{self, Limits, RedisFlags, Settings};
+use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
+use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::SystemClock;
-use throttlegate::config::reload::{ReloadGuard, Reloader};
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
-use throttlegate::metrics::Metrics;
-use throttlegate::rules::RuleSet;
-use throttlegate::transport::grpc::{App, GrpcLimits, ShutdownControl};
+use throttlegate::decision::{FailureMode, HeaderNames};
+use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
-use throttlegate::transport::listener::DescriptorBudget;
-
-/// Exit code of a start-up failure (bad config, bad flags, unusable backend).
-const EXIT_STARTUP: u8 = 2;
-
-/// How often the memory backend reclaims idle counters.
-const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// Rate-limit decision service for Envoy's global rate-limit filter.
 #[derive(Debug, Parser)]
@@ -303,8 +289,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::CheckConfig(args)) => check_config(&args),
-        Some(Command::Serve(args)) => run_serve(*args),
-        None => run_serve(cli.serve),
+        Some(Command::Serve(args)) => app::run(settings(*args)),
+        None => app::run(settings(cli.serve)),
     }
 }
 
@@ -332,487 +318,69 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
     }
 }
 
-fn run_serve(args: ServeArgs) -> ExitCode {
-    init_logging(args.log_format);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(it) => it,
-        Err(err) => {
-            eprintln!("cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let code = runtime.block_on(serve(args));
-    // Without waiting for blocking work: a config load still running (a
-    // reload, or the start-up load after SIGTERM) must not hold the exit.
-    runtime.shutdown_background();
-    code
-}
-
-/// Descriptors kept free of client connections beyond the Redis pool:
-/// standard streams, the listening sockets, the config watcher, the
-/// runtime's own, and Redis reconnections.
-const DESCRIPTOR_RESERVE: u64 = 128;
-
-/// Raises the soft `RLIMIT_NOFILE` to the hard limit, logs both, and
-/// returns the descriptor budget the connection caps come from.
-fn descriptor_budget(redis_pool_size: u32) -> DescriptorBudget {
-    let reserve = DESCRIPTOR_RESERVE + u64::from(redis_pool_size);
-    let limit = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
-        Ok((soft, hard)) => match rlimit::increase_nofile_limit(hard) {
-            Ok(raised) => {
-                tracing::info!(
-                    soft = raised,
-                    hard,
-                    previous_soft = soft,
-                    "file descriptor limit"
-                );
-                raised
-            }
-            Err(err) => {
-                tracing::warn!(soft, hard, "cannot raise the file descriptor limit: {err}");
-                soft
-            }
-        },
-        Err(err) => {
-            tracing::warn!("cannot read the file descriptor limit, assuming 1024: {err}");
-            1024
-        }
-    };
-    DescriptorBudget { limit, reserve }
-}
-
-fn limits(args: &LimitArgs, budget: DescriptorBudget) -> (GrpcLimits, HttpLimits) {
-    let (grpc_default, http_default) = budget.default_caps();
-    let grpc_max_connections = args
-        .grpc_max_connections
-        .map_or(grpc_default, |it| it as usize);
-    let http_max_connections = args
-        .http_max_connections
-        .map_or(http_default, |it| it as usize);
-    let total = (grpc_max_connections + http_max_connections) as u64;
-    if total > budget.limit.saturating_sub(budget.reserve) {
-        tracing::warn!(
-            grpc_max_connections,
-            http_max_connections,
-            descriptor_limit = budget.limit,
-            reserve = budget.reserve,
-            "the connection caps exceed the descriptor limit less its reserve: clients can exhaust descriptors"
-        );
-    }
-    tracing::info!(
-        grpc_max_connections,
-        http_max_connections,
-        "connection caps"
-    );
-    let grpc = GrpcLimits {
-        max_connections: grpc_max_connections,
-        max_concurrent_streams: args.grpc_max_concurrent_streams,
-        handshake_timeout: Duration::from_millis(args.grpc_handshake_timeout_ms),
-        keepalive_interval: Duration::from_millis(args.grpc_keepalive_interval_ms),
-        keepalive_timeout: Duration::from_millis(args.grpc_keepalive_timeout_ms),
-        max_connection_age: Duration::from_millis(args.grpc_max_connection_age_ms),
-        max_connection_age_grace: Duration::from_millis(args.grpc_max_connection_age_grace_ms),
-        request_timeout: Duration::from_millis(args.grpc_request_timeout_ms),
-    };
-    let http = HttpLimits {
-        max_connections: http_max_connections,
-        header_timeout: Duration::from_millis(args.http_header_timeout_ms),
-        body_timeout: Duration::from_millis(args.http_body_timeout_ms),
-        idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
-    };
-    (grpc, http)
-}
-
-fn init_logging(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // Colour only on a terminal: a log file or journald gets plain text.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
-}
-
-/// Reports a start-up failure and returns exit code 2. Printed plainly
-/// rather than logged: it must be readable whatever RUST_LOG says.
-fn startup_failure(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("{message}");
-    ExitCode::from(EXIT_STARTUP)
-}
-
-async fn serve(args: ServeArgs) -> ExitCode {
-    // First of all, before the config load (which can take seconds): from
-    // here a SIGHUP never ends the process (it reloads once we serve), and
-    // SIGTERM or SIGINT ends the start-up at once.
-    let hangups = listen_for(SignalKind::hangup(), "SIGHUP");
-    let mut stop = StopSignals::install();
-    let (grpc_limits, http_limits) = limits(&args.limits, descriptor_budget(args.redis_pool_size));
-    let rules = match &args.config {
-        Some(path) => match stop
-            .or_stop(load_config(path, load_options(&args.config_options)))
-            .await
-        {
-            Some(Ok(it)) => it,
-            Some(Err(message)) => return startup_failure(message),
-            None => return ExitCode::SUCCESS,
-        },
-        None => {
-            tracing::warn!("no --config given: every domain is unknown and every request is OK");
-            RuleSet::default()
-        }
-    };
-    let rules = Arc::new(ArcSwap::from_pointee(rules));
-    let metrics = Arc::new(Metrics::with_max_values_per_rule(
-        args.max_metric_values_per_rule,
-    ));
-    // Right after the load: the reloader records the files as loaded.
-    let reloader = args.config.as_ref().map(|path| {
-        let reload_metrics = metrics.clone();
-        Arc::new(
-            Reloader::new(
-                path.clone(),
-                load_options(&args.config_options),
-                rules.clone(),
-            )
-            .with_observer(move |ok| reload_metrics.record_reload(ok)),
-        )
+/// The flags as [`app::run`] takes them.
+fn settings(args: ServeArgs) -> Settings {
+    let response_headers = (args.response_headers == Switch::On).then_some(HeaderNames {
+        limit: args.limit_header,
+        remaining: args.remaining_header,
+        reset: args.reset_header,
+        retry_after: args.retry_after_header,
     });
-    let _reloads = reload_triggers(reloader.as_ref(), args.watch_config, hangups);
-    let headers = match response_headers(&args) {
-        Ok(it) => it,
-        Err(message) => return startup_failure(message),
-    };
-
-    // Keeps the memory backend's sweeper running for as long as we serve.
-    let mut _sweeper = None;
-    let backend: Arc<dyn Backend> = match redis_settings(&args) {
-        Err(message) => return startup_failure(message),
-        Ok(Some(settings)) => match stop.or_stop(RedisBackend::connect(settings)).await {
-            Some(Ok(it)) => Arc::new(it),
-            Some(Err(err)) => return startup_failure(format!("redis: {err}")),
-            None => return ExitCode::SUCCESS,
+    Settings {
+        config: args.config,
+        load: load_options(&args.config_options),
+        watch_config: args.watch_config == Switch::On,
+        grpc_addr: args.grpc_addr,
+        http_addr: args.http_addr,
+        redis: RedisFlags {
+            url: args.redis_url,
+            pool_size: args.redis_pool_size,
+            timeout_ms: args.redis_timeout_ms,
+            key_prefix: args.redis_key_prefix,
+            expiry_grace_ms: args.redis_expiry_grace_ms,
+            clock: match args.clock {
+                ClockArg::Redis => ClockSource::Redis,
+                ClockArg::Local => ClockSource::Local(Arc::new(SystemClock)),
+            },
+            cluster_nodes: args.redis_cluster_nodes,
+            sentinel_nodes: args.redis_sentinel_nodes,
+            sentinel_master: args.redis_sentinel_master,
         },
-        Ok(None) => {
-            tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
-            let memory = Arc::new(
-                MemoryBackend::new(Arc::new(SystemClock))
-                    .with_max_counters(args.memory_max_counters),
-            );
-            _sweeper = Some(memory.spawn_sweeper(SWEEP_EVERY));
-            // Weak: the gauge must not keep the counters alive.
-            let weak = Arc::downgrade(&memory);
-            metrics.observe_stored_counters(move || {
-                weak.upgrade().map_or(0, |it| {
-                    u64::try_from(it.stored_entries()).unwrap_or(u64::MAX)
-                })
-            });
-            memory
-        }
-    };
-
-    let options = Options {
-        shadow_mode: args.shadow_mode,
-        response_headers: headers,
+        memory_max_counters: args.memory_max_counters,
         failure_mode: match args.failure_mode {
             FailureArg::Error => FailureMode::Error,
             FailureArg::Allow => FailureMode::Allow,
             FailureArg::Deny => FailureMode::Deny,
         },
-        near_limit_ratio: Default::default(),
-    };
-    let limiter = Arc::new(Limiter::new(rules, backend.clone(), options, metrics));
-    let listener = match tokio::net::TcpListener::bind(args.grpc_addr).await {
-        Ok(it) => it,
-        Err(err) => return startup_failure(format!("cannot listen on {}: {err}", args.grpc_addr)),
-    };
-    let http_listener = match tokio::net::TcpListener::bind(args.http_addr).await {
-        Ok(it) => it,
-        Err(err) => return startup_failure(format!("cannot listen on {}: {err}", args.http_addr)),
-    };
-    tracing::info!(
-        grpc_addr = %listener.local_addr().map_or(args.grpc_addr, |it| it),
-        http_addr = %http_listener.local_addr().map_or(args.http_addr, |it| it),
-        backend = backend.name(),
-        "serving"
-    );
-    let drain_timeout = Duration::from_millis(args.drain_timeout_ms);
-
-    let (control, shutdown) = throttlegate::transport::grpc::shutdown_channel();
-    let http = tokio::spawn(throttlegate::transport::http::serve_limited(
-        http_listener,
-        limiter.clone(),
-        http_limits,
-        shutdown.clone(),
-    ));
-    let app = App {
-        limiter,
-        drain_timeout,
-    };
-    let grpc = throttlegate::transport::grpc::serve_limited(listener, app, grpc_limits, shutdown);
-    let shutdown_delay = Duration::from_millis(args.shutdown_delay_ms);
-    stop_gracefully(grpc, http, control, stop, shutdown_delay, drain_timeout).await
+        shadow_mode: args.shadow_mode,
+        response_headers,
+        max_metric_values_per_rule: args.max_metric_values_per_rule,
+        drain_timeout: Duration::from_millis(args.drain_timeout_ms),
+        shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
+        limits: limits(&args.limits),
+        json_logs: args.log_format == LogFormat::Json,
+    }
 }
 
-/// Serves until SIGTERM or SIGINT, then: NOT_SERVING (gRPC health and
-/// `/healthcheck`) while both servers still answer for `shutdown_delay`,
-/// so that load balancers stop sending first; then both listeners close
-/// and both servers drain within one `drain_timeout`. Health Watch streams
-/// are ended, not waited for.
-async fn stop_gracefully(
-    grpc: impl Future<Output = Result<(), throttlegate::transport::grpc::Error>>,
-    mut http: JoinHandle<std::io::Result<()>>,
-    control: ShutdownControl,
-    mut stop: StopSignals,
-    shutdown_delay: Duration,
-    drain_timeout: Duration,
-) -> ExitCode {
-    tokio::pin!(grpc);
-    // gRPC only stops on its own when it fails.
-    let early = tokio::select! {
-        res = &mut grpc => Some(res),
-        name = stop.recv() => {
-            tracing::info!("{name}: shutting down");
-            None
-        }
-    };
-    let grpc_res = match early {
-        Some(res) => Some(res),
-        None => {
-            control.not_serving();
-            if shutdown_delay.is_zero() {
-                None
-            } else {
-                tracing::info!(
-                    delay_ms = shutdown_delay.as_millis() as u64,
-                    "not serving; closing the listeners after the delay"
-                );
-                tokio::select! {
-                    res = &mut grpc => Some(res),
-                    () = tokio::time::sleep(shutdown_delay) => None,
-                    name = stop.recv() => {
-                        tracing::info!("{name} again: closing the listeners now");
-                        None
-                    }
-                }
-            }
-        }
-    };
-    control.close();
-    // One deadline for both servers, from the moment the listeners close.
-    let deadline = tokio::time::Instant::now() + drain_timeout;
-    let (grpc_res, http_res) = tokio::join!(
-        async {
-            match grpc_res {
-                Some(res) => Ok(res),
-                None => tokio::time::timeout_at(deadline, &mut grpc).await,
-            }
+fn limits(args: &LimitArgs) -> Limits {
+    Limits {
+        grpc_max_connections: args.grpc_max_connections.map(|it| it as usize),
+        http_max_connections: args.http_max_connections.map(|it| it as usize),
+        grpc: GrpcLimits {
+            max_concurrent_streams: args.grpc_max_concurrent_streams,
+            handshake_timeout: Duration::from_millis(args.grpc_handshake_timeout_ms),
+            keepalive_interval: Duration::from_millis(args.grpc_keepalive_interval_ms),
+            keepalive_timeout: Duration::from_millis(args.grpc_keepalive_timeout_ms),
+            max_connection_age: Duration::from_millis(args.grpc_max_connection_age_ms),
+            max_connection_age_grace: Duration::from_millis(args.grpc_max_connection_age_grace_ms),
+            request_timeout: Duration::from_millis(args.grpc_request_timeout_ms),
+            ..GrpcLimits::standard()
         },
-        tokio::time::timeout_at(deadline, &mut http),
-    );
-    http.abort();
-    exit_code(grpc_res, http_res, drain_timeout)
-}
-
-/// 0 unless a server failed; a drain cut short at its deadline is logged,
-/// not a failure.
-fn exit_code(
-    grpc_res: Result<Result<(), throttlegate::transport::grpc::Error>, tokio::time::error::Elapsed>,
-    http_res: Result<
-        Result<std::io::Result<()>, tokio::task::JoinError>,
-        tokio::time::error::Elapsed,
-    >,
-    drain_timeout: Duration,
-) -> ExitCode {
-    let timeout_ms = drain_timeout.as_millis() as u64;
-    let mut failed = false;
-    match grpc_res {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => {
-            tracing::error!("{err}");
-            failed = true;
-        }
-        Err(_) => tracing::warn!(
-            timeout_ms,
-            "grpc requests still running at the drain deadline; stopping anyway"
-        ),
-    }
-    match http_res {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => {
-            tracing::error!("http server failed: {err}");
-            failed = true;
-        }
-        Ok(Err(err)) => {
-            tracing::error!("http server task failed: {err}");
-            failed = true;
-        }
-        Err(_) => tracing::warn!(
-            timeout_ms,
-            "http requests still running at the drain deadline; stopping anyway"
-        ),
-    }
-    if failed {
-        return ExitCode::FAILURE;
-    }
-    tracing::info!("stopped");
-    ExitCode::SUCCESS
-}
-
-/// Loads the config on a blocking thread: a big one takes seconds, and the
-/// runtime keeps handling signals meanwhile.
-async fn load_config(path: &Path, options: LoadOptions) -> Result<RuleSet, String> {
-    tracing::info!(path = %path.display(), "loading the config");
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || load_config_now(&path, &options))
-        .await
-        .map_err(|err| format!("config load failed: {err}"))?
-}
-
-fn load_config_now(path: &Path, options: &LoadOptions) -> Result<RuleSet, String> {
-    let loaded = config::load(path, options).map_err(|err| format!("{err:#}"))?;
-    for warning in &loaded.warnings {
-        tracing::warn!("{warning}");
-    }
-    tracing::info!(
-        path = %path.display(),
-        domains = loaded.rules.domains().len(),
-        files = loaded.files.len(),
-        "config loaded"
-    );
-    Ok(loaded.rules)
-}
-
-/// SIGHUP (`hangups`, listened for since start-up; one received during
-/// start-up reloads right away) reloads the config, and so does a change
-/// of its files with `--watch-config on`; the guards stop both.
-fn reload_triggers(
-    reloader: Option<&Arc<Reloader>>,
-    watch: Switch,
-    hangups: Option<Signal>,
-) -> Vec<ReloadGuard> {
-    let mut guards = Vec::new();
-    // Without --config there is nothing to reload; the handler, once
-    // registered, still keeps SIGHUP from ending the process.
-    let Some(reloader) = reloader else {
-        return guards;
-    };
-    if let Some(hangups) = hangups {
-        let hangups = tokio_stream::wrappers::SignalStream::new(hangups).map(|()| {
-            tracing::info!("SIGHUP: reloading the config");
-        });
-        guards.push(reloader.spawn_on(hangups));
-    }
-    if watch == Switch::On {
-        guards.push(reloader.spawn_watcher());
-    }
-    guards
-}
-
-fn response_headers(args: &ServeArgs) -> Result<Option<HeaderNames>, String> {
-    if args.response_headers == Switch::Off {
-        return Ok(None);
-    }
-    let names = HeaderNames {
-        limit: args.limit_header.clone(),
-        remaining: args.remaining_header.clone(),
-        reset: args.reset_header.clone(),
-        retry_after: args.retry_after_header.clone(),
-    };
-    for name in [
-        &names.limit,
-        &names.remaining,
-        &names.reset,
-        &names.retry_after,
-    ] {
-        if tonic::codegen::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            return Err(format!("invalid response header name '{name}'"));
-        }
-    }
-    Ok(Some(names))
-}
-
-/// `None` without `--redis-url`.
-fn redis_settings(args: &ServeArgs) -> Result<Option<RedisSettings>, String> {
-    if args.redis_sentinel_master.is_some() || !args.redis_sentinel_nodes.is_empty() {
-        return Err("redis sentinel is not supported yet".to_owned());
-    }
-    if !args.redis_cluster_nodes.is_empty() {
-        return Err("redis cluster is not supported yet".to_owned());
-    }
-    let Some(url) = &args.redis_url else {
-        return Ok(None);
-    };
-    Ok(Some(RedisSettings {
-        url: url.clone(),
-        pool_size: args.redis_pool_size,
-        timeout_ms: args.redis_timeout_ms,
-        key_prefix: args.redis_key_prefix.clone(),
-        clock: match args.clock {
-            ClockArg::Redis => ClockSource::Redis,
-            ClockArg::Local => ClockSource::Local(Arc::new(SystemClock)),
+        http: HttpLimits {
+            header_timeout: Duration::from_millis(args.http_header_timeout_ms),
+            body_timeout: Duration::from_millis(args.http_body_timeout_ms),
+            idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
+            ..HttpLimits::standard()
         },
-        expiry_grace_ms: args.redis_expiry_grace_ms,
-    }))
-}
-
-/// Listens for `kind` from now on; `None` (logged) if that cannot be set up.
-fn listen_for(kind: SignalKind, name: &str) -> Option<Signal> {
-    match signal(kind) {
-        Ok(it) => Some(it),
-        Err(err) => {
-            tracing::error!("cannot listen for {name}: {err}");
-            None
-        }
-    }
-}
-
-/// SIGTERM and SIGINT (Ctrl-C), listened for from creation on: a signal
-/// received before [`StopSignals::recv`] is called is not lost.
-struct StopSignals {
-    terminate: Option<Signal>,
-    interrupt: Option<Signal>,
-}
-
-impl StopSignals {
-    fn install() -> Self {
-        StopSignals {
-            terminate: listen_for(SignalKind::terminate(), "SIGTERM"),
-            interrupt: listen_for(SignalKind::interrupt(), "SIGINT"),
-        }
-    }
-
-    /// Waits for the next SIGTERM or SIGINT and returns its name.
-    async fn recv(&mut self) -> &'static str {
-        async fn next(signal: &mut Option<Signal>) {
-            match signal {
-                Some(signal) => {
-                    signal.recv().await;
-                }
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            () = next(&mut self.terminate) => "SIGTERM",
-            () = next(&mut self.interrupt) => "SIGINT",
-        }
-    }
-
-    /// Runs a start-up `step`; `None` (logged) if SIGTERM or SIGINT comes
-    /// first. The step is dropped, but blocking work it started may still
-    /// run: the runtime is shut down without waiting for it.
-    async fn or_stop<T>(&mut self, step: impl Future<Output = T>) -> Option<T> {
-        tokio::select! {
-            res = step => Some(res),
-            name = self.recv() => {
-                tracing::info!("{name} during start-up: exiting");
-                None
-            }
-        }
     }
 }

@@ -1,4 +1,10 @@
-//! Generated Envoy rate-limit protocol types; prost types stop at `transport`.
+//! Generated Envoy rate-limit protocol types.
+//!
+//! Within the service they stop at `crate::transport`: `transport::wire`
+//! maps them to and from `crate::decision`'s types (unit and code names
+//! included), `transport::grpc` serves them, and no other module names
+//! them. Clients (the tests, the `throttlegate-load` generator) use them
+//! directly.
 #![allow(clippy::all, missing_docs, unreachable_pub)]
 
 pub mod envoy {

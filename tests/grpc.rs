@@ -560,7 +560,7 @@ async fn metrics_count_grpc_decisions_and_no_request_stays_in_flight() {
         ..request(vec![desc(&[("user", "alice")])])
     };
     call(&service, unknown).await;
-    let res = throttlegate::transport::http::router(service.limiter.clone())
+    let res = throttlegate::transport::http::router(service.http.clone())
         .oneshot(
             axum::http::Request::get("/metrics")
                 .body(axum::body::Body::empty())

@@ -31,12 +31,12 @@ const DESCRIPTORS_PER_REQUEST: usize = 64;
 const FLOODERS: usize = 4;
 
 /// Starts `/metrics` (the service's HTTP router) on an ephemeral port.
-async fn serve_http(limiter: Arc<throttlegate::decision::Limiter>) -> SocketAddr {
+async fn serve_http(app: throttlegate::transport::http::App) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("bound address");
-    let router = throttlegate::transport::http::router(limiter);
+    let router = throttlegate::transport::http::router(app);
     tokio::spawn(async move {
         let _ = axum::serve(listener, router).await;
     });
@@ -101,7 +101,7 @@ async fn a_value_to_metric_flood_with_a_scraper_keeps_others_fast_and_series_cap
         Metrics::with_max_values_per_rule(CAP),
     )
     .await;
-    let http = serve_http(service.limiter.clone()).await;
+    let http = serve_http(service.http.clone()).await;
     let done = Arc::new(AtomicBool::new(false));
 
     // The scraper: back to back, with a short pause, until the flood ends.

@@ -8,9 +8,11 @@ use clap::Parser;
 use hdrhistogram::Histogram;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::Status;
+use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -66,75 +68,82 @@ impl Tally {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
-    let n_connections = args.connections.max(1);
-    let concurrency = args.concurrency.max(1);
-    let mut clients = Vec::with_capacity(n_connections);
-    for _ in 0..n_connections {
-        clients.push(RateLimitServiceClient::connect(args.addr.clone()).await?);
-    }
-    let deadline = Instant::now() + Duration::from_secs(args.max_seconds);
-    let per_worker = args.requests / concurrency as u64;
-    let started = Instant::now();
-    let mut workers = Vec::with_capacity(concurrency);
-    for worker in 0..concurrency {
-        let mut client = clients[worker % clients.len()].clone();
-        let domain = args.domain.clone();
-        let key = args.key.clone();
-        let distinct = args.distinct_values.max(1);
-        let n_descriptors = args.descriptors.max(1);
-        workers.push(tokio::spawn(async move {
-            let mut tally = Tally::new();
-            for seq in 0..per_worker {
-                if Instant::now() >= deadline {
-                    break;
-                }
-                let value = (seq * 7919 + worker as u64) % distinct;
-                let descriptors = (0..n_descriptors)
-                    .map(|idx| RateLimitDescriptor {
-                        entries: vec![Entry {
-                            key: if idx == 0 {
-                                key.clone().into_bytes()
-                            } else {
-                                format!("{key}{idx}").into_bytes()
-                            },
-                            value: value.to_string().into_bytes(),
-                        }],
-                        limit: None,
-                        hits_addend: None,
-                    })
-                    .collect();
-                let request = RateLimitRequest {
-                    domain: domain.clone(),
-                    descriptors,
-                    hits_addend: 0,
-                };
-                let sent = Instant::now();
-                let res = client.should_rate_limit(request).await;
-                let micros = sent.elapsed().as_micros() as u64;
-                let _ = tally.latency_us.record(micros.max(1));
-                match res {
-                    Ok(response) if response.get_ref().overall_code == Code::OverLimit as i32 => {
-                        tally.over_limit += 1
-                    }
-                    Ok(_) => tally.ok += 1,
-                    Err(_) => tally.errors += 1,
-                }
+impl Tally {
+    /// Counts one answer and its latency.
+    fn record(&mut self, res: &Result<tonic::Response<RateLimitResponse>, Status>, micros: u64) {
+        let _ = self.latency_us.record(micros.max(1));
+        match res {
+            Ok(response) if response.get_ref().overall_code == Code::OverLimit as i32 => {
+                self.over_limit += 1
             }
-            tally
-        }));
+            Ok(_) => self.ok += 1,
+            Err(_) => self.errors += 1,
+        }
     }
-    let mut total = Tally::new();
-    for worker in workers {
-        let tally = worker.await?;
-        total.ok += tally.ok;
-        total.over_limit += tally.over_limit;
-        total.errors += tally.errors;
-        total.latency_us.add(&tally.latency_us)?;
+
+    fn add(&mut self, other: &Tally) -> Result<(), hdrhistogram::AdditionError> {
+        self.ok += other.ok;
+        self.over_limit += other.over_limit;
+        self.errors += other.errors;
+        self.latency_us.add(&other.latency_us)
     }
-    let elapsed = started.elapsed().as_secs_f64();
+}
+
+/// What every worker sends, and until when.
+#[derive(Debug, Clone)]
+struct Load {
+    domain: String,
+    key: String,
+    distinct: u64,
+    descriptors: usize,
+    requests: u64,
+    deadline: Instant,
+}
+
+impl Load {
+    /// The `seq`-th request of `worker`: the first descriptor has key
+    /// `<key>`, then `<key>1`, ..., all with the same cycled value.
+    fn request(&self, worker: usize, seq: u64) -> RateLimitRequest {
+        let value = (seq * 7919 + worker as u64) % self.distinct;
+        let descriptors = (0..self.descriptors)
+            .map(|idx| RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: if idx == 0 {
+                        self.key.clone().into_bytes()
+                    } else {
+                        format!("{}{idx}", self.key).into_bytes()
+                    },
+                    value: value.to_string().into_bytes(),
+                }],
+                limit: None,
+                hits_addend: None,
+            })
+            .collect();
+        RateLimitRequest {
+            domain: self.domain.clone(),
+            descriptors,
+            hits_addend: 0,
+        }
+    }
+}
+
+/// Sends `load.requests` requests one after the other, or fewer if the
+/// deadline comes first.
+async fn work(mut client: RateLimitServiceClient<Channel>, load: Load, worker: usize) -> Tally {
+    let mut tally = Tally::new();
+    for seq in 0..load.requests {
+        if Instant::now() >= load.deadline {
+            break;
+        }
+        let request = load.request(worker, seq);
+        let sent = Instant::now();
+        let res = client.should_rate_limit(request).await;
+        tally.record(&res, sent.elapsed().as_micros() as u64);
+    }
+    tally
+}
+
+fn report(total: &Tally, elapsed: f64) {
     let sent = total.ok + total.over_limit + total.errors;
     let latency = &total.latency_us;
     println!(
@@ -152,5 +161,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         latency.value_at_quantile(0.999),
         latency.max()
     );
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let n_connections = args.connections.max(1);
+    let concurrency = args.concurrency.max(1);
+    let mut clients = Vec::with_capacity(n_connections);
+    for _ in 0..n_connections {
+        clients.push(RateLimitServiceClient::connect(args.addr.clone()).await?);
+    }
+    let load = Load {
+        domain: args.domain,
+        key: args.key,
+        distinct: args.distinct_values.max(1),
+        descriptors: args.descriptors.max(1),
+        requests: args.requests / concurrency as u64,
+        deadline: Instant::now() + Duration::from_secs(args.max_seconds),
+    };
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|worker| {
+            let client = clients[worker % clients.len()].clone();
+            tokio::spawn(work(client, load.clone(), worker))
+        })
+        .collect();
+    let mut total = Tally::new();
+    for worker in workers {
+        total.add(&worker.await?)?;
+    }
+    report(&total, started.elapsed().as_secs_f64());
     Ok(())
 }

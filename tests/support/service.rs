@@ -21,7 +21,8 @@ use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::rules::RuleSet;
-use throttlegate::transport::grpc::{self, App};
+use throttlegate::transport::grpc;
+use throttlegate::transport::http;
 
 use super::request::{descriptor, request};
 
@@ -39,6 +40,8 @@ pub struct TestService {
     pub client: RateLimitServiceClient<Channel>,
     pub channel: Channel,
     pub limiter: Arc<Limiter>,
+    /// What the HTTP routes of this service answer from.
+    pub http: http::App,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), grpc::Error>>>,
 }
@@ -93,21 +96,19 @@ pub async fn start_service_with_metrics(
     options: Options,
     metrics: Metrics,
 ) -> TestService {
-    let limiter = Arc::new(Limiter::new(
+    let (app, http) = throttlegate::app::server_apps(
         Arc::new(ArcSwap::from_pointee(rules)),
         backend,
         options,
         Arc::new(metrics),
-    ));
+        Duration::from_secs(5),
+    );
+    let limiter = app.limiter.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("bound address");
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let app = App {
-        limiter: limiter.clone(),
-        drain_timeout: Duration::from_secs(5),
-    };
     let task = tokio::spawn(throttlegate::serve(listener, app, async {
         let _ = shutdown_rx.await;
     }));
@@ -116,6 +117,7 @@ pub async fn start_service_with_metrics(
         addr,
         client: RateLimitServiceClient::new(channel.clone()),
         channel,
+        http,
         limiter,
         shutdown: Some(shutdown_tx),
         task: Some(task),

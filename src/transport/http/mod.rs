@@ -1,43 +1,53 @@
-//! The HTTP side: `/healthcheck`, `/json` (the decision over JSON), `/rlconfig`, `/metrics`.
-//!
-//! `/json` reads and writes the proto3 JSON form of the rate-limit messages
-//! (camelCase names, enum names; snake_case names are accepted too), like
-//! envoyproxy/ratelimit's endpoint, for curl-based debugging.
+//! The HTTP side: `/healthcheck`, `/json` (the decision over JSON, see
+//! `json`), `/rlconfig`, `/metrics`.
+
+mod json;
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Router};
-use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::decision::{self, Limiter};
-use crate::rules::Unit;
-use crate::transport::grpc::{Shutdown, Stage};
+use crate::decision::Limiter;
+use crate::metrics::Metrics;
+use crate::rules::RuleSet;
+use crate::transport::health::Health;
 use crate::transport::listener::Listener;
+use crate::transport::shutdown::Shutdown;
 
-/// A probe slower than this makes `/healthcheck` answer 503.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// What the routes answer from.
+#[derive(Debug, Clone)]
+pub struct App {
+    /// Decides `/json` requests.
+    pub limiter: Arc<Limiter>,
+    /// Served by `/metrics`; also where connections are counted.
+    pub metrics: Arc<Metrics>,
+    /// What `/healthcheck` answers.
+    pub health: Health,
+    /// The rules in force, summarised by `/rlconfig`.
+    pub rules: Arc<ArcSwap<RuleSet>>,
+}
 
-/// The HTTP routes over `limiter`.
-pub fn router(limiter: Arc<Limiter>) -> Router {
+/// The HTTP routes over `app`.
+pub fn router(app: App) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
-        .route("/json", post(json))
+        .route("/json", post(json::decide))
         .route("/rlconfig", get(rlconfig))
         .route("/metrics", get(metrics))
         // The same bound as a gRPC message.
         .layer(DefaultBodyLimit::max(
             crate::transport::grpc::MAX_MESSAGE_BYTES,
         ))
-        .with_state(limiter)
+        .with_state(app)
 }
 
 /// What one client may hold of the HTTP server: connections and time.
@@ -56,7 +66,7 @@ pub struct HttpLimits {
 
 impl HttpLimits {
     /// The defaults of the `serve` flags, with 1024 connections in place
-    /// of the cap `main` derives from the descriptor limit.
+    /// of the cap `app` derives from the descriptor limit.
     pub const fn standard() -> Self {
         Self {
             max_connections: 1024,
@@ -71,10 +81,10 @@ impl HttpLimits {
 /// [`serve_limited`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    limiter: Arc<Limiter>,
+    app: App,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
-    serve_limited(listener, limiter, HttpLimits::standard(), shutdown).await
+    serve_limited(listener, app, HttpLimits::standard(), shutdown).await
 }
 
 /// Serves HTTP/1.1 on `listener` within `limits` through the stages of
@@ -83,12 +93,15 @@ pub async fn serve(
 /// in-flight requests finish (the caller bounds how long).
 pub async fn serve_limited(
     listener: tokio::net::TcpListener,
-    limiter: Arc<Limiter>,
+    app: App,
     limits: HttpLimits,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
-    let mut listener = Listener::new(listener, "http", limits.max_connections, limiter.metrics());
-    let router = router(limiter).layer(Extension(shutdown.clone()));
+    let mut listener = Listener::new(listener, "http", limits.max_connections, &app.metrics);
+    let router = router(App {
+        health: app.health.following(shutdown.clone()),
+        ..app
+    });
     let shutdown = shutdown.closing();
     let mut builder = hyper::server::conn::http1::Builder::new();
     // The connection's watchdog times heads, and also the wait between
@@ -176,34 +189,24 @@ impl http_body::Body for TimedBody {
     }
 }
 
-async fn healthcheck(
-    State(limiter): State<Arc<Limiter>>,
-    shutdown: Option<Extension<Shutdown>>,
-) -> Response {
-    if shutdown.is_some_and(|it| it.stage() != Stage::Serving) {
-        return (StatusCode::SERVICE_UNAVAILABLE, "shutting down\n").into_response();
-    }
-    let backend = limiter.backend();
-    match tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await {
-        Ok(Ok(())) => (StatusCode::OK, "OK\n").into_response(),
-        Ok(Err(err)) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("{} backend did not answer in time\n", backend.name()),
-        )
-            .into_response(),
+/// 200 when requests should be sent here; 503 with the reason otherwise
+/// (a stop under way, the backend failing its probe).
+async fn healthcheck(State(app): State<App>) -> Response {
+    match app.health.check().await {
+        Ok(()) => (StatusCode::OK, "OK\n").into_response(),
+        Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
     }
 }
 
-async fn rlconfig(State(limiter): State<Arc<Limiter>>) -> String {
-    crate::config::summary(&limiter.rules().load())
+async fn rlconfig(State(app): State<App>) -> String {
+    crate::config::summary(&app.rules.load())
 }
 
 /// Prometheus scrape: the text exposition of every metric. Formatting
 /// thousands of series takes milliseconds, so it runs on the blocking pool,
 /// not on a worker that decisions need.
-async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
-    match tokio::task::spawn_blocking(move || limiter.metrics().encode()).await {
+async fn metrics(State(app): State<App>) -> Response {
+    match tokio::task::spawn_blocking(move || app.metrics.encode()).await {
         Ok(text) => (
             [(
                 axum::http::header::CONTENT_TYPE,
@@ -223,280 +226,6 @@ async fn metrics(State(limiter): State<Arc<Limiter>>) -> Response {
     }
 }
 
-/// 200 with the decision, 429 when it is OVER_LIMIT (as envoyproxy/ratelimit
-/// answers), 400 for a bad request, 413 for a body over 64 KiB, 503 when the
-/// backend failed. The body is read as JSON whatever its content type, so a
-/// plain `curl -d` works.
-async fn json(
-    State(limiter): State<Arc<Limiter>>,
-    body: Result<axum::body::Bytes, BytesRejection>,
-) -> Response {
-    let body = match body {
-        Ok(it) => it,
-        Err(rejection) => return (rejection.status(), rejection.body_text()).into_response(),
-    };
-    let request = match serde_json::from_slice::<JsonRequest>(&body) {
-        Ok(it) => it.into_request(),
-        Err(err) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("invalid json request: {err}\n"),
-            )
-                .into_response();
-        }
-    };
-    match limiter.decide(&request).await {
-        Ok(decision) => {
-            let status = match decision.overall {
-                decision::Code::Ok => StatusCode::OK,
-                decision::Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
-            };
-            (status, axum::Json(JsonResponse::from(decision))).into_response()
-        }
-        Err(decision::Error::InvalidArgument(message)) => {
-            (StatusCode::BAD_REQUEST, message).into_response()
-        }
-        Err(decision::Error::Backend(err)) => {
-            (StatusCode::SERVICE_UNAVAILABLE, err.to_string()).into_response()
-        }
-    }
-}
-
-// === request JSON ===
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct JsonRequest {
-    #[serde(default)]
-    domain: String,
-    #[serde(default)]
-    descriptors: Vec<JsonDescriptor>,
-    #[serde(default, alias = "hits_addend", deserialize_with = "number")]
-    hits_addend: u32,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct JsonDescriptor {
-    #[serde(default)]
-    entries: Vec<JsonEntry>,
-    #[serde(default)]
-    limit: Option<JsonOverride>,
-    #[serde(default, alias = "hits_addend", deserialize_with = "optional_number")]
-    hits_addend: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JsonEntry {
-    #[serde(default)]
-    key: String,
-    #[serde(default)]
-    value: String,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct JsonOverride {
-    #[serde(default, alias = "requests_per_unit", deserialize_with = "number")]
-    requests_per_unit: u32,
-    #[serde(default)]
-    unit: JsonUnit,
-}
-
-/// An override unit by name (`"MINUTE"`) or number (`2`).
-#[derive(Debug, Default)]
-struct JsonUnit(Option<Unit>);
-
-impl<'de> Deserialize<'de> for JsonUnit {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            Name(String),
-            Number(u64),
-        }
-        // envoy.type.v3.RateLimitUnit: no WEEK.
-        const NAMES: [(&str, Option<Unit>); 7] = [
-            ("UNKNOWN", None),
-            ("SECOND", Some(Unit::Second)),
-            ("MINUTE", Some(Unit::Minute)),
-            ("HOUR", Some(Unit::Hour)),
-            ("DAY", Some(Unit::Day)),
-            ("MONTH", Some(Unit::Month)),
-            ("YEAR", Some(Unit::Year)),
-        ];
-        let unit = match Raw::deserialize(deserializer)? {
-            Raw::Name(name) => NAMES
-                .iter()
-                .find(|(it, _)| *it == name)
-                .map(|(_, unit)| *unit)
-                .ok_or_else(|| serde::de::Error::custom(format!("unknown unit '{name}'")))?,
-            Raw::Number(n) => usize::try_from(n)
-                .ok()
-                .and_then(|idx| NAMES.get(idx))
-                .map(|(_, unit)| *unit)
-                .ok_or_else(|| serde::de::Error::custom(format!("unknown unit {n}")))?,
-        };
-        Ok(JsonUnit(unit))
-    }
-}
-
-/// proto3 JSON writes 64-bit integers as strings and accepts both forms.
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum JsonNumber {
-    Number(u64),
-    Text(String),
-}
-
-impl JsonNumber {
-    fn value<E: serde::de::Error>(self) -> Result<u64, E> {
-        match self {
-            JsonNumber::Number(n) => Ok(n),
-            JsonNumber::Text(text) => text
-                .parse()
-                .map_err(|_| E::custom(format!("not an unsigned integer: '{text}'"))),
-        }
-    }
-}
-
-fn number<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: TryFrom<u64>,
-{
-    let n = JsonNumber::deserialize(deserializer)?.value()?;
-    T::try_from(n).map_err(|_| serde::de::Error::custom(format!("{n} is out of range")))
-}
-
-fn optional_number<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
-    match Option::<JsonNumber>::deserialize(deserializer)? {
-        Some(n) => Ok(Some(n.value()?)),
-        None => Ok(None),
-    }
-}
-
-impl JsonRequest {
-    fn into_request(self) -> decision::Request {
-        decision::Request {
-            domain: self.domain,
-            hits_addend: self.hits_addend,
-            descriptors: self
-                .descriptors
-                .into_iter()
-                .map(|it| decision::Descriptor {
-                    entries: it
-                        .entries
-                        .into_iter()
-                        .map(|entry| decision::Entry {
-                            key: entry.key.into_bytes(),
-                            value: entry.value.into_bytes(),
-                        })
-                        .collect(),
-                    limit: it.limit.map(|limit| decision::LimitOverride {
-                        requests_per_unit: limit.requests_per_unit,
-                        unit: limit.unit.0,
-                    }),
-                    hits_addend: it.hits_addend,
-                })
-                .collect(),
-        }
-    }
-}
-
-// === response JSON ===
-
-/// Fields at their default value are omitted, as proto3 JSON does.
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonResponse {
-    overall_code: &'static str,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    statuses: Vec<JsonStatus>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    response_headers_to_add: Vec<JsonHeader>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonStatus {
-    code: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    current_limit: Option<JsonLimit>,
-    #[serde(skip_serializing_if = "is_zero")]
-    limit_remaining: u32,
-    /// A proto3 JSON Duration: `"60s"`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    duration_until_reset: Option<String>,
-}
-
-#[derive(Debug, Serialize)]
-#[serde(rename_all = "camelCase")]
-struct JsonLimit {
-    #[serde(skip_serializing_if = "is_zero")]
-    requests_per_unit: u32,
-    unit: &'static str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    name: String,
-}
-
-#[derive(Debug, Serialize)]
-struct JsonHeader {
-    key: String,
-    value: String,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-fn code_name(code: decision::Code) -> &'static str {
-    match code {
-        decision::Code::Ok => "OK",
-        decision::Code::OverLimit => "OVER_LIMIT",
-    }
-}
-
-fn unit_name(unit: Unit) -> &'static str {
-    match unit {
-        Unit::Second => "SECOND",
-        Unit::Minute => "MINUTE",
-        Unit::Hour => "HOUR",
-        Unit::Day => "DAY",
-        Unit::Week => "WEEK",
-        Unit::Month => "MONTH",
-        Unit::Year => "YEAR",
-    }
-}
-
-impl From<decision::Decision> for JsonResponse {
-    fn from(decision: decision::Decision) -> Self {
-        JsonResponse {
-            overall_code: code_name(decision.overall),
-            statuses: decision
-                .statuses
-                .into_iter()
-                .map(|it| JsonStatus {
-                    code: code_name(it.code),
-                    current_limit: it.current_limit.map(|limit| JsonLimit {
-                        requests_per_unit: limit.requests_per_unit,
-                        unit: unit_name(limit.unit),
-                        name: limit.name.to_string(),
-                    }),
-                    limit_remaining: it.limit_remaining,
-                    duration_until_reset: it.duration_until_reset_s.map(|s| format!("{s}s")),
-                })
-                .collect(),
-            response_headers_to_add: decision
-                .headers
-                .into_iter()
-                .map(|(key, value)| JsonHeader { key, value })
-                .collect(),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use axum::body::Body;
@@ -505,18 +234,22 @@ mod tests {
 
     use super::*;
     use crate::clock::ManualClock;
-    use crate::metrics::Metrics;
     use crate::testing;
 
     const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
 
-    fn limiter() -> Arc<Limiter> {
-        Arc::new(testing::limiter(
-            testing::rules_from("api.yaml", CONFIG),
+    /// The routes' parts, as the composition root builds them.
+    fn app() -> App {
+        let (_, app) = crate::app::server_apps(
+            Arc::new(ArcSwap::from_pointee(testing::rules_from(
+                "api.yaml", CONFIG,
+            ))),
             testing::memory_backend(&ManualClock::new(testing::T0)),
             testing::default_options(),
-            Metrics::new(),
-        ))
+            Arc::new(Metrics::new()),
+            Duration::ZERO,
+        );
+        app
     }
 
     async fn send(router: &Router, request: Request<Body>) -> (StatusCode, String) {
@@ -537,7 +270,7 @@ mod tests {
 
     #[tokio::test]
     async fn json_decides_in_camel_case_and_accepts_snake_case() {
-        let router = router(limiter());
+        let router = router(app());
         let camel = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}],"hitsAddend":1}"#;
         let (status, body) = send(&router, post_json(camel)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -576,7 +309,7 @@ mod tests {
 
     #[tokio::test]
     async fn json_override_by_unit_name_and_bad_requests() {
-        let router = router(limiter());
+        let router = router(app());
         let with_override = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"b"}],"limit":{"requestsPerUnit":7,"unit":"HOUR"}}]}"#;
         let (status, body) = send(&router, post_json(with_override)).await;
         assert_eq!(status, StatusCode::OK, "{body}");
@@ -599,7 +332,7 @@ mod tests {
 
     #[tokio::test]
     async fn json_decides_values_of_any_length() {
-        let router = router(limiter());
+        let router = router(app());
         let long = "v".repeat(2_000);
         let body = format!(
             r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"user","value":"{long}"}}]}}]}}"#
@@ -626,14 +359,14 @@ mod tests {
                 r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#,
             ))
             .unwrap();
-        let (status, body) = send(&router(limiter()), request).await;
+        let (status, body) = send(&router(app()), request).await;
         assert_eq!(status, StatusCode::OK, "{body}");
         assert!(body.contains(r#""overallCode":"OK""#), "{body}");
     }
 
     #[tokio::test]
     async fn json_body_over_64_kib_is_refused() {
-        let router = router(limiter());
+        let router = router(app());
         let huge = format!(
             r#"{{"domain":"api","descriptors":[{{"entries":[{{"key":"user","value":"{}"}}]}}]}}"#,
             "v".repeat(70 * 1024)
@@ -647,7 +380,7 @@ mod tests {
 
     #[tokio::test]
     async fn metrics_expose_the_decisions_made_over_json() {
-        let router = router(limiter());
+        let router = router(app());
         let body = r#"{"domain":"api","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}"#;
         for _ in 0..3 {
             send(&router, post_json(body)).await;
@@ -678,7 +411,7 @@ mod tests {
 
     #[tokio::test]
     async fn healthcheck_and_rlconfig() {
-        let router = router(limiter());
+        let router = router(app());
         let (status, body) = send(
             &router,
             Request::get("/healthcheck").body(Body::empty()).unwrap(),

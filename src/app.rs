@@ -1,0 +1,641 @@
+//! The composition root of `throttlegate serve`: from [`Settings`] (the
+//! flags as `main` parses them) it builds the rules, metrics, backend,
+//! limiter and both servers, wires hot reload, and follows signals through
+//! start-up, serving and a graceful stop to an exit code.
+//!
+//! Only `main` and this module read the environment, arguments and
+//! signals; everything they build is handed down explicitly.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio::net::TcpListener;
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::task::JoinHandle;
+use tokio::time::error::Elapsed;
+use tokio_stream::StreamExt;
+use tracing_subscriber::EnvFilter;
+
+use crate::backends::Backend;
+use crate::backends::memory::{MemoryBackend, SweeperGuard};
+use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
+use crate::clock::SystemClock;
+use crate::config::reload::{ReloadGuard, Reloader};
+use crate::config::{self, LoadOptions};
+use crate::decision::{FailureMode, HeaderNames, Limiter, Options};
+use crate::metrics::Metrics;
+use crate::rules::RuleSet;
+use crate::transport::grpc::{self, GrpcLimits};
+use crate::transport::health::Health;
+use crate::transport::http::{self, HttpLimits};
+use crate::transport::listener::DescriptorBudget;
+use crate::transport::shutdown::{ShutdownControl, shutdown_channel};
+
+/// Exit code of a start-up failure (bad config, bad flags, unusable backend).
+const EXIT_STARTUP: u8 = 2;
+
+/// How often the memory backend reclaims idle counters.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// Descriptors kept free of client connections beyond the Redis pool:
+/// standard streams, the listening sockets, the config watcher, the
+/// runtime's own, and Redis reconnections.
+const DESCRIPTOR_RESERVE: u64 = 128;
+
+/// What `serve` runs with. Names are checked and Redis is reached during
+/// start-up, after the config load, so a bad config is reported first.
+pub struct Settings {
+    /// A YAML file or directory; `None`: every domain is unknown.
+    pub config: Option<PathBuf>,
+    pub load: LoadOptions,
+    /// Reload when the config files change (SIGHUP reloads either way).
+    pub watch_config: bool,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    pub redis: RedisFlags,
+    /// Most counters the in-memory backend holds.
+    pub memory_max_counters: usize,
+    pub failure_mode: FailureMode,
+    pub shadow_mode: bool,
+    /// `None`: no response headers.
+    pub response_headers: Option<HeaderNames>,
+    pub max_metric_values_per_rule: usize,
+    /// How long in-flight requests of both servers together may run once
+    /// the listeners have closed.
+    pub drain_timeout: Duration,
+    /// How long health reports NOT_SERVING, requests still answered,
+    /// before the listeners close.
+    pub shutdown_delay: Duration,
+    pub limits: Limits,
+    /// JSON log lines instead of text.
+    pub json_logs: bool,
+}
+
+/// The Redis flags; without a URL the in-memory backend is used.
+pub struct RedisFlags {
+    pub url: Option<String>,
+    pub pool_size: u32,
+    pub timeout_ms: u64,
+    pub key_prefix: String,
+    pub expiry_grace_ms: u64,
+    pub clock: ClockSource,
+    /// Cluster and Sentinel nodes: asking for either fails the start-up.
+    pub cluster_nodes: Vec<String>,
+    pub sentinel_nodes: Vec<String>,
+    pub sentinel_master: Option<String>,
+}
+
+/// What one client may hold of either server. The connection caps not
+/// given follow from the descriptor limit; the caps given replace the
+/// `max_connections` of `grpc` and `http`.
+pub struct Limits {
+    pub grpc_max_connections: Option<usize>,
+    pub http_max_connections: Option<usize>,
+    pub grpc: GrpcLimits,
+    pub http: HttpLimits,
+}
+
+/// Why start-up ended without serving.
+enum Aborted {
+    /// Printed; exit code 2.
+    Failed(String),
+    /// SIGTERM or SIGINT came first; exit code 0.
+    Stopped,
+}
+
+/// Sets up logging and the runtime, serves until a stop signal, and
+/// returns the process's exit code.
+pub fn run(settings: Settings) -> ExitCode {
+    init_logging(settings.json_logs);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(it) => it,
+        Err(err) => {
+            eprintln!("cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(serve(settings));
+    // Without waiting for blocking work: a config load still running (a
+    // reload, or the start-up load after SIGTERM) must not hold the exit.
+    runtime.shutdown_background();
+    code
+}
+
+fn init_logging(json: bool) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only on a terminal: a log file or journald gets plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+async fn serve(settings: Settings) -> ExitCode {
+    // First of all, before the config load (which can take seconds): from
+    // here a SIGHUP never ends the process (it reloads once we serve), and
+    // SIGTERM or SIGINT ends the start-up at once.
+    let hangups = listen_for(SignalKind::hangup(), "SIGHUP");
+    let mut stop = StopSignals::install();
+    match start(settings, hangups, &mut stop).await {
+        Ok(serving) => serving.stop_gracefully(stop).await,
+        Err(Aborted::Failed(message)) => startup_failure(message),
+        Err(Aborted::Stopped) => ExitCode::SUCCESS,
+    }
+}
+
+/// Reports a start-up failure and returns exit code 2. Printed plainly
+/// rather than logged: it must be readable whatever RUST_LOG says.
+fn startup_failure(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::from(EXIT_STARTUP)
+}
+
+// === start-up ===
+
+/// What start-up leaves running, and what the stop needs.
+struct Serving {
+    grpc: Pin<Box<dyn Future<Output = Result<(), grpc::Error>>>>,
+    http: JoinHandle<std::io::Result<()>>,
+    control: ShutdownControl,
+    shutdown_delay: Duration,
+    drain_timeout: Duration,
+    /// Reloads keep happening for as long as these are held.
+    _reloads: Vec<ReloadGuard>,
+    /// Keeps the memory backend's sweeper running.
+    _sweeper: Option<SweeperGuard>,
+}
+
+/// Builds everything in the order start-up needs it, then starts both
+/// servers; SIGTERM or SIGINT during a slow step ends it.
+async fn start(
+    settings: Settings,
+    hangups: Option<Signal>,
+    stop: &mut StopSignals,
+) -> Result<Serving, Aborted> {
+    let (grpc_limits, http_limits) = limits(&settings.limits, settings.redis.pool_size);
+    let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
+    let metrics = Arc::new(Metrics::with_max_values_per_rule(
+        settings.max_metric_values_per_rule,
+    ));
+    // Right after the load: the reloader records the files as loaded.
+    let reloader = reloader(&settings, &rules, &metrics);
+    let reloads = reload_triggers(reloader.as_ref(), settings.watch_config, hangups);
+    let options = limiter_options(&settings)?;
+    let (backend, sweeper) = backend(&settings, &metrics, stop).await?;
+    let grpc_listener = bind(settings.grpc_addr).await?;
+    let http_listener = bind(settings.http_addr).await?;
+    tracing::info!(
+        grpc_addr = %grpc_listener.local_addr().map_or(settings.grpc_addr, |it| it),
+        http_addr = %http_listener.local_addr().map_or(settings.http_addr, |it| it),
+        backend = backend.name(),
+        "serving"
+    );
+    let (grpc_app, http_app) =
+        server_apps(rules, backend, options, metrics, settings.drain_timeout);
+    let (control, shutdown) = shutdown_channel();
+    let http = tokio::spawn(http::serve_limited(
+        http_listener,
+        http_app,
+        http_limits,
+        shutdown.clone(),
+    ));
+    let grpc = grpc::serve_limited(grpc_listener, grpc_app, grpc_limits, shutdown);
+    Ok(Serving {
+        grpc: Box::pin(grpc),
+        http,
+        control,
+        shutdown_delay: settings.shutdown_delay,
+        drain_timeout: settings.drain_timeout,
+        _reloads: reloads,
+        _sweeper: sweeper,
+    })
+}
+
+/// What the two servers serve: one limiter over `rules` and `backend`,
+/// one health answer over `backend`, both recording into `metrics`.
+pub fn server_apps(
+    rules: Arc<ArcSwap<RuleSet>>,
+    backend: Arc<dyn Backend>,
+    options: Options,
+    metrics: Arc<Metrics>,
+    drain_timeout: Duration,
+) -> (grpc::App, http::App) {
+    let limiter = Arc::new(Limiter::new(
+        rules.clone(),
+        backend.clone(),
+        options,
+        metrics.clone(),
+    ));
+    let health = Health::new(backend);
+    let http = http::App {
+        limiter: limiter.clone(),
+        metrics: metrics.clone(),
+        health: health.clone(),
+        rules,
+    };
+    let grpc = grpc::App {
+        limiter,
+        metrics,
+        health,
+        drain_timeout,
+    };
+    (grpc, http)
+}
+
+/// The rules to start with: the config's, loaded off the runtime, or none.
+async fn load_rules(settings: &Settings, stop: &mut StopSignals) -> Result<RuleSet, Aborted> {
+    let Some(path) = &settings.config else {
+        tracing::warn!("no --config given: every domain is unknown and every request is OK");
+        return Ok(RuleSet::default());
+    };
+    match stop.or_stop(load_config(path, settings.load)).await {
+        Some(Ok(it)) => Ok(it),
+        Some(Err(message)) => Err(Aborted::Failed(message)),
+        None => Err(Aborted::Stopped),
+    }
+}
+
+/// Loads the config on a blocking thread: a big one takes seconds, and the
+/// runtime keeps handling signals meanwhile.
+async fn load_config(path: &Path, options: LoadOptions) -> Result<RuleSet, String> {
+    tracing::info!(path = %path.display(), "loading the config");
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || load_config_now(&path, &options))
+        .await
+        .map_err(|err| format!("config load failed: {err}"))?
+}
+
+fn load_config_now(path: &Path, options: &LoadOptions) -> Result<RuleSet, String> {
+    let loaded = config::load(path, options).map_err(|err| format!("{err:#}"))?;
+    for warning in &loaded.warnings {
+        tracing::warn!("{warning}");
+    }
+    tracing::info!(
+        path = %path.display(),
+        domains = loaded.rules.domains().len(),
+        files = loaded.files.len(),
+        "config loaded"
+    );
+    Ok(loaded.rules)
+}
+
+/// Reloads into `rules`, counted in `metrics`; `None` without a config.
+fn reloader(
+    settings: &Settings,
+    rules: &Arc<ArcSwap<RuleSet>>,
+    metrics: &Arc<Metrics>,
+) -> Option<Arc<Reloader>> {
+    let path = settings.config.as_ref()?;
+    let metrics = metrics.clone();
+    let reloader = Reloader::new(path.clone(), settings.load, rules.clone())
+        .with_observer(move |ok| metrics.record_reload(ok));
+    Some(Arc::new(reloader))
+}
+
+/// SIGHUP (`hangups`, listened for since start-up; one received during
+/// start-up reloads right away) reloads the config, and so does a change
+/// of its files with `watch`; the guards stop both.
+fn reload_triggers(
+    reloader: Option<&Arc<Reloader>>,
+    watch: bool,
+    hangups: Option<Signal>,
+) -> Vec<ReloadGuard> {
+    let mut guards = Vec::new();
+    // Without a config there is nothing to reload; the handler, once
+    // registered, still keeps SIGHUP from ending the process.
+    let Some(reloader) = reloader else {
+        return guards;
+    };
+    if let Some(hangups) = hangups {
+        let hangups = tokio_stream::wrappers::SignalStream::new(hangups).map(|()| {
+            tracing::info!("SIGHUP: reloading the config");
+        });
+        guards.push(reloader.spawn_on(hangups));
+    }
+    if watch {
+        guards.push(reloader.spawn_watcher());
+    }
+    guards
+}
+
+/// The limiter's options; fails on a response header name HTTP refuses.
+fn limiter_options(settings: &Settings) -> Result<Options, Aborted> {
+    if let Some(names) = &settings.response_headers {
+        for name in [
+            &names.limit,
+            &names.remaining,
+            &names.reset,
+            &names.retry_after,
+        ] {
+            if tonic::codegen::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                return Err(Aborted::Failed(format!(
+                    "invalid response header name '{name}'"
+                )));
+            }
+        }
+    }
+    Ok(Options {
+        shadow_mode: settings.shadow_mode,
+        response_headers: settings.response_headers.clone(),
+        failure_mode: settings.failure_mode,
+        near_limit_ratio: Default::default(),
+    })
+}
+
+/// Redis when a URL is given (connected now), otherwise the in-memory
+/// backend with its sweeper, whose guard is returned.
+async fn backend(
+    settings: &Settings,
+    metrics: &Metrics,
+    stop: &mut StopSignals,
+) -> Result<(Arc<dyn Backend>, Option<SweeperGuard>), Aborted> {
+    let Some(redis) = redis_settings(&settings.redis).map_err(Aborted::Failed)? else {
+        tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
+        let (memory, sweeper) = memory_backend(settings.memory_max_counters, metrics);
+        return Ok((memory, Some(sweeper)));
+    };
+    match stop.or_stop(RedisBackend::connect(redis)).await {
+        Some(Ok(it)) => Ok((Arc::new(it), None)),
+        Some(Err(err)) => Err(Aborted::Failed(format!("redis: {err}"))),
+        None => Err(Aborted::Stopped),
+    }
+}
+
+/// `None` without a URL.
+fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisSettings>, String> {
+    if flags.sentinel_master.is_some() || !flags.sentinel_nodes.is_empty() {
+        return Err("redis sentinel is not supported yet".to_owned());
+    }
+    if !flags.cluster_nodes.is_empty() {
+        return Err("redis cluster is not supported yet".to_owned());
+    }
+    let Some(url) = &flags.url else {
+        return Ok(None);
+    };
+    Ok(Some(RedisSettings {
+        url: url.clone(),
+        pool_size: flags.pool_size,
+        timeout_ms: flags.timeout_ms,
+        key_prefix: flags.key_prefix.clone(),
+        clock: flags.clock.clone(),
+        expiry_grace_ms: flags.expiry_grace_ms,
+    }))
+}
+
+/// The in-memory backend on the system clock, its sweeper, and the gauge
+/// of the counters it stores.
+fn memory_backend(max_counters: usize, metrics: &Metrics) -> (Arc<dyn Backend>, SweeperGuard) {
+    let memory =
+        Arc::new(MemoryBackend::new(Arc::new(SystemClock)).with_max_counters(max_counters));
+    let sweeper = memory.spawn_sweeper(SWEEP_EVERY);
+    // Weak: the gauge must not keep the counters alive.
+    let weak = Arc::downgrade(&memory);
+    metrics.observe_stored_counters(move || {
+        weak.upgrade().map_or(0, |it| {
+            u64::try_from(it.stored_entries()).unwrap_or(u64::MAX)
+        })
+    });
+    (memory, sweeper)
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, Aborted> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|err| Aborted::Failed(format!("cannot listen on {addr}: {err}")))
+}
+
+// === connection caps ===
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit, logs both, and
+/// returns the descriptor budget the connection caps come from.
+fn descriptor_budget(redis_pool_size: u32) -> DescriptorBudget {
+    let reserve = DESCRIPTOR_RESERVE + u64::from(redis_pool_size);
+    let limit = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
+        Ok((soft, hard)) => match rlimit::increase_nofile_limit(hard) {
+            Ok(raised) => {
+                tracing::info!(
+                    soft = raised,
+                    hard,
+                    previous_soft = soft,
+                    "file descriptor limit"
+                );
+                raised
+            }
+            Err(err) => {
+                tracing::warn!(soft, hard, "cannot raise the file descriptor limit: {err}");
+                soft
+            }
+        },
+        Err(err) => {
+            tracing::warn!("cannot read the file descriptor limit, assuming 1024: {err}");
+            1024
+        }
+    };
+    DescriptorBudget { limit, reserve }
+}
+
+/// Both servers' limits, with the connection caps not given derived from
+/// the descriptor budget (warned about when the given ones exceed it).
+fn limits(limits: &Limits, redis_pool_size: u32) -> (GrpcLimits, HttpLimits) {
+    let budget = descriptor_budget(redis_pool_size);
+    let (grpc_default, http_default) = budget.default_caps();
+    let grpc_max_connections = limits.grpc_max_connections.unwrap_or(grpc_default);
+    let http_max_connections = limits.http_max_connections.unwrap_or(http_default);
+    let total = (grpc_max_connections + http_max_connections) as u64;
+    if total > budget.limit.saturating_sub(budget.reserve) {
+        tracing::warn!(
+            grpc_max_connections,
+            http_max_connections,
+            descriptor_limit = budget.limit,
+            reserve = budget.reserve,
+            "the connection caps exceed the descriptor limit less its reserve: clients can exhaust descriptors"
+        );
+    }
+    tracing::info!(
+        grpc_max_connections,
+        http_max_connections,
+        "connection caps"
+    );
+    let grpc = GrpcLimits {
+        max_connections: grpc_max_connections,
+        ..limits.grpc
+    };
+    let http = HttpLimits {
+        max_connections: http_max_connections,
+        ..limits.http
+    };
+    (grpc, http)
+}
+
+// === stop ===
+
+impl Serving {
+    /// Serves until SIGTERM or SIGINT, then: NOT_SERVING (gRPC health and
+    /// `/healthcheck`) while both servers still answer for the shutdown
+    /// delay, so that load balancers stop sending first; then both
+    /// listeners close and both servers drain within one drain timeout.
+    /// Health Watch streams are ended, not waited for.
+    async fn stop_gracefully(mut self, mut stop: StopSignals) -> ExitCode {
+        // gRPC only stops on its own when it fails.
+        let early = tokio::select! {
+            res = &mut self.grpc => Some(res),
+            name = stop.recv() => {
+                tracing::info!("{name}: shutting down");
+                None
+            }
+        };
+        let grpc_res = match early {
+            Some(res) => Some(res),
+            None => self.not_serving(&mut stop).await,
+        };
+        self.control.close();
+        // One deadline for both servers, from the moment the listeners close.
+        let deadline = tokio::time::Instant::now() + self.drain_timeout;
+        let (grpc_res, http_res) = tokio::join!(
+            async {
+                match grpc_res {
+                    Some(res) => Ok(res),
+                    None => tokio::time::timeout_at(deadline, &mut self.grpc).await,
+                }
+            },
+            tokio::time::timeout_at(deadline, &mut self.http),
+        );
+        self.http.abort();
+        exit_code(grpc_res, http_res, self.drain_timeout)
+    }
+
+    /// Health turns NOT_SERVING for the shutdown delay, which a second
+    /// signal cuts short; `Some` if gRPC ended meanwhile.
+    async fn not_serving(&mut self, stop: &mut StopSignals) -> Option<Result<(), grpc::Error>> {
+        self.control.not_serving();
+        if self.shutdown_delay.is_zero() {
+            return None;
+        }
+        tracing::info!(
+            delay_ms = self.shutdown_delay.as_millis() as u64,
+            "not serving; closing the listeners after the delay"
+        );
+        tokio::select! {
+            res = &mut self.grpc => Some(res),
+            () = tokio::time::sleep(self.shutdown_delay) => None,
+            name = stop.recv() => {
+                tracing::info!("{name} again: closing the listeners now");
+                None
+            }
+        }
+    }
+}
+
+/// 0 unless a server failed; a drain cut short at its deadline is logged,
+/// not a failure.
+fn exit_code(
+    grpc_res: Result<Result<(), grpc::Error>, Elapsed>,
+    http_res: Result<Result<std::io::Result<()>, tokio::task::JoinError>, Elapsed>,
+    drain_timeout: Duration,
+) -> ExitCode {
+    let timeout_ms = drain_timeout.as_millis() as u64;
+    let grpc_res = grpc_res.map(|res| res.map_err(|err| err.to_string()));
+    let http_res = http_res.map(|res| match res {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(err)) => Err(format!("http server failed: {err}")),
+        Err(err) => Err(format!("http server task failed: {err}")),
+    });
+    // Both, so that both outcomes are logged.
+    let grpc_ok = ended_well("grpc", grpc_res, timeout_ms);
+    let http_ok = ended_well("http", http_res, timeout_ms);
+    if !(grpc_ok && http_ok) {
+        return ExitCode::FAILURE;
+    }
+    tracing::info!("stopped");
+    ExitCode::SUCCESS
+}
+
+/// Logs how the `server` ended; false if it failed.
+fn ended_well(server: &str, res: Result<Result<(), String>, Elapsed>, timeout_ms: u64) -> bool {
+    match res {
+        Ok(Ok(())) => true,
+        Ok(Err(message)) => {
+            tracing::error!("{message}");
+            false
+        }
+        Err(_) => {
+            tracing::warn!(
+                timeout_ms,
+                "{server} requests still running at the drain deadline; stopping anyway"
+            );
+            true
+        }
+    }
+}
+
+// === signals ===
+
+/// Listens for `kind` from now on; `None` (logged) if that cannot be set up.
+fn listen_for(kind: SignalKind, name: &str) -> Option<Signal> {
+    match signal(kind) {
+        Ok(it) => Some(it),
+        Err(err) => {
+            tracing::error!("cannot listen for {name}: {err}");
+            None
+        }
+    }
+}
+
+/// SIGTERM and SIGINT (Ctrl-C), listened for from creation on: a signal
+/// received before [`StopSignals::recv`] is called is not lost.
+struct StopSignals {
+    terminate: Option<Signal>,
+    interrupt: Option<Signal>,
+}
+
+impl StopSignals {
+    fn install() -> Self {
+        StopSignals {
+            terminate: listen_for(SignalKind::terminate(), "SIGTERM"),
+            interrupt: listen_for(SignalKind::interrupt(), "SIGINT"),
+        }
+    }
+
+    /// Waits for the next SIGTERM or SIGINT and returns its name.
+    async fn recv(&mut self) -> &'static str {
+        async fn next(signal: &mut Option<Signal>) {
+            match signal {
+                Some(signal) => {
+                    signal.recv().await;
+                }
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            () = next(&mut self.terminate) => "SIGTERM",
+            () = next(&mut self.interrupt) => "SIGINT",
+        }
+    }
+
+    /// Runs a start-up `step`; `None` (logged) if SIGTERM or SIGINT comes
+    /// first. The step is dropped, but blocking work it started may still
+    /// run: the runtime is shut down without waiting for it.
+    async fn or_stop<T>(&mut self, step: impl Future<Output = T>) -> Option<T> {
+        tokio::select! {
+            res = step => Some(res),
+            name = self.recv() => {
+                tracing::info!("{name} during start-up: exiting");
+                None
+            }
+        }
+    }
+}
