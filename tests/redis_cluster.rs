@@ -6,7 +6,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::keys::{check, counter_key};
+use support::keys::check_on;
 use support::redis::{RedisServer, settings};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
@@ -46,16 +46,8 @@ async fn the_script_runs_on_a_cluster_node_when_keys_share_a_slot() {
     it.key_prefix = "{tg}".to_owned();
     let backend = RedisBackend::connect(it).await.unwrap();
     let checks = [
-        check(
-            counter_key(Algorithm::SlidingWindowLog, 60, &[("ip", "1")]),
-            2,
-            1,
-        ),
-        check(
-            counter_key(Algorithm::TokenBucket, 60, &[("user", "{u}")]),
-            5,
-            1,
-        ),
+        check_on(Algorithm::SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(Algorithm::TokenBucket, 60, &[("user", "{u}")], 5, 1),
     ];
     assert!(backend.decide(&checks).await.unwrap().allowed);
     assert!(backend.decide(&checks).await.unwrap().allowed);
@@ -69,16 +61,8 @@ async fn keys_in_different_slots_are_refused_whole() {
         .await
         .unwrap();
     let checks = [
-        check(
-            counter_key(Algorithm::SlidingWindowLog, 60, &[("ip", "1")]),
-            2,
-            1,
-        ),
-        check(
-            counter_key(Algorithm::SlidingWindowLog, 60, &[("ip", "2")]),
-            2,
-            1,
-        ),
+        check_on(Algorithm::SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(Algorithm::SlidingWindowLog, 60, &[("ip", "2")], 2, 1),
     ];
     let err = backend.decide(&checks).await.expect_err("crossslot");
     assert!(matches!(err, Error::Protocol(_)), "{err:?}");

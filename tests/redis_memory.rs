@@ -8,12 +8,11 @@ use std::sync::Arc;
 
 use support::keys::{check, counter_key};
 use support::redis::{RedisServer, backend};
+use support::service::T0;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::ManualClock;
-
-const T0: u64 = 1_700_000_000_000_000;
 
 /// A connection whose calls may take long: filling large logs on two
 /// loaded cores outlasts redis-rs' 500 ms default.

@@ -2,20 +2,17 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::process::ServiceProcess;
 use support::service::{TestService, default_options, memory_backend, start_service};
 use throttlegate::config;
 use throttlegate::config::reload::{POLL_EVERY, Reloader};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
 
 /// The bound a changed config must be in force within.
 const WITHIN: Duration = Duration::from_secs(2);
@@ -306,110 +303,30 @@ async fn the_counters_count_reloads_by_result() {
 
 // === the binary ===
 
-/// Kills the child if a test fails before it exits.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// `serve` on `config` with `extra` flags; its log goes to `log`.
-async fn serve(
-    config: &Path,
-    extra: &[&str],
-    log: &Path,
-) -> (Running, RateLimitServiceClient<tonic::transport::Channel>) {
-    let grpc = free_addr();
-    let mut command = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" || key == "RUST_LOG" {
-            command.env_remove(key);
-        }
-    }
-    let child = command
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .args(["--grpc-addr", &grpc.to_string()])
-        .args(["--http-addr", &free_addr().to_string()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn the binary");
-    let mut child = Running(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
-    let channel = loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            panic!("the server exited early: {exit}");
-        }
-        match endpoint.connect().await {
-            Ok(channel) => break channel,
-            Err(err) => assert!(Instant::now() < deadline, "cannot connect: {err}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    (child, RateLimitServiceClient::new(channel))
-}
-
-fn hangup(child: &Running) {
-    let status = Command::new("kill")
-        .args(["-HUP", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-fn read(path: &PathBuf) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_when_the_watcher_is_off() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
-    let log = dir.path().join("stderr.log");
     std::fs::write(&path, BLOCKED).unwrap();
-    let (mut child, mut client) = serve(&path, &["--watch-config", "off"], &log).await;
+    let mut server = ServiceProcess::spawn(&path, &["--watch-config", "off"]);
+    let mut client = server.client().await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     std::fs::write(&path, OPEN).unwrap();
     // Longer than a watcher would take: nothing watches.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(code(&mut client).await, Code::OverLimit, "no watcher");
-    hangup(&child);
+    server.signal("HUP");
     wait_for(&mut client, Code::Ok, Instant::now()).await;
 
     // A refused config on SIGHUP: logged with its problem, the process
     // lives on with the last good rules.
     std::fs::write(&path, BAD).unwrap();
-    hangup(&child);
-    let deadline = Instant::now() + WITHIN;
-    while !read(&log).contains("config refused") {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            read(&log)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        read(&log).contains("unknown key 'ratelimit'"),
-        "{}",
-        read(&log)
-    );
-    assert!(child.0.try_wait().unwrap().is_none(), "the server exited");
+    server.signal("HUP");
+    server.wait_for_log("config refused", WITHIN).await;
+    let log = server.log();
+    assert!(log.contains("unknown key 'ratelimit'"), "{log}");
+    assert!(server.is_running(), "the server exited");
     assert_eq!(code(&mut client).await, Code::Ok);
 }
 
@@ -417,9 +334,9 @@ async fn sighup_reloads_when_the_watcher_is_off() {
 async fn the_binary_watches_its_config_by_default() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
-    let log = dir.path().join("stderr.log");
     std::fs::write(&path, BLOCKED).unwrap();
-    let (_child, mut client) = serve(&path, &[], &log).await;
+    let mut server = ServiceProcess::spawn(&path, &[]);
+    let mut client = server.client().await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
     std::fs::write(&path, OPEN).unwrap();
     wait_for(&mut client, Code::Ok, Instant::now()).await;

@@ -157,6 +157,31 @@ impl RedisServer {
             .expect("connect to the test redis")
     }
 
+    /// The keys matching `pattern` (`KEYS`).
+    pub async fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut conn = self.connection().await;
+        ::redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS")
+    }
+
+    /// The keys matching `pattern`, each with its PTTL.
+    pub async fn keys_with_ttl(&self, pattern: &str) -> Vec<(String, i64)> {
+        let mut conn = self.connection().await;
+        let mut out = Vec::new();
+        for key in self.keys(pattern).await {
+            let ttl: i64 = ::redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("PTTL");
+            out.push((key, ttl));
+        }
+        out
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
