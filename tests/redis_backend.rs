@@ -8,7 +8,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::keys::{check_on, check_with_burst, counter_key};
-use support::redis::{RedisServer, backend, settings};
+use support::redis::{
+    RedisServer, backend, backend_with, command_stat, command_stats, reset_stats, settings,
+};
 use support::service::T0;
 use throttlegate::algorithms::{Algorithm, Check};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
@@ -217,9 +219,7 @@ fn assert_bounded(started: Instant, timeout_ms: u64, what: &str) {
 async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
     let mut server = RedisServer::start();
     let (_clock, source) = manual(T0);
-    let mut settings = settings(&server, source);
-    settings.timeout_ms = 300;
-    let backend = RedisBackend::connect(settings).await.unwrap();
+    let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
     let checks = [check_on(Algorithm::TokenBucket, 60, &[("u", "a")], 10, 1)];
     assert!(allowed(&backend, &checks).await);
     backend.probe().await.expect("healthy");
@@ -285,9 +285,7 @@ async fn dropped_connections_are_replaced() {
 async fn paused_redis_times_out_and_the_request_is_not_retried() {
     let server = RedisServer::start();
     let (_clock, source) = manual(T0);
-    let mut settings = settings(&server, source);
-    settings.timeout_ms = 300;
-    let backend = RedisBackend::connect(settings).await.unwrap();
+    let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
     let checks = [check_on(
         Algorithm::SlidingWindowLog,
         60,
@@ -432,28 +430,16 @@ async fn checkouts_send_no_ping() {
     let checks = [check_on(Algorithm::Gcra, 60, &[("u", "a")], 1_000, 1)];
     let mut conn = server.connection().await;
     // Forget the harness's own readiness PING.
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    reset_stats(&mut conn).await;
     for _ in 0..50 {
         allowed(&backend, &checks).await;
     }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let stats = command_stats(&mut conn).await;
     assert!(!stats.contains("cmdstat_ping"), "{stats}");
-    let evalsha_calls: u64 = stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|it| it.parse().ok())
+    let evalsha_calls = command_stat(&stats, "evalsha", "calls")
         .unwrap_or_else(|| panic!("no evalsha stats in {stats}"));
     // 50 decisions, plus the first EVALSHA that met NOSCRIPT.
-    assert!((50..=51).contains(&evalsha_calls), "{stats}");
+    assert!((50.0..=51.0).contains(&evalsha_calls), "{stats}");
 }
 
 #[tokio::test]
@@ -480,18 +466,17 @@ async fn unix_socket_and_passwords_work() {
         ),
     ];
     for url in urls {
-        let mut it = settings(&server, ClockSource::Redis);
-        it.url = url.clone();
-        let backend = RedisBackend::connect(it).await.unwrap();
+        let backend = backend_with(&server, ClockSource::Redis, |it| it.url = url.clone()).await;
         backend
             .probe()
             .await
             .unwrap_or_else(|err| panic!("{url}: {err}"));
         assert!(allowed(&backend, &checks).await, "{url}");
     }
-    let mut wrong = settings(&server, ClockSource::Redis);
-    wrong.url = format!("redis://alice:nope@127.0.0.1:{}/", server.port());
-    let backend = RedisBackend::connect(wrong).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.url = format!("redis://alice:nope@127.0.0.1:{}/", server.port())
+    })
+    .await;
     let err = backend.probe().await.expect_err("wrong password");
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     assert!(!format!("{backend:?}").contains("nope"), "{backend:?}");
@@ -563,9 +548,10 @@ async fn the_same_counter_twice_in_one_request_is_refused() {
 #[tokio::test]
 async fn the_key_prefix_namespaces_every_key() {
     let server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.key_prefix = "custom-prefix".to_owned();
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.key_prefix = "custom-prefix".to_owned()
+    })
+    .await;
     let checks = [check_on(Algorithm::Gcra, 60, &[("u", "a")], 5, 1)];
     assert!(allowed(&backend, &checks).await);
     let keys = server.keys_with_ttl("*").await;
@@ -600,9 +586,7 @@ async fn rediss_talks_tls_to_a_tls_server() {
 #[tokio::test]
 async fn a_timeout_longer_than_the_client_default_is_honoured() {
     let server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.timeout_ms = 900;
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 900).await;
     backend.probe().await.expect("healthy");
     server.pause();
     let started = Instant::now();
@@ -623,9 +607,7 @@ async fn a_timeout_longer_than_the_client_default_is_honoured() {
 async fn gcra_and_token_bucket_make_the_same_decisions() {
     let server = RedisServer::start();
     let (clock, source) = manual(T0);
-    let mut it = settings(&server, source);
-    it.expiry_grace_ms = 3_600_000;
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, source, |it| it.expiry_grace_ms = 3_600_000).await;
     let mut seed: u64 = 12_345;
     let mut random = move |n: u64| {
         seed ^= seed << 13;
@@ -663,9 +645,7 @@ async fn gcra_and_token_bucket_make_the_same_decisions() {
 #[tokio::test]
 async fn a_probe_timeout_replaces_the_connection() {
     let server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.timeout_ms = 300;
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 300).await;
     backend.probe().await.expect("healthy");
     let mut conn = server.connection().await;
     let id_before: u64 = redis::cmd("CLIENT")

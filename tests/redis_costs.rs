@@ -8,12 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::config::every_algorithm;
-use support::redis::{RedisServer, backend, settings};
+use support::redis::{RedisServer, backend_with, settings};
 use support::service::{TestService, default_options, start_with_config};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
-use throttlegate::backends::redis::{ClockSource, RedisBackend};
+use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::ManualClock;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -65,9 +65,9 @@ async fn huge_costs_are_over_limit_on_both_backends_without_an_error() {
     let server = RedisServer::start();
     let clock = ManualClock::new(support::service::T0);
     let memory: Arc<dyn Backend> = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
-    let mut redis_settings = settings(&server, ClockSource::Local(Arc::new(clock.clone())));
-    redis_settings.key_prefix = "costs".to_owned();
-    let redis: Arc<dyn Backend> = Arc::new(RedisBackend::connect(redis_settings).await.unwrap());
+    let local = ClockSource::Local(Arc::new(clock.clone()));
+    let redis = backend_with(&server, local, |it| it.key_prefix = "costs".to_owned()).await;
+    let redis: Arc<dyn Backend> = Arc::new(redis);
     let config = every_algorithm(10);
     let on_memory = start_with_config(&config, memory, default_options()).await;
     let on_redis = start_with_config(&config, redis, default_options()).await;
@@ -133,8 +133,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_request_at_the_cap_is_one_entry_and_stalls_no_one() {
     let server = RedisServer::start();
-    let redis: Arc<dyn Backend> = Arc::new(backend(&server, ClockSource::Redis).await);
-    let service = start_with_config(AT_THE_CAP, redis, default_options()).await;
+    let service = support::redis::service(&server, AT_THE_CAP).await;
     let timeout = Duration::from_millis(settings(&server, ClockSource::Redis).timeout_ms);
 
     // Other clients, each on its own key, timing every answer.

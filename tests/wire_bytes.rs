@@ -4,16 +4,12 @@
 
 mod support;
 
-use std::sync::Arc;
-
-use support::redis::{RedisServer, backend};
+use support::redis::RedisServer;
 use support::request::descriptor;
 use support::service::{
     TestService, call, default_options, memory_backend, refusal, should_rate_limit_raw,
     start_with_config,
 };
-use throttlegate::backends::Backend;
-use throttlegate::backends::redis::ClockSource;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -63,8 +59,7 @@ async fn memory_service() -> TestService {
 }
 
 async fn redis_service(server: &RedisServer) -> TestService {
-    let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
-    start_with_config(CONFIG, backend, default_options()).await
+    support::redis::service(server, CONFIG).await
 }
 
 // === scenarios, run on each backend ===

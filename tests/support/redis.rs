@@ -4,9 +4,13 @@ use std::collections::HashSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use throttlegate::backends::Backend;
 use throttlegate::backends::redis::{ClockSource, DECIDE_LUA, RedisBackend, RedisSettings};
+
+use super::service::{TestService, default_options, start_with_config};
 
 /// The binary to run; CI installs it with `apt-get install redis-server`.
 fn server_binary() -> String {
@@ -153,6 +157,20 @@ impl RedisServer {
         ::redis::Client::open(self.url())
             .expect("valid url")
             .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test redis")
+    }
+
+    /// A connection whose calls may take up to `timeout` (`None`: as long
+    /// as they take), where redis-rs gives up after 500 ms by default.
+    pub async fn patient_connection(
+        &self,
+        timeout: Option<Duration>,
+    ) -> ::redis::aio::MultiplexedConnection {
+        let config = ::redis::AsyncConnectionConfig::new().set_response_timeout(timeout);
+        ::redis::Client::open(self.url())
+            .expect("valid url")
+            .get_multiplexed_async_connection_with_config(&config)
             .await
             .expect("connect to the test redis")
     }
@@ -325,7 +343,57 @@ pub async fn load_decide_script(conn: &mut ::redis::aio::MultiplexedConnection) 
 }
 
 pub async fn backend(server: &RedisServer, clock: ClockSource) -> RedisBackend {
-    RedisBackend::connect(settings(server, clock))
+    backend_with(server, clock, |_| {}).await
+}
+
+/// A backend on `server` with [`settings`] as `edit` leaves them.
+pub async fn backend_with(
+    server: &RedisServer,
+    clock: ClockSource,
+    edit: impl FnOnce(&mut RedisSettings),
+) -> RedisBackend {
+    let mut settings = settings(server, clock);
+    edit(&mut settings);
+    RedisBackend::connect(settings)
         .await
         .expect("connect the redis backend")
+}
+
+/// A gRPC server deciding `yaml` on a backend on `server` that asks Redis
+/// for the time.
+pub async fn service(server: &RedisServer, yaml: &str) -> TestService {
+    let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
+    start_with_config(yaml, backend, default_options()).await
+}
+
+/// Zeroes the command statistics (`CONFIG RESETSTAT`).
+pub async fn reset_stats(conn: &mut ::redis::aio::MultiplexedConnection) {
+    let () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
+/// `INFO commandstats`.
+pub async fn command_stats(conn: &mut ::redis::aio::MultiplexedConnection) -> String {
+    ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats")
+}
+
+/// The figure `field` (`calls`, `usec_per_call`...) of `command` in
+/// `stats`, as [`command_stats`] gives them.
+pub fn command_stat(stats: &str, command: &str, field: &str) -> Option<f64> {
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))?
+        .split(',')
+        .find_map(|it| it.strip_prefix(&field))?
+        .parse()
+        .ok()
 }
