@@ -3,7 +3,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
@@ -100,9 +99,7 @@ async fn serve_stops_cleanly_on_sigint() {
 }
 
 async fn serve_answers_then_stops_cleanly_on(signal: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
-    let mut server = ServiceProcess::spawn(&path, &[]);
+    let mut server = Serve::yaml(GOOD).spawn();
 
     let mut client = server.client().await;
     let mut codes = Vec::new();
@@ -121,8 +118,7 @@ async fn serve_answers_then_stops_cleanly_on(signal: &str) {
     assert!(rlconfig.contains("domain api"), "{rlconfig}");
 
     server.signal(signal);
-    let (exit, stderr) = server.exit(Duration::from_secs(15)).await;
-    assert_eq!(exit.code(), Some(0), "{stderr}");
+    let stderr = clean_exit(&mut server, Duration::from_secs(15)).await;
     assert!(stderr.contains(&format!("SIG{signal}")), "{stderr}");
 }
 
@@ -143,13 +139,11 @@ async fn overall_code(client: &mut RateLimitServiceClient<tonic::transport::Chan
 #[tokio::test]
 async fn two_instances_on_one_redis_share_the_limit() {
     let redis = support::redis::RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
     // 2 per minute for alice, whichever instance she reaches.
-    let path = write(dir.path(), "good.yaml", GOOD);
     let url = redis.url();
     let flags = ["--redis-url", &url, "--redis-key-prefix", "clitest"];
-    let mut first = ServiceProcess::spawn(&path, &flags);
-    let mut second = ServiceProcess::spawn(&path, &flags);
+    let mut first = Serve::yaml(GOOD).args(&flags).spawn();
+    let mut second = Serve::yaml(GOOD).args(&flags).spawn();
     let mut first_client = first.client().await;
     let mut second_client = second.client().await;
     let mut codes = Vec::new();
@@ -172,8 +166,6 @@ async fn two_instances_on_one_redis_share_the_limit() {
 #[tokio::test]
 async fn the_redis_expiry_grace_extends_key_ttls() {
     let redis = support::redis::RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     let url = redis.url();
     let flags = [
         "--redis-url",
@@ -183,7 +175,7 @@ async fn the_redis_expiry_grace_extends_key_ttls() {
         "--redis-expiry-grace-ms",
         "30000",
     ];
-    let mut server = ServiceProcess::spawn(&path, &flags);
+    let mut server = Serve::yaml(GOOD).args(&flags).spawn();
     let mut client = server.client().await;
     assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
     let keys = redis.keys_with_ttl("grace:*").await;
@@ -255,13 +247,21 @@ fn check_config_says_where_the_sliding_log_cap_applies() {
 /// hang, far above what a loaded machine needs.
 const HANG: Duration = Duration::from_secs(60);
 
-/// `serve` with `extra` flags, not watching its config, logging reloads.
-fn logged(config: &str, extra: &[&str]) -> ServiceProcess {
-    Serve::config(config)
+/// `serve` of `yaml` with `extra` flags, not watching its config, logging
+/// reloads.
+fn logged(yaml: &str, extra: &[&str]) -> ServiceProcess {
+    Serve::yaml(yaml)
         .args(&["--watch-config", "off"])
         .args(extra)
         .rust_log("info,throttlegate::config::reload=debug")
         .spawn()
+}
+
+/// Waits for the exit, for at most `within`: status 0. The whole log.
+async fn clean_exit(server: &mut ServiceProcess, within: Duration) -> String {
+    let (status, log) = server.exit(within).await;
+    assert_eq!(status.code(), Some(0), "{log}");
+    log
 }
 
 /// Reads from `stream` until what was read ends with `end`.
@@ -296,10 +296,8 @@ async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drai
     use tonic_health::pb::health_check_response::ServingStatus;
 
     let drain = Duration::from_millis(3000);
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     let drain_ms = drain.as_millis().to_string();
-    let mut server = logged(&path, &["--drain-timeout-ms", &drain_ms]);
+    let mut server = logged(GOOD, &["--drain-timeout-ms", &drain_ms]);
     let channel = server.connect().await;
     let mut watch = watch_health(channel).await;
     let first = watch.message().await.unwrap().unwrap();
@@ -333,9 +331,8 @@ async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drai
 
     let signalled = Instant::now();
     server.signal("TERM");
-    let (status, log) = server.exit(HANG).await;
+    let log = clean_exit(&mut server, HANG).await;
     let took = signalled.elapsed();
-    assert_eq!(status.code(), Some(0), "{log}");
     // Twice the drain timeout would be each server draining in turn.
     let bound = drain + Duration::from_millis(2500);
     assert!(
@@ -360,11 +357,9 @@ async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answer
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     // Long enough for every check below on a loaded machine.
     let mut server = logged(
-        &path,
+        GOOD,
         &["--shutdown-delay-ms", "6000", "--drain-timeout-ms", "1000"],
     );
     let channel = server.connect().await;
@@ -381,11 +376,7 @@ async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answer
     server
         .wait_for_log("not serving; closing the listeners after the delay", HANG)
         .await;
-    for service in [
-        "",
-        "ratelimit",
-        "envoy.service.ratelimit.v3.RateLimitService",
-    ] {
+    for service in support::service::HEALTH_SERVICES {
         let res = health.check(check(service)).await.unwrap().into_inner();
         assert_eq!(res.status(), ServingStatus::NotServing, "{service:?}");
     }
@@ -402,24 +393,20 @@ async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answer
     assert_eq!(res.overall_code, Code::Ok as i32);
     assert!(server.is_running(), "exited during the delay");
 
-    let (status, log) = server.exit(HANG).await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    clean_exit(&mut server, HANG).await;
 }
 
 #[tokio::test]
 async fn a_second_signal_cuts_the_shutdown_delay_short() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     // Far longer than the test waits for the exit.
-    let mut server = logged(&path, &["--shutdown-delay-ms", "600000"]);
+    let mut server = logged(GOOD, &["--shutdown-delay-ms", "600000"]);
     server.wait_for_log("serving", HANG).await;
     server.signal("TERM");
     server
         .wait_for_log("not serving; closing the listeners after the delay", HANG)
         .await;
     server.signal("INT");
-    let (status, log) = server.exit(HANG).await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    let log = clean_exit(&mut server, HANG).await;
     assert!(
         log.contains("SIGINT again: closing the listeners now"),
         "{log}"
@@ -428,25 +415,15 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
 
 /// A config of `rules` descriptors (about 70 bytes each) that takes a
 /// while to load.
-fn write_big_config(dir: &Path, rules: usize) -> String {
-    use std::io::Write;
-    let path = dir.join("big.yaml");
-    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    writeln!(file, "domain: api\ndescriptors:").unwrap();
-    write!(
-        file,
-        "  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 2}}\n"
-    )
-    .unwrap();
+fn big_config(rules: usize) -> String {
+    let mut yaml = "domain: api\ndescriptors:\n".to_owned();
+    yaml.push_str("  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n");
     for idx in 0..rules {
-        writeln!(
-            file,
-            "  - key: filler_{idx}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}"
-        )
-        .unwrap();
+        yaml.push_str(&format!(
+            "  - key: filler_{idx}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}\n"
+        ));
     }
-    file.flush().unwrap();
-    path.to_str().unwrap().to_owned()
+    yaml
 }
 
 /// Enough rules that the load takes over a second of CPU (debug build).
@@ -459,39 +436,28 @@ fn still_starting(addr: SocketAddr) -> bool {
 
 #[tokio::test]
 async fn sighup_during_a_slow_start_up_does_not_end_the_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_big_config(dir.path(), BIG);
-    let mut server = logged(&path, &[]);
+    let mut server = logged(&big_config(BIG), &[]);
     server.wait_for_log("loading the config", HANG).await;
     server.signal("HUP");
     assert!(still_starting(server.grpc), "the load ended too soon");
 
-    let channel = server.connect().await;
-    let res = RateLimitServiceClient::new(channel)
-        .should_rate_limit(alice())
-        .await
-        .expect("rpc")
-        .into_inner();
-    assert_eq!(res.overall_code, Code::Ok as i32);
+    let mut client = server.client().await;
+    assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
     // The SIGHUP is acted on once serving.
     server
         .wait_for_log("SIGHUP: reloading the config", HANG)
         .await;
     server.signal("TERM");
-    let (status, log) = server.exit(HANG).await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    clean_exit(&mut server, HANG).await;
 }
 
 #[tokio::test]
 async fn sigterm_during_a_slow_start_up_exits_0() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_big_config(dir.path(), BIG);
-    let mut server = logged(&path, &[]);
+    let mut server = logged(&big_config(BIG), &[]);
     server.wait_for_log("loading the config", HANG).await;
     server.signal("TERM");
     assert!(still_starting(server.grpc), "the load ended too soon");
-    let (status, log) = server.exit(HANG).await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    let log = clean_exit(&mut server, HANG).await;
     assert!(log.contains("SIGTERM during start-up"), "{log}");
     // Not waited for.
     assert!(!log.contains("config loaded"), "{log}");
@@ -499,17 +465,14 @@ async fn sigterm_during_a_slow_start_up_exits_0() {
 
 #[tokio::test]
 async fn sigterm_during_a_reload_does_not_wait_for_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_big_config(dir.path(), BIG);
-    let mut server = logged(&path, &["--drain-timeout-ms", "200"]);
+    let mut server = logged(&big_config(BIG), &["--drain-timeout-ms", "200"]);
     server.wait_for_log("serving", HANG).await;
     server.signal("HUP");
     server
         .wait_for_log("SIGHUP: reloading the config", HANG)
         .await;
     server.signal("TERM");
-    let (status, log) = server.exit(HANG).await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    let log = clean_exit(&mut server, HANG).await;
     // The reload, as long as the start-up load, never got to its end.
     assert!(!log.contains("config reloaded"), "{log}");
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use support::redis::{RedisServer, backend_with};
-use support::service::{TestService, default_options, start_with_config};
+use support::service::{TestService, call, default_options, start_with_config};
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -89,12 +89,7 @@ async fn health_follows_redis_down_and_back_without_a_restart() {
             .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
             .await;
     }
-    let ok = service
-        .client()
-        .should_rate_limit(request("user", "bob"))
-        .await
-        .expect("rpc")
-        .into_inner();
+    let ok = call(&service, request("user", "bob")).await;
     assert_eq!(ok.overall_code, Code::Ok as i32);
 
     server.kill();
@@ -122,11 +117,7 @@ async fn health_follows_redis_down_and_back_without_a_restart() {
     service
         .wait_for_health("ratelimit", ServingStatus::Serving, Duration::from_secs(5))
         .await;
-    let ok = service
-        .client()
-        .should_rate_limit(request("user", "bob"))
-        .await
-        .expect("decisions resume")
-        .into_inner();
+    // Decisions resume.
+    let ok = call(&service, request("user", "bob")).await;
     assert_eq!(ok.overall_code, Code::Ok as i32);
 }

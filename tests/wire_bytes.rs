@@ -292,30 +292,17 @@ async fn redis_garbage_bodies_are_invalid_argument() {
 #[tokio::test]
 async fn reflection_still_shows_entries_as_strings() {
     use prost_types::field_descriptor_proto::Type;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use support::reflection::v1;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let service = memory_service().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
     let symbol = "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor";
-    let outbound = tokio_stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(symbol.to_owned())),
-    }]);
-    let mut inbound = client
-        .server_reflection_info(outbound)
+    let requests = [MessageRequest::FileContainingSymbol(symbol.to_owned())];
+    let mut inbound = v1::ask(service.channel.clone(), requests)
         .await
-        .expect("reflection call")
-        .into_inner();
-    let res = inbound
-        .message()
-        .await
-        .expect("an answer")
-        .expect("an answer")
-        .message_response
-        .expect("a response");
+        .expect("reflection call");
+    let res = v1::next(&mut inbound).await;
     let MessageResponse::FileDescriptorResponse(files) = res else {
         panic!("{res:?}");
     };

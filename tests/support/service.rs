@@ -275,3 +275,11 @@ impl tonic::codec::Decoder for RawCodec {
         Ok(Some(out))
     }
 }
+
+/// Every name the health service answers for: the server as a whole, the
+/// short name and the full gRPC service name.
+pub const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
