@@ -2,17 +2,19 @@
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::process::ServiceProcess;
 use support::service::{TestService, default_options, memory_backend, start_service};
 use throttlegate::config;
-use throttlegate::config::reload::{POLL_EVERY, Reloader};
+use throttlegate::config::reload::{POLL_EVERY, ReloadGuard, Reloader};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 /// The bound a changed config must be in force within.
 const WITHIN: Duration = Duration::from_secs(2);
@@ -46,6 +48,23 @@ async fn start(path: &Path) -> (TestService, Arc<Reloader>) {
     (service, reloader)
 }
 
+/// [`start`] with the reloader watching the config: the service, the
+/// watch (it ends when dropped), and a client.
+async fn start_watching(path: &Path) -> (TestService, ReloadGuard, Client) {
+    let (service, reloader) = start(path).await;
+    let watch = reloader.spawn_watcher();
+    let client = service.client();
+    (service, watch, client)
+}
+
+/// `config.yaml` in a directory of its own, holding [`BLOCKED`].
+fn blocked_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, BLOCKED).unwrap();
+    (dir, path)
+}
+
 /// Reloads so far, by result, as `throttlegate_config_reloads_total`
 /// exposes them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -72,18 +91,14 @@ fn alice() -> RateLimitRequest {
     support::service::one_entry_request("api", "user", "alice")
 }
 
-async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>) -> Code {
+async fn code(client: &mut Client) -> Code {
     let res = client.should_rate_limit(alice()).await.expect("rpc");
     res.into_inner().overall_code()
 }
 
 /// Polls until alice gets `expected`, panicking if that takes longer than
 /// [`WITHIN`] from `since`.
-async fn wait_for(
-    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
-    expected: Code,
-    since: Instant,
-) {
+async fn wait_for(client: &mut Client, expected: Code, since: Instant) {
     loop {
         let got = code(client).await;
         if got == expected {
@@ -141,12 +156,8 @@ fn configmap_swap(root: &Path, from: u32, to: u32, yaml: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_file_is_in_force_within_2_s() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
-    let (service, reloader) = start(&path).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_dir, path) = blocked_file();
+    let (_service, _watch, mut client) = start_watching(&path).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     // Written in place, as an editor saving over the file does.
@@ -161,12 +172,8 @@ async fn an_edited_file_is_in_force_within_2_s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_edit_is_refused_and_a_later_good_one_is_taken() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
-    let (service, reloader) = start(&path).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_dir, path) = blocked_file();
+    let (service, _watch, mut client) = start_watching(&path).await;
 
     replace(&path, BAD);
     let reloads = wait_for_reloads(&service, |it| it.error >= 1).await;
@@ -197,9 +204,7 @@ async fn a_configmap_directory_swap_is_picked_up() {
     let root = dir.path().join("ratelimit");
     std::fs::create_dir(&root).unwrap();
     configmap(&root, BLOCKED);
-    let (service, reloader) = start(&root).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_service, _watch, mut client) = start_watching(&root).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     configmap_swap(&root, 0, 1, OPEN);
@@ -214,9 +219,7 @@ async fn a_configmap_file_swap_is_picked_up() {
     let dir = tempfile::tempdir().unwrap();
     configmap(dir.path(), BLOCKED);
     // The file itself, a symlink through `..data`.
-    let (service, reloader) = start(&dir.path().join("config.yaml")).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_service, _watch, mut client) = start_watching(&dir.path().join("config.yaml")).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     configmap_swap(dir.path(), 0, 1, OPEN);
@@ -227,9 +230,7 @@ async fn a_configmap_file_swap_is_picked_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_polling_fallback_picks_up_an_edit_within_2_s() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
+    let (_dir, path) = blocked_file();
     let (service, reloader) = start(&path).await;
     let _poll = reloader.spawn_poller(POLL_EVERY);
     let mut client = service.client();
@@ -248,9 +249,7 @@ async fn only_files_the_loader_reads_trigger_a_reload() {
     let root = dir.path().join("ratelimit");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("config.yaml"), BLOCKED).unwrap();
-    let (service, reloader) = start(&root).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (service, _watch, mut client) = start_watching(&root).await;
 
     // Files beside the config that the loader does not read: no reload,
     // not even an unchanged one.
@@ -271,9 +270,7 @@ async fn only_files_the_loader_reads_trigger_a_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_counters_count_reloads_by_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
+    let (_dir, path) = blocked_file();
     let (service, reloader) = start(&path).await;
     assert_eq!(reloads_of(&service), Reloads { ok: 0, error: 0 });
     // Triggers as SIGHUP delivers them in `main`.
@@ -305,9 +302,7 @@ async fn the_counters_count_reloads_by_result() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_when_the_watcher_is_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
+    let (_dir, path) = blocked_file();
     let mut server = ServiceProcess::spawn(&path, &["--watch-config", "off"]);
     let mut client = server.client().await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
@@ -332,9 +327,7 @@ async fn sighup_reloads_when_the_watcher_is_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_watches_its_config_by_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
+    let (_dir, path) = blocked_file();
     let mut server = ServiceProcess::spawn(&path, &[]);
     let mut client = server.client().await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
