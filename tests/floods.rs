@@ -4,16 +4,15 @@ mod support;
 
 use std::time::Duration;
 
-use support::config::write_file as write;
 use support::process::{Serve, ServiceProcess};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
-/// `serve` with `config` and `extra` flags on free ports, stderr captured.
-async fn serve(config: &str, extra: &[&str]) -> (ServiceProcess, RateLimitServiceClient<Channel>) {
-    let mut server = Serve::config(config)
+/// `serve` of `yaml` with `extra` flags on free ports, stderr captured.
+async fn serve(yaml: &str, extra: &[&str]) -> (ServiceProcess, RateLimitServiceClient<Channel>) {
+    let mut server = Serve::yaml(yaml)
         .args(&["--watch-config", "off", "--drain-timeout-ms", "1000"])
         .args(extra)
         .spawn();
@@ -46,13 +45,8 @@ fn field(line: &str, field: &str) -> Option<u64> {
 
 #[tokio::test]
 async fn requests_that_can_never_pass_cannot_flood_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "blocked.yaml",
-        "domain: api\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n",
-    );
-    let (server, mut client) = serve(&config, &[]).await;
+    let config = "domain: api\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n";
+    let (server, mut client) = serve(config, &[]).await;
     const WARNING: &str = "this request can never pass";
     // 10 requests of 64 distinct counters each: 640 lines without a gate.
     for round in 0..10 {
@@ -98,15 +92,10 @@ async fn requests_that_can_never_pass_cannot_flood_the_log() {
 
 #[tokio::test]
 async fn a_flood_of_fresh_values_stays_within_the_memory_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "ip.yaml",
-        "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
-    );
+    let config = "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     const BOUND: u64 = 500;
     let (server, mut client) = serve(
-        &config,
+        config,
         &[
             "--memory-max-counters",
             &BOUND.to_string(),

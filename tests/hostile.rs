@@ -2,6 +2,7 @@
 
 mod support;
 
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -152,6 +153,26 @@ async fn h2_handshake(stream: &mut TcpStream) -> Option<u32> {
             });
         }
     }
+}
+
+/// A connection that never sends a byte: how long until the server closes
+/// it (at most `within`).
+async fn silent_peer_closed_after(addr: SocketAddr, within: Duration) -> Duration {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    closed_after(&mut stream, Instant::now(), within).await
+}
+
+/// A gRPC connection past its handshake with the headers of one call sent
+/// on stream 1, and its body never.
+async fn unfinished_call(grpc: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(grpc).await.unwrap();
+    h2_handshake(&mut stream).await;
+    let block = request_header_block();
+    stream
+        .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    stream
 }
 
 /// What the server answered to a flood of streams.
@@ -332,10 +353,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
     // Well past every timeout, still far from any chance of a hang.
     let within = Duration::from_secs(10);
 
-    let grpc_silent = tokio::spawn(async move {
-        let mut stream = TcpStream::connect(grpc).await.unwrap();
-        closed_after(&mut stream, Instant::now(), within).await
-    });
+    let grpc_silent = tokio::spawn(silent_peer_closed_after(grpc, within));
     let grpc_preface_only = tokio::spawn(async move {
         let mut stream = TcpStream::connect(grpc).await.unwrap();
         let started = Instant::now();
@@ -355,13 +373,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
         closed_after(&mut stream, started, within).await
     });
     let grpc_unfinished_request = tokio::spawn(async move {
-        let mut stream = TcpStream::connect(grpc).await.unwrap();
-        h2_handshake(&mut stream).await;
-        let block = request_header_block();
-        stream
-            .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
-            .await
-            .unwrap();
+        let mut stream = unfinished_call(grpc).await;
         let sent = Instant::now();
         // The request arrived, so the handshake timeout no longer applies;
         // its body never comes, so the request timeout ends the stream.
@@ -384,10 +396,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
             .expect("connection still open");
         answer
     });
-    let http_silent = tokio::spawn(async move {
-        let mut stream = TcpStream::connect(http).await.unwrap();
-        closed_after(&mut stream, Instant::now(), within).await
-    });
+    let http_silent = tokio::spawn(silent_peer_closed_after(http, within));
     let http_slowloris = tokio::spawn(async move {
         let mut stream = TcpStream::connect(http).await.unwrap();
         let started = Instant::now();
@@ -690,18 +699,9 @@ async fn keepalive_and_connection_age_end_dead_and_old_connections() {
     )
     .await;
     let grpc = server.grpc;
-    // Opens a connection with one request whose body never comes, so only
+    // A connection with one request whose body never comes, so only
     // keepalive or the connection age can end it.
-    let open = move || async move {
-        let mut stream = TcpStream::connect(grpc).await.unwrap();
-        h2_handshake(&mut stream).await;
-        let block = request_header_block();
-        stream
-            .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
-            .await
-            .unwrap();
-        stream
-    };
+    let open = move || unfinished_call(grpc);
 
     let silent = tokio::spawn(async move {
         let mut stream = open().await;

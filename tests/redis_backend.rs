@@ -12,6 +12,7 @@ use support::redis::{
     RedisServer, backend, backend_with, command_stat, command_stats, reset_stats, settings,
 };
 use support::service::T0;
+use throttlegate::algorithms::Algorithm::{FixedWindow, Gcra, SlidingWindowLog, TokenBucket};
 use throttlegate::algorithms::{Algorithm, Check};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error, KeyedCheck};
@@ -102,26 +103,14 @@ async fn requests_in_the_same_microsecond_are_all_counted() {
     let server = RedisServer::start();
     let (_clock, backend) = backend_at_t0(&server).await;
     // math.random()-style members collided here: 8 of 8 passed on Redis 5/6.
-    let limit_5 = [check_on(
-        Algorithm::SlidingWindowLog,
-        1,
-        &[("u", "a")],
-        5,
-        1,
-    )];
+    let limit_5 = [check_on(SlidingWindowLog, 1, &[("u", "a")], 5, 1)];
     let mut admitted = 0;
     for _ in 0..8 {
         admitted += usize::from(allowed(&backend, &limit_5).await);
     }
     assert_eq!(admitted, 5);
     // Cost 5 against 10: a single ZADD per request would admit 6.
-    let cost_5 = [check_on(
-        Algorithm::SlidingWindowLog,
-        1,
-        &[("u", "b")],
-        10,
-        5,
-    )];
+    let cost_5 = [check_on(SlidingWindowLog, 1, &[("u", "b")], 10, 5)];
     let mut admitted = 0;
     for _ in 0..6 {
         admitted += usize::from(allowed(&backend, &cost_5).await);
@@ -172,11 +161,11 @@ async fn a_state_equal_to_fresh_is_deleted() {
     }
     assert_eq!(dbsize(&server).await, 0);
     // A token bucket refilled to full by the time of the next request.
-    let take = [check_on(Algorithm::TokenBucket, 60, &[("u", "b")], 10, 1)];
+    let take = [check_on(TokenBucket, 60, &[("u", "b")], 10, 1)];
     assert!(allowed(&backend, &take).await);
     assert_eq!(dbsize(&server).await, 1);
     clock.advance(6_000_000);
-    let look = [check_on(Algorithm::TokenBucket, 60, &[("u", "b")], 10, 0)];
+    let look = [check_on(TokenBucket, 60, &[("u", "b")], 10, 0)];
     let verdict = backend.decide(&look).await.unwrap();
     assert_eq!(verdict.outcomes[0].remaining, 10);
     assert_eq!(dbsize(&server).await, 0);
@@ -186,13 +175,7 @@ async fn a_state_equal_to_fresh_is_deleted() {
 async fn script_flush_while_serving_is_transparent() {
     let server = RedisServer::start();
     let (_clock, backend) = backend_at_t0(&server).await;
-    let checks = [check_on(
-        Algorithm::SlidingWindowLog,
-        60,
-        &[("u", "a")],
-        4,
-        1,
-    )];
+    let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 4, 1)];
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
@@ -220,7 +203,7 @@ async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
     let mut server = RedisServer::start();
     let (_clock, source) = manual(T0);
     let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
-    let checks = [check_on(Algorithm::TokenBucket, 60, &[("u", "a")], 10, 1)];
+    let checks = [check_on(TokenBucket, 60, &[("u", "a")], 10, 1)];
     assert!(allowed(&backend, &checks).await);
     backend.probe().await.expect("healthy");
 
@@ -259,7 +242,7 @@ async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
 async fn dropped_connections_are_replaced() {
     let server = RedisServer::start();
     let (_clock, backend) = backend_at_t0(&server).await;
-    let checks = [check_on(Algorithm::Gcra, 60, &[("u", "a")], 100, 1)];
+    let checks = [check_on(Gcra, 60, &[("u", "a")], 100, 1)];
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
     // Kill every client but this one, as a proxy or a failover would.
@@ -286,13 +269,7 @@ async fn paused_redis_times_out_and_the_request_is_not_retried() {
     let server = RedisServer::start();
     let (_clock, source) = manual(T0);
     let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
-    let checks = [check_on(
-        Algorithm::SlidingWindowLog,
-        60,
-        &[("u", "a")],
-        3,
-        1,
-    )];
+    let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 3, 1)];
     // Also loads the script: the timed-out call below is a bare EVALSHA.
     assert!(allowed(&backend, &checks).await);
 
@@ -332,7 +309,7 @@ async fn paused_redis_times_out_and_the_request_is_not_retried() {
 #[tokio::test]
 async fn redis_time_keeps_skewed_replicas_exact() {
     let server = RedisServer::start();
-    let bucket = || [check_on(Algorithm::TokenBucket, 60, &[("u", "a")], 10, 1)];
+    let bucket = || [check_on(TokenBucket, 60, &[("u", "a")], 10, 1)];
 
     // Replicas whose clocks are a window apart, each sending its own time.
     let (_early, early) = manual(T0);
@@ -379,7 +356,7 @@ async fn hostile_values_never_share_a_counter() {
         &[("a", "b:c=d")],
     ];
     for entries in descriptors {
-        let checks = [check_on(Algorithm::SlidingWindowLog, 60, entries, 1, 1)];
+        let checks = [check_on(SlidingWindowLog, 60, entries, 1, 1)];
         assert!(
             allowed(&backend, &checks).await,
             "{entries:?} shared a counter"
@@ -400,8 +377,8 @@ async fn hostile_values_never_share_a_counter() {
 async fn a_denied_request_consumes_nothing_anywhere() {
     let server = RedisServer::start();
     let (_clock, backend) = backend_at_t0(&server).await;
-    let wide = check_on(Algorithm::TokenBucket, 60, &[("ip", "1")], 6, 1);
-    let narrow = check_on(Algorithm::FixedWindow, 60, &[("user", "u")], 3, 1);
+    let wide = check_on(TokenBucket, 60, &[("ip", "1")], 6, 1);
+    let narrow = check_on(FixedWindow, 60, &[("user", "u")], 3, 1);
     let both = [wide.clone(), narrow];
     for _ in 0..3 {
         assert!(allowed(&backend, &both).await);
@@ -427,7 +404,7 @@ async fn a_denied_request_consumes_nothing_anywhere() {
 async fn checkouts_send_no_ping() {
     let server = RedisServer::start();
     let backend = backend(&server, ClockSource::Redis).await;
-    let checks = [check_on(Algorithm::Gcra, 60, &[("u", "a")], 1_000, 1)];
+    let checks = [check_on(Gcra, 60, &[("u", "a")], 1_000, 1)];
     let mut conn = server.connection().await;
     // Forget the harness's own readiness PING.
     reset_stats(&mut conn).await;
@@ -456,7 +433,7 @@ async fn unix_socket_and_passwords_work() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let checks = [check_on(Algorithm::FixedWindow, 60, &[("u", "a")], 3, 1)];
+    let checks = [check_on(FixedWindow, 60, &[("u", "a")], 3, 1)];
     let urls = [
         server.url(),
         format!("redis://alice:pw@127.0.0.1:{}/", server.port()),
@@ -537,7 +514,7 @@ async fn rediss_against_a_plain_server_is_a_clean_error() {
 async fn the_same_counter_twice_in_one_request_is_refused() {
     let server = RedisServer::start();
     let backend = backend(&server, ClockSource::Redis).await;
-    let it = check_on(Algorithm::FixedWindow, 60, &[("u", "a")], 3, 1);
+    let it = check_on(FixedWindow, 60, &[("u", "a")], 3, 1);
     let err = backend
         .decide(&[it.clone(), it])
         .await
@@ -552,7 +529,7 @@ async fn the_key_prefix_namespaces_every_key() {
         it.key_prefix = "custom-prefix".to_owned()
     })
     .await;
-    let checks = [check_on(Algorithm::Gcra, 60, &[("u", "a")], 5, 1)];
+    let checks = [check_on(Gcra, 60, &[("u", "a")], 5, 1)];
     assert!(allowed(&backend, &checks).await);
     let keys = server.keys_with_ttl("*").await;
     assert_eq!(keys.len(), 1);
@@ -575,7 +552,7 @@ async fn rediss_talks_tls_to_a_tls_server() {
     let server = RedisServer::start_tls();
     let backend = backend(&server, ClockSource::Redis).await;
     backend.probe().await.expect("tls probe");
-    let checks = [check_on(Algorithm::TokenBucket, 60, &[("u", "a")], 2, 1)];
+    let checks = [check_on(TokenBucket, 60, &[("u", "a")], 2, 1)];
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     assert!(!allowed(&backend, &checks).await);
@@ -623,14 +600,8 @@ async fn gcra_and_token_bucket_make_the_same_decisions() {
         for event in 0..1_000 {
             clock.advance(random(3 * window_s * 1_000_000 / limit));
             let cost = random(3);
-            let bucket = backend
-                .decide(&[make(Algorithm::TokenBucket, cost)])
-                .await
-                .unwrap();
-            let gcra = backend
-                .decide(&[make(Algorithm::Gcra, cost)])
-                .await
-                .unwrap();
+            let bucket = backend.decide(&[make(TokenBucket, cost)]).await.unwrap();
+            let gcra = backend.decide(&[make(Gcra, cost)]).await.unwrap();
             assert_eq!(
                 (bucket.allowed, bucket.outcomes[0].remaining),
                 (gcra.allowed, gcra.outcomes[0].remaining),
@@ -671,7 +642,7 @@ async fn a_probe_timeout_replaces_the_connection() {
 async fn gcra_with_a_lagging_clock_never_admits_beyond_the_burst() {
     let server = RedisServer::start();
     let (clock, backend) = backend_at_t0(&server).await;
-    let checks = [check_on(Algorithm::Gcra, 1, &[("u", "a")], 10, 1)];
+    let checks = [check_on(Gcra, 1, &[("u", "a")], 10, 1)];
     for _ in 0..10 {
         assert!(allowed(&backend, &checks).await);
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use support::keys::check_on;
 use support::redis::{RedisServer, backend, backend_with};
-use throttlegate::algorithms::Algorithm;
+use throttlegate::algorithms::Algorithm::{SlidingWindowLog, TokenBucket};
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::{Backend, Error};
 
@@ -47,8 +47,8 @@ async fn the_script_runs_on_a_cluster_node_when_keys_share_a_slot() {
     })
     .await;
     let checks = [
-        check_on(Algorithm::SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
-        check_on(Algorithm::TokenBucket, 60, &[("user", "{u}")], 5, 1),
+        check_on(SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(TokenBucket, 60, &[("user", "{u}")], 5, 1),
     ];
     assert!(backend.decide(&checks).await.unwrap().allowed);
     assert!(backend.decide(&checks).await.unwrap().allowed);
@@ -60,8 +60,8 @@ async fn keys_in_different_slots_are_refused_whole() {
     let server = single_node_cluster().await;
     let backend = backend(&server, ClockSource::Redis).await;
     let checks = [
-        check_on(Algorithm::SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
-        check_on(Algorithm::SlidingWindowLog, 60, &[("ip", "2")], 2, 1),
+        check_on(SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(SlidingWindowLog, 60, &[("ip", "2")], 2, 1),
     ];
     let err = backend.decide(&checks).await.expect_err("crossslot");
     assert!(matches!(err, Error::Protocol(_)), "{err:?}");
