@@ -247,6 +247,11 @@ fn check_config_says_where_the_sliding_log_cap_applies() {
 /// hang, far above what a loaded machine needs.
 const HANG: Duration = Duration::from_secs(60);
 
+/// Logged when a signal starts the shutdown delay.
+const DELAYING: &str = "not serving; closing the listeners after the delay";
+/// Logged when SIGHUP starts a reload.
+const RELOADING: &str = "SIGHUP: reloading the config";
+
 /// `serve` of `yaml` with `extra` flags, not watching its config, logging
 /// reloads.
 fn logged(yaml: &str, extra: &[&str]) -> ServiceProcess {
@@ -373,9 +378,7 @@ async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answer
     assert!(healthcheck.starts_with("HTTP/1.1 200"), "{healthcheck}");
 
     server.signal("TERM");
-    server
-        .wait_for_log("not serving; closing the listeners after the delay", HANG)
-        .await;
+    server.wait_for_log(DELAYING, HANG).await;
     for service in support::service::HEALTH_SERVICES {
         let res = health.check(check(service)).await.unwrap().into_inner();
         assert_eq!(res.status(), ServingStatus::NotServing, "{service:?}");
@@ -402,9 +405,7 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
     let mut server = logged(GOOD, &["--shutdown-delay-ms", "600000"]);
     server.wait_for_log("serving", HANG).await;
     server.signal("TERM");
-    server
-        .wait_for_log("not serving; closing the listeners after the delay", HANG)
-        .await;
+    server.wait_for_log(DELAYING, HANG).await;
     server.signal("INT");
     let log = clean_exit(&mut server, HANG).await;
     assert!(
@@ -444,9 +445,7 @@ async fn sighup_during_a_slow_start_up_does_not_end_the_process() {
     let mut client = server.client().await;
     assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
     // The SIGHUP is acted on once serving.
-    server
-        .wait_for_log("SIGHUP: reloading the config", HANG)
-        .await;
+    server.wait_for_log(RELOADING, HANG).await;
     server.signal("TERM");
     clean_exit(&mut server, HANG).await;
 }
@@ -468,9 +467,7 @@ async fn sigterm_during_a_reload_does_not_wait_for_it() {
     let mut server = logged(&big_config(BIG), &["--drain-timeout-ms", "200"]);
     server.wait_for_log("serving", HANG).await;
     server.signal("HUP");
-    server
-        .wait_for_log("SIGHUP: reloading the config", HANG)
-        .await;
+    server.wait_for_log(RELOADING, HANG).await;
     server.signal("TERM");
     let log = clean_exit(&mut server, HANG).await;
     // The reload, as long as the start-up load, never got to its end.

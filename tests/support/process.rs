@@ -304,8 +304,8 @@ impl Drop for ServiceProcess {
     }
 }
 
-/// `GET path` over HTTP/1.1 on a fresh connection; the whole response as
-/// text.
+/// `GET path` over HTTP/1.1 on a fresh connection; the whole response,
+/// which must be UTF-8 text.
 pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut stream = tokio::net::TcpStream::connect(addr)
         .await
@@ -317,5 +317,5 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
         .await
         .expect("http response within 10 s")
         .expect("read http response");
-    String::from_utf8_lossy(&response).into_owned()
+    String::from_utf8(response).expect("utf-8 response")
 }
