@@ -2,9 +2,7 @@
 
 mod support;
 
-use support::service::{
-    connect, default_options, memory_backend, one_entry_request, start_with_config,
-};
+use support::service::{connect, default_options, one_entry_request, start_on_memory};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -20,8 +18,7 @@ async fn exactly_the_limit_is_allowed_under_contention() {
             "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: {algorithm}}}\n"
         );
         // The manual clock stands still: nothing refills during the race.
-        let (backend, _clock) = memory_backend();
-        let service = start_with_config(&config, backend, default_options()).await;
+        let service = start_on_memory(&config, default_options()).await;
         let mut tasks = Vec::with_capacity(TASKS);
         for _ in 0..TASKS {
             // Separate clients, one shared HTTP/2 connection per task.

@@ -10,7 +10,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use support::backend::FakeBackend;
 use support::request::descriptor;
 use support::service::{
-    HEALTH_SERVICES, TestService, call, default_options, memory_backend, refusal, start_with_config,
+    HEALTH_SERVICES, TestService, call, default_options, memory_backend, refusal, start_on_memory,
+    start_with_config,
 };
 use throttlegate::decision::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -50,8 +51,7 @@ async fn start() -> TestService {
 }
 
 async fn start_with(options: Options) -> TestService {
-    let (backend, _clock) = memory_backend();
-    start_with_config(CONFIG, backend, options).await
+    start_on_memory(CONFIG, options).await
 }
 
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {

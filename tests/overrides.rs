@@ -3,7 +3,7 @@
 mod support;
 
 use support::config::every_algorithm;
-use support::service::{default_options, memory_backend, start_with_config};
+use support::service::{default_options, start_on_memory};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
@@ -40,8 +40,7 @@ fn with_override(
 
 #[tokio::test]
 async fn extreme_overrides_are_decided_on_every_algorithm() {
-    let (backend, _clock) = memory_backend();
-    let service = start_with_config(&every_algorithm(5), backend, default_options()).await;
+    let service = start_on_memory(&every_algorithm(5), default_options()).await;
     let mut client = service.client();
     for algorithm in Algorithm::ALL {
         let algorithm = algorithm.name();

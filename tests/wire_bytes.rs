@@ -7,8 +7,7 @@ mod support;
 use support::redis::RedisServer;
 use support::request::descriptor;
 use support::service::{
-    TestService, call, default_options, memory_backend, refusal, should_rate_limit_raw,
-    start_with_config,
+    TestService, call, default_options, refusal, should_rate_limit_raw, start_on_memory,
 };
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -54,8 +53,7 @@ fn long(len: usize, fill: u8, last: u8) -> Vec<u8> {
 }
 
 async fn memory_service() -> TestService {
-    let (backend, _clock) = memory_backend();
-    start_with_config(CONFIG, backend, default_options()).await
+    start_on_memory(CONFIG, default_options()).await
 }
 
 async fn redis_service(server: &RedisServer) -> TestService {

@@ -1,4 +1,5 @@
-//! A real `redis-server` per test on a free port, plus helpers to build checks.
+//! A real `redis-server` per test on a free port, backends and services on
+//! it, and what tests read from Redis directly (keys, command statistics).
 
 use std::collections::HashSet;
 use std::net::TcpListener;
