@@ -2,36 +2,18 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::net::SocketAddr;
+use std::process::Output;
 use std::time::{Duration, Instant};
 
+use support::config::write_file as write;
+use support::process::{Serve, ServiceProcess, command, free_addr, http_get};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
-const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
-
 const GOOD: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
 const BAD: &str = "domain: api\ndescriptors:\n  - key: user\n    ratelimit: {unit: minute, requests_per_unit: 2}\n";
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write config");
-    path.to_str().expect("utf-8 path").to_owned()
-}
-
-/// The binary with a clean environment for its own variables.
-fn command() -> Command {
-    let mut command = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" {
-            command.env_remove(key);
-        }
-    }
-    command
-}
 
 fn run(args: &[&str]) -> Output {
     command().args(args).output().expect("run the binary")
@@ -106,22 +88,6 @@ fn serve_refuses_what_it_cannot_do_yet_with_exit_2() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("not supported yet"));
 }
 
-/// A port that was free a moment ago.
-fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
-}
-
-/// Kills the child if a test fails before it exits.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test]
 async fn serve_answers_then_stops_cleanly_on_sigterm() {
     serve_answers_then_stops_cleanly_on("TERM").await;
@@ -133,145 +99,53 @@ async fn serve_stops_cleanly_on_sigint() {
 }
 
 async fn serve_answers_then_stops_cleanly_on(signal: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
-    let grpc = free_addr();
-    let http = free_addr();
-    let child = command()
-        .args(["serve", "--config", &path])
-        .args([
-            "--grpc-addr",
-            &grpc.to_string(),
-            "--http-addr",
-            &http.to_string(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the binary");
-    let mut child = Running(child);
+    let mut server = Serve::yaml(GOOD).spawn();
 
-    let channel = connect_with_retry(grpc, &mut child).await;
-    let mut client = RateLimitServiceClient::new(channel);
-    let request = alice;
+    let mut client = server.client().await;
     let mut codes = Vec::new();
     for _ in 0..3 {
-        let res = client
-            .should_rate_limit(request())
-            .await
-            .expect("rpc")
-            .into_inner();
-        codes.push(res.overall_code);
+        codes.push(overall_code(&mut client).await);
     }
     assert_eq!(
         codes,
         vec![Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
     );
 
-    let health = http_get(http, "/healthcheck");
+    let health = http_get(server.http, "/healthcheck").await;
     assert!(health.starts_with("HTTP/1.1 200"), "{health}");
     assert!(health.ends_with("\r\n\r\nOK\n"), "{health}");
-    let rlconfig = http_get(http, "/rlconfig");
+    let rlconfig = http_get(server.http, "/rlconfig").await;
     assert!(rlconfig.contains("domain api"), "{rlconfig}");
 
-    let pid = child.0.id().to_string();
-    let status = Command::new("kill")
-        .args([&format!("-{signal}"), &pid])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let exit = loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "still running 15 s after SIG{signal}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.0.stderr.take() {
-        use std::io::Read;
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    assert_eq!(exit.code(), Some(0), "{stderr}");
+    server.signal(signal);
+    let stderr = clean_exit(&mut server, Duration::from_secs(15)).await;
     assert!(stderr.contains(&format!("SIG{signal}")), "{stderr}");
-}
-
-/// The binary binds after start-up: retry until it accepts.
-async fn connect_with_retry(addr: SocketAddr, child: &mut Running) -> tonic::transport::Channel {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            panic!("the server exited early: {exit}");
-        }
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap();
-        match endpoint.connect().await {
-            Ok(channel) => return channel,
-            Err(err) if Instant::now() < deadline => {
-                let _ = err;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            Err(err) => panic!("cannot connect to {addr}: {err}"),
-        }
-    }
-}
-
-/// A plain HTTP/1.1 GET, the whole response as text.
-fn http_get(addr: SocketAddr, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(addr).expect("connect to http");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .expect("read http response");
-    response
 }
 
 fn alice() -> RateLimitRequest {
     support::service::one_entry_request("api", "user", "alice")
 }
 
-/// Starts `serve` with `config` and `extra` flags on free ports.
-fn spawn_serve(config: &str, extra: &[&str]) -> (Running, SocketAddr) {
-    let grpc = free_addr();
-    let http = free_addr();
-    let child = command()
-        .args(["serve", "--config", config])
-        .args(["--grpc-addr", &grpc.to_string()])
-        .args(["--http-addr", &http.to_string()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the binary");
-    (Running(child), grpc)
+/// The overall code of a decision for alice.
+async fn overall_code(client: &mut RateLimitServiceClient<tonic::transport::Channel>) -> i32 {
+    let res = client
+        .should_rate_limit(alice())
+        .await
+        .expect("rpc")
+        .into_inner();
+    res.overall_code
 }
 
 #[tokio::test]
 async fn two_instances_on_one_redis_share_the_limit() {
     let redis = support::redis::RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
     // 2 per minute for alice, whichever instance she reaches.
-    let path = write(dir.path(), "good.yaml", GOOD);
     let url = redis.url();
     let flags = ["--redis-url", &url, "--redis-key-prefix", "clitest"];
-    let (mut first, first_addr) = spawn_serve(&path, &flags);
-    let (mut second, second_addr) = spawn_serve(&path, &flags);
-    let mut first_client =
-        RateLimitServiceClient::new(connect_with_retry(first_addr, &mut first).await);
-    let mut second_client =
-        RateLimitServiceClient::new(connect_with_retry(second_addr, &mut second).await);
+    let mut first = Serve::yaml(GOOD).args(&flags).spawn();
+    let mut second = Serve::yaml(GOOD).args(&flags).spawn();
+    let mut first_client = first.client().await;
+    let mut second_client = second.client().await;
     let mut codes = Vec::new();
     for use_first in [true, false, true] {
         let client = if use_first {
@@ -279,12 +153,7 @@ async fn two_instances_on_one_redis_share_the_limit() {
         } else {
             &mut second_client
         };
-        let res = client
-            .should_rate_limit(alice())
-            .await
-            .expect("rpc")
-            .into_inner();
-        codes.push(res.overall_code);
+        codes.push(overall_code(client).await);
     }
     assert_eq!(
         codes,
@@ -297,8 +166,6 @@ async fn two_instances_on_one_redis_share_the_limit() {
 #[tokio::test]
 async fn the_redis_expiry_grace_extends_key_ttls() {
     let redis = support::redis::RedisServer::start();
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     let url = redis.url();
     let flags = [
         "--redis-url",
@@ -308,26 +175,12 @@ async fn the_redis_expiry_grace_extends_key_ttls() {
         "--redis-expiry-grace-ms",
         "30000",
     ];
-    let (mut server, addr) = spawn_serve(&path, &flags);
-    let mut client = RateLimitServiceClient::new(connect_with_retry(addr, &mut server).await);
-    let res = client
-        .should_rate_limit(alice())
-        .await
-        .expect("rpc")
-        .into_inner();
-    assert_eq!(res.overall_code, Code::Ok as i32);
-    let mut conn = redis.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("grace:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let mut server = Serve::yaml(GOOD).args(&flags).spawn();
+    let mut client = server.client().await;
+    assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
+    let keys = redis.keys_with_ttl("grace:*").await;
     assert_eq!(keys.len(), 1, "{keys:?}");
-    let ttl: i64 = redis::cmd("PTTL")
-        .arg(&keys[0])
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let ttl = keys[0].1;
     // One minute of window plus 30 s of grace.
     assert!((85_000..=90_000).contains(&ttl), "pttl {ttl}");
 }
@@ -390,90 +243,30 @@ fn check_config_says_where_the_sliding_log_cap_applies() {
 
 // === graceful shutdown and signals ===
 
-/// A `serve` child whose stderr lines arrive as they are written.
-struct Logged {
-    child: Running,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    lines: std::sync::mpsc::Receiver<String>,
-    seen: Vec<String>,
-}
-
 /// Longest any step may take before a test gives up: a guard against a
 /// hang, far above what a loaded machine needs.
 const HANG: Duration = Duration::from_secs(60);
 
-impl Logged {
-    fn spawn(config: &str, extra: &[&str]) -> Logged {
-        let grpc = free_addr();
-        let http = free_addr();
-        let mut child = command()
-            .args(["serve", "--config", config])
-            .args(["--grpc-addr", &grpc.to_string()])
-            .args(["--http-addr", &http.to_string()])
-            .args(["--watch-config", "off"])
-            .args(extra)
-            .env("RUST_LOG", "info,throttlegate::config::reload=debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the binary");
-        let stderr = child.stderr.take().expect("piped stderr");
-        let (line_tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(stderr).lines() {
-                let Ok(line) = line else { return };
-                if line_tx.send(line).is_err() {
-                    return;
-                }
-            }
-        });
-        Logged {
-            child: Running(child),
-            grpc,
-            http,
-            lines,
-            seen: Vec::new(),
-        }
-    }
+/// Logged when a signal starts the shutdown delay.
+const DELAYING: &str = "not serving; closing the listeners after the delay";
+/// Logged when SIGHUP starts a reload.
+const RELOADING: &str = "SIGHUP: reloading the config";
 
-    /// Waits for a log line containing `text`.
-    fn wait_for_line(&mut self, text: &str) {
-        let deadline = Instant::now() + HANG;
-        while !self.seen.iter().any(|it| it.contains(text)) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => self.seen.push(line),
-                Err(_) => panic!("no log line with {text:?}; log:\n{}", self.seen.join("\n")),
-            }
-        }
-    }
+/// `serve` of `yaml` with `extra` flags, not watching its config, logging
+/// reloads.
+fn logged(yaml: &str, extra: &[&str]) -> ServiceProcess {
+    Serve::yaml(yaml)
+        .args(&["--watch-config", "off"])
+        .args(extra)
+        .rust_log("info,throttlegate::config::reload=debug")
+        .spawn()
+}
 
-    fn signal(&self, name: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{name}"), &self.child.0.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{name}");
-    }
-
-    /// Waits for the exit; the status and the whole log.
-    async fn exit(&mut self) -> (std::process::ExitStatus, String) {
-        let deadline = Instant::now() + HANG;
-        let status = loop {
-            if let Some(status) = self.child.0.try_wait().unwrap() {
-                break status;
-            }
-            assert!(Instant::now() < deadline, "still running after {HANG:?}");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        // The pipe closes with the process: every line is there.
-        while let Ok(line) = self.lines.recv_timeout(Duration::from_secs(5)) {
-            self.seen.push(line);
-        }
-        (status, self.seen.join("\n"))
-    }
+/// Waits for the exit, for at most `within`: status 0. The whole log.
+async fn clean_exit(server: &mut ServiceProcess, within: Duration) -> String {
+    let (status, log) = server.exit(within).await;
+    assert_eq!(status.code(), Some(0), "{log}");
+    log
 }
 
 /// Reads from `stream` until what was read ends with `end`.
@@ -508,11 +301,9 @@ async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drai
     use tonic_health::pb::health_check_response::ServingStatus;
 
     let drain = Duration::from_millis(3000);
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     let drain_ms = drain.as_millis().to_string();
-    let mut server = Logged::spawn(&path, &["--drain-timeout-ms", &drain_ms]);
-    let channel = connect_with_retry(server.grpc, &mut server.child).await;
+    let mut server = logged(GOOD, &["--drain-timeout-ms", &drain_ms]);
+    let channel = server.connect().await;
     let mut watch = watch_health(channel).await;
     let first = watch.message().await.unwrap().unwrap();
     assert_eq!(first.status(), ServingStatus::Serving);
@@ -545,9 +336,8 @@ async fn sigterm_with_an_open_watch_and_a_half_sent_body_exits_0_within_the_drai
 
     let signalled = Instant::now();
     server.signal("TERM");
-    let (status, log) = server.exit().await;
+    let log = clean_exit(&mut server, HANG).await;
     let took = signalled.elapsed();
-    assert_eq!(status.code(), Some(0), "{log}");
     // Twice the drain timeout would be each server draining in turn.
     let bound = drain + Duration::from_millis(2500);
     assert!(
@@ -572,65 +362,52 @@ async fn during_the_shutdown_delay_health_is_not_serving_and_requests_are_answer
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
 
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     // Long enough for every check below on a loaded machine.
-    let mut server = Logged::spawn(
-        &path,
+    let mut server = logged(
+        GOOD,
         &["--shutdown-delay-ms", "6000", "--drain-timeout-ms", "1000"],
     );
-    let channel = connect_with_retry(server.grpc, &mut server.child).await;
+    let channel = server.connect().await;
     let mut health = HealthClient::new(channel);
     let check = |service: &str| HealthCheckRequest {
         service: service.to_owned(),
     };
     let before = health.check(check("")).await.unwrap().into_inner();
     assert_eq!(before.status(), ServingStatus::Serving);
-    let healthcheck = http_get(server.http, "/healthcheck");
+    let healthcheck = http_get(server.http, "/healthcheck").await;
     assert!(healthcheck.starts_with("HTTP/1.1 200"), "{healthcheck}");
 
     server.signal("TERM");
-    server.wait_for_line("not serving; closing the listeners after the delay");
-    for service in [
-        "",
-        "ratelimit",
-        "envoy.service.ratelimit.v3.RateLimitService",
-    ] {
+    server.wait_for_log(DELAYING, HANG).await;
+    for service in support::service::HEALTH_SERVICES {
         let res = health.check(check(service)).await.unwrap().into_inner();
         assert_eq!(res.status(), ServingStatus::NotServing, "{service:?}");
     }
     // New connections are still accepted, and answered.
-    let healthcheck = http_get(server.http, "/healthcheck");
+    let healthcheck = http_get(server.http, "/healthcheck").await;
     assert!(healthcheck.starts_with("HTTP/1.1 503"), "{healthcheck}");
     assert!(healthcheck.ends_with("shutting down\n"), "{healthcheck}");
-    let fresh = connect_with_retry(server.grpc, &mut server.child).await;
+    let fresh = server.connect().await;
     let res = RateLimitServiceClient::new(fresh)
         .should_rate_limit(alice())
         .await
         .expect("answered during the delay")
         .into_inner();
     assert_eq!(res.overall_code, Code::Ok as i32);
-    assert!(
-        server.child.0.try_wait().unwrap().is_none(),
-        "exited during the delay"
-    );
+    assert!(server.is_running(), "exited during the delay");
 
-    let (status, log) = server.exit().await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    clean_exit(&mut server, HANG).await;
 }
 
 #[tokio::test]
 async fn a_second_signal_cuts_the_shutdown_delay_short() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write(dir.path(), "good.yaml", GOOD);
     // Far longer than the test waits for the exit.
-    let mut server = Logged::spawn(&path, &["--shutdown-delay-ms", "600000"]);
-    server.wait_for_line("serving");
+    let mut server = logged(GOOD, &["--shutdown-delay-ms", "600000"]);
+    server.wait_for_log("serving", HANG).await;
     server.signal("TERM");
-    server.wait_for_line("not serving; closing the listeners after the delay");
+    server.wait_for_log(DELAYING, HANG).await;
     server.signal("INT");
-    let (status, log) = server.exit().await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    let log = clean_exit(&mut server, HANG).await;
     assert!(
         log.contains("SIGINT again: closing the listeners now"),
         "{log}"
@@ -639,25 +416,15 @@ async fn a_second_signal_cuts_the_shutdown_delay_short() {
 
 /// A config of `rules` descriptors (about 70 bytes each) that takes a
 /// while to load.
-fn write_big_config(dir: &Path, rules: usize) -> String {
-    use std::io::Write;
-    let path = dir.join("big.yaml");
-    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
-    writeln!(file, "domain: api\ndescriptors:").unwrap();
-    write!(
-        file,
-        "  - key: user\n    rate_limit: {{unit: minute, requests_per_unit: 2}}\n"
-    )
-    .unwrap();
+fn big_config(rules: usize) -> String {
+    let mut yaml = "domain: api\ndescriptors:\n".to_owned();
+    yaml.push_str("  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n");
     for idx in 0..rules {
-        writeln!(
-            file,
-            "  - key: filler_{idx}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}"
-        )
-        .unwrap();
+        yaml.push_str(&format!(
+            "  - key: filler_{idx}\n    rate_limit: {{unit: minute, requests_per_unit: 10}}\n"
+        ));
     }
-    file.flush().unwrap();
-    path.to_str().unwrap().to_owned()
+    yaml
 }
 
 /// Enough rules that the load takes over a second of CPU (debug build).
@@ -670,37 +437,26 @@ fn still_starting(addr: SocketAddr) -> bool {
 
 #[tokio::test]
 async fn sighup_during_a_slow_start_up_does_not_end_the_process() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_big_config(dir.path(), BIG);
-    let mut server = Logged::spawn(&path, &[]);
-    server.wait_for_line("loading the config");
+    let mut server = logged(&big_config(BIG), &[]);
+    server.wait_for_log("loading the config", HANG).await;
     server.signal("HUP");
     assert!(still_starting(server.grpc), "the load ended too soon");
 
-    let channel = connect_with_retry(server.grpc, &mut server.child).await;
-    let res = RateLimitServiceClient::new(channel)
-        .should_rate_limit(alice())
-        .await
-        .expect("rpc")
-        .into_inner();
-    assert_eq!(res.overall_code, Code::Ok as i32);
+    let mut client = server.client().await;
+    assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
     // The SIGHUP is acted on once serving.
-    server.wait_for_line("SIGHUP: reloading the config");
+    server.wait_for_log(RELOADING, HANG).await;
     server.signal("TERM");
-    let (status, log) = server.exit().await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    clean_exit(&mut server, HANG).await;
 }
 
 #[tokio::test]
 async fn sigterm_during_a_slow_start_up_exits_0() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_big_config(dir.path(), BIG);
-    let mut server = Logged::spawn(&path, &[]);
-    server.wait_for_line("loading the config");
+    let mut server = logged(&big_config(BIG), &[]);
+    server.wait_for_log("loading the config", HANG).await;
     server.signal("TERM");
     assert!(still_starting(server.grpc), "the load ended too soon");
-    let (status, log) = server.exit().await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    let log = clean_exit(&mut server, HANG).await;
     assert!(log.contains("SIGTERM during start-up"), "{log}");
     // Not waited for.
     assert!(!log.contains("config loaded"), "{log}");
@@ -708,15 +464,12 @@ async fn sigterm_during_a_slow_start_up_exits_0() {
 
 #[tokio::test]
 async fn sigterm_during_a_reload_does_not_wait_for_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = write_big_config(dir.path(), BIG);
-    let mut server = Logged::spawn(&path, &["--drain-timeout-ms", "200"]);
-    server.wait_for_line("serving");
+    let mut server = logged(&big_config(BIG), &["--drain-timeout-ms", "200"]);
+    server.wait_for_log("serving", HANG).await;
     server.signal("HUP");
-    server.wait_for_line("SIGHUP: reloading the config");
+    server.wait_for_log(RELOADING, HANG).await;
     server.signal("TERM");
-    let (status, log) = server.exit().await;
-    assert_eq!(status.code(), Some(0), "{log}");
+    let log = clean_exit(&mut server, HANG).await;
     // The reload, as long as the start-up load, never got to its end.
     assert!(!log.contains("config reloaded"), "{log}");
 }

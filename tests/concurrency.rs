@@ -2,12 +2,10 @@
 
 mod support;
 
-use support::service::{default_options, memory_backend, start_with_config};
+use support::service::{connect, default_options, one_entry_request, start_on_memory};
 use throttlegate::algorithms::Algorithm;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
 const LIMIT: usize = 100;
 const TASKS: usize = 64;
@@ -20,29 +18,15 @@ async fn exactly_the_limit_is_allowed_under_contention() {
             "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: {algorithm}}}\n"
         );
         // The manual clock stands still: nothing refills during the race.
-        let (backend, _clock) = memory_backend();
-        let service = start_with_config(&config, backend, default_options()).await;
+        let service = start_on_memory(&config, default_options()).await;
         let mut tasks = Vec::with_capacity(TASKS);
         for _ in 0..TASKS {
             // Separate clients, one shared HTTP/2 connection per task.
-            let channel = support::service::connect(service.addr).await;
-            let mut client =
-                throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::new(channel);
+            let mut client = RateLimitServiceClient::new(connect(service.addr).await);
             tasks.push(tokio::spawn(async move {
                 let mut allowed = 0;
                 for _ in 0..PER_TASK {
-                    let request = RateLimitRequest {
-                        domain: "race".to_owned(),
-                        descriptors: vec![RateLimitDescriptor {
-                            entries: vec![Entry {
-                                key: "k".into(),
-                                value: "same".into(),
-                            }],
-                            limit: None,
-                            hits_addend: None,
-                        }],
-                        hits_addend: 0,
-                    };
+                    let request = one_entry_request("race", "k", "same");
                     let res = client
                         .should_rate_limit(request)
                         .await

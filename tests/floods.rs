@@ -2,104 +2,30 @@
 
 mod support;
 
-use std::io::Read;
-use std::net::{SocketAddr, TcpListener};
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use support::process::{Serve, ServiceProcess};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use tonic::transport::Channel;
 
-const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
-
-/// Kills the child if a test fails before it is stopped.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Running {
-    /// Stops the server with SIGTERM and returns everything it logged.
-    fn stop(mut self) -> String {
-        let pid = self.0.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self.0.try_wait().unwrap().is_none() {
-            assert!(
-                Instant::now() < deadline,
-                "still running 15 s after SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let mut stderr = String::new();
-        if let Some(mut pipe) = self.0.stderr.take() {
-            let _ = pipe.read_to_string(&mut stderr);
-        }
-        // Plain text: stderr is a pipe, not a terminal.
-        assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
-        stderr
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-fn write(dir: &Path, name: &str, text: &str) -> String {
-    let path = dir.join(name);
-    std::fs::write(&path, text).expect("write config");
-    path.to_str().expect("utf-8 path").to_owned()
-}
-
-/// `serve` with `config` and `extra` flags on free ports, stderr captured.
-async fn serve(
-    config: &str,
-    extra: &[&str],
-) -> (Running, RateLimitServiceClient<Channel>, SocketAddr) {
-    let grpc = free_addr();
-    let http = free_addr();
-    let mut command = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" || key == "RUST_LOG" {
-            command.env_remove(key);
-        }
-    }
-    let child = command
-        .args(["serve", "--config", config, "--watch-config", "off"])
-        .args(["--drain-timeout-ms", "1000"])
-        .args(["--grpc-addr", &grpc.to_string()])
-        .args(["--http-addr", &http.to_string()])
+/// `serve` of `yaml` with `extra` flags on free ports, stderr captured.
+async fn serve(yaml: &str, extra: &[&str]) -> (ServiceProcess, RateLimitServiceClient<Channel>) {
+    let mut server = Serve::yaml(yaml)
+        .args(&["--watch-config", "off", "--drain-timeout-ms", "1000"])
         .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the binary");
-    let mut child = Running(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let channel = loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            panic!("the server exited early: {exit}");
-        }
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
-        match endpoint.connect().await {
-            Ok(channel) => break channel,
-            Err(err) => {
-                assert!(Instant::now() < deadline, "cannot connect to {grpc}: {err}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
-    (child, RateLimitServiceClient::new(channel), http)
+        .spawn();
+    let client = server.client().await;
+    (server, client)
+}
+
+/// Stops the server with SIGTERM; everything it logged, plain text since
+/// stderr is a pipe, not a terminal.
+async fn stop(server: ServiceProcess) -> String {
+    let stderr = server.stop().await;
+    assert!(!stderr.contains('\u{1b}'), "colour codes in {stderr:?}");
+    stderr
 }
 
 /// A request of one descriptor per value, each `key=value`.
@@ -119,13 +45,8 @@ fn field(line: &str, field: &str) -> Option<u64> {
 
 #[tokio::test]
 async fn requests_that_can_never_pass_cannot_flood_the_log() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "blocked.yaml",
-        "domain: api\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n",
-    );
-    let (server, mut client, _) = serve(&config, &[]).await;
+    let config = "domain: api\ndescriptors:\n  - key: blocked\n    rate_limit: {unit: minute, requests_per_unit: 0}\n";
+    let (server, mut client) = serve(config, &[]).await;
     const WARNING: &str = "this request can never pass";
     // 10 requests of 64 distinct counters each: 640 lines without a gate.
     for round in 0..10 {
@@ -147,7 +68,7 @@ async fn requests_that_can_never_pass_cannot_flood_the_log() {
         .expect("rpc");
     // An open connection would hold the drain until its deadline.
     drop(client);
-    let stderr = server.stop();
+    let stderr = stop(server).await;
     let lines: Vec<&str> = stderr.lines().filter(|it| it.contains(WARNING)).collect();
     // At most two lines for the flood (it may straddle a second), then the
     // one after the pause.
@@ -169,51 +90,12 @@ async fn requests_that_can_never_pass_cannot_flood_the_log() {
     );
 }
 
-/// Resident memory of `pid`, from /proc.
-fn rss_bytes(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
-    let kib: u64 = status
-        .lines()
-        .find(|it| it.starts_with("VmRSS:"))
-        .and_then(|it| it.split_whitespace().nth(1))
-        .and_then(|it| it.parse().ok())
-        .expect("VmRSS in kB");
-    kib * 1024
-}
-
-/// One metric's value from the Prometheus text of `http`.
-fn metric(http: SocketAddr, name: &str) -> u64 {
-    use std::io::Write;
-    let mut stream = std::net::TcpStream::connect(http).expect("connect to http");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .unwrap();
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).expect("read metrics");
-    text.lines()
-        .find(|it| it.starts_with(name))
-        .and_then(|it| it.rsplit(' ').next())
-        .and_then(|it| it.parse::<f64>().ok())
-        .map(|it| it as u64)
-        .unwrap_or_else(|| panic!("no {name} in\n{text}"))
-}
-
 #[tokio::test]
 async fn a_flood_of_fresh_values_stays_within_the_memory_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = write(
-        dir.path(),
-        "ip.yaml",
-        "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 2}\n",
-    );
+    let config = "domain: api\ndescriptors:\n  - key: ip\n    rate_limit: {unit: hour, requests_per_unit: 2}\n";
     const BOUND: u64 = 500;
-    let (server, mut client, http) = serve(
-        &config,
+    let (server, mut client) = serve(
+        config,
         &[
             "--memory-max-counters",
             &BOUND.to_string(),
@@ -230,7 +112,7 @@ async fn a_flood_of_fresh_values_stays_within_the_memory_bound() {
         .unwrap()
         .into_inner();
     assert_eq!(res.overall_code, Code::Ok as i32);
-    let rss_before = rss_bytes(server.0.id());
+    let rss_before = server.rss_kib() * 1024;
     // 300 requests of 64 fresh values: 19,200 counters asked for.
     let mut denied = 0;
     for round in 0..300 {
@@ -243,17 +125,17 @@ async fn a_flood_of_fresh_values_stays_within_the_memory_bound() {
             denied += 1;
         }
         if round % 50 == 0 {
-            assert!(metric(http, "throttlegate_memory_counters") <= BOUND);
+            assert!(server.metric("throttlegate_memory_counters").await <= BOUND as f64);
         }
     }
     // The first requests fit, the rest were refused under --failure-mode.
     assert!(denied >= 290, "{denied} denied");
-    assert!(metric(http, "throttlegate_memory_counters") <= BOUND);
+    assert!(server.metric("throttlegate_memory_counters").await <= BOUND as f64);
     assert!(
-        metric(
-            http,
-            "throttlegate_backend_errors_total{backend=\"memory\",kind=\"full\"}"
-        ) >= 290
+        server
+            .metric("throttlegate_backend_errors_total{backend=\"memory\",kind=\"full\"}")
+            .await
+            >= 290.0
     );
     // The existing counter keeps working: its second request passes, the
     // third is over its limit.
@@ -274,10 +156,10 @@ async fn a_flood_of_fresh_values_stays_within_the_memory_bound() {
     .collect();
     assert_eq!(codes, [Code::Ok as i32, Code::OverLimit as i32]);
     // Generous: the bound holds memory, whatever the allocator keeps.
-    let grown = rss_bytes(server.0.id()).saturating_sub(rss_before);
+    let grown = (server.rss_kib() * 1024).saturating_sub(rss_before);
     assert!(grown < 64 << 20, "RSS grew by {grown} bytes");
     drop(client);
-    let stderr = server.stop();
+    let stderr = stop(server).await;
     let full_lines = stderr
         .lines()
         .filter(|it| it.contains("memory backend full"))

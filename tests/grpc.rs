@@ -10,7 +10,8 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use support::backend::FakeBackend;
 use support::request::descriptor;
 use support::service::{
-    TestService, call, default_options, memory_backend, refusal, start_with_config,
+    HEALTH_SERVICES, TestService, call, default_options, memory_backend, refusal, start_on_memory,
+    start_with_config,
 };
 use throttlegate::decision::Options;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -50,8 +51,7 @@ async fn start() -> TestService {
 }
 
 async fn start_with(options: Options) -> TestService {
-    let (backend, _clock) = memory_backend();
-    start_with_config(CONFIG, backend, options).await
+    start_on_memory(CONFIG, options).await
 }
 
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
@@ -85,6 +85,11 @@ fn limited(
     }
 }
 
+/// [`limited`] by a limit of `rpu` a minute, reset in a minute.
+fn per_minute(code: Code, remaining: u32, rpu: u32, name: &str) -> DescriptorStatus {
+    limited(code, remaining, 60, rpu, Unit::Minute, name)
+}
+
 fn ok_without_limit() -> DescriptorStatus {
     DescriptorStatus {
         code: Code::Ok as i32,
@@ -109,21 +114,14 @@ async fn ok_then_over_limit_after_n() {
         assert_eq!(res.overall_code, Code::Ok as i32);
         assert_eq!(
             res.statuses,
-            vec![limited(
-                Code::Ok,
-                remaining,
-                60,
-                3,
-                Unit::Minute,
-                "per_user"
-            )]
+            vec![per_minute(Code::Ok, remaining, 3, "per_user")]
         );
     }
     let res = call(&service, user()).await;
     assert_eq!(res.overall_code, Code::OverLimit as i32);
     assert_eq!(
         res.statuses,
-        vec![limited(Code::OverLimit, 0, 60, 3, Unit::Minute, "per_user")]
+        vec![per_minute(Code::OverLimit, 0, 3, "per_user")]
     );
     assert_eq!(
         headers(&res),
@@ -253,11 +251,7 @@ async fn oversized_message_is_refused_and_the_server_carries_on() {
 #[tokio::test]
 async fn health_is_serving_for_every_service_name() {
     let service = start().await;
-    for name in [
-        "",
-        "ratelimit",
-        "envoy.service.ratelimit.v3.RateLimitService",
-    ] {
+    for name in HEALTH_SERVICES {
         assert_eq!(
             service.health(name).await.unwrap(),
             ServingStatus::Serving,
@@ -266,24 +260,24 @@ async fn health_is_serving_for_every_service_name() {
     }
 }
 
+/// Waits until every service name reports `expected`, for at most 5 s each.
+async fn wait_for_every_health(service: &TestService, expected: ServingStatus) {
+    for name in HEALTH_SERVICES {
+        service
+            .wait_for_health(name, expected, Duration::from_secs(5))
+            .await;
+    }
+}
+
 #[tokio::test]
 async fn health_follows_the_backend_and_failures_are_unavailable() {
     let backend = Arc::new(FakeBackend::failing());
     let service = start_with_config(CONFIG, backend.clone(), default_options()).await;
-    let names = [
-        "",
-        "ratelimit",
-        "envoy.service.ratelimit.v3.RateLimitService",
-    ];
-    for name in names {
+    for name in HEALTH_SERVICES {
         assert_eq!(service.health(name).await.unwrap(), ServingStatus::Serving);
     }
     backend.set_down(true);
-    for name in names {
-        service
-            .wait_for_health(name, ServingStatus::NotServing, Duration::from_secs(5))
-            .await;
-    }
+    wait_for_every_health(&service, ServingStatus::NotServing).await;
     // A backend failure is UNAVAILABLE (never UNKNOWN, which Envoy allows)...
     let status = refusal(
         &service,
@@ -301,11 +295,7 @@ async fn health_follows_the_backend_and_failures_are_unavailable() {
     assert_eq!(res.overall_code, Code::Ok as i32);
 
     backend.set_down(false);
-    for name in names {
-        service
-            .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
-            .await;
-    }
+    wait_for_every_health(&service, ServingStatus::Serving).await;
 }
 
 #[tokio::test]
@@ -347,16 +337,13 @@ async fn all_or_nothing_across_descriptors() {
         assert_eq!(
             res.statuses,
             vec![
-                limited(Code::Ok, 4, 60, 5, Unit::Minute, ""),
-                limited(Code::OverLimit, 0, 60, 1, Unit::Minute, ""),
+                per_minute(Code::Ok, 4, 5, ""),
+                per_minute(Code::OverLimit, 0, 1, ""),
             ]
         );
     }
     let res = call(&service, request(vec![desc(&[("a", "1")])])).await;
-    assert_eq!(
-        res.statuses,
-        vec![limited(Code::Ok, 3, 60, 5, Unit::Minute, "")]
-    );
+    assert_eq!(res.statuses, vec![per_minute(Code::Ok, 3, 5, "")]);
 }
 
 #[tokio::test]
@@ -382,7 +369,7 @@ async fn hits_addend_of_request_and_descriptor() {
         assert_eq!(res.overall_code, code as i32, "case {idx}");
         assert_eq!(
             res.statuses,
-            vec![limited(code, remaining, 60, 5, Unit::Minute, "")],
+            vec![per_minute(code, remaining, 5, "")],
             "case {idx}"
         );
     }
@@ -399,16 +386,13 @@ async fn replaced_limit_is_dropped() {
             res.statuses,
             vec![
                 ok_without_limit(),
-                limited(Code::Ok, remaining, 60, 10, Unit::Minute, "expensive"),
+                per_minute(Code::Ok, remaining, 10, "expensive"),
             ]
         );
     }
     // premium (1 per minute) was never counted above.
     let res = call(&service, request(vec![desc(&[("api_key", "k")])])).await;
-    assert_eq!(
-        res.statuses,
-        vec![limited(Code::Ok, 0, 60, 1, Unit::Minute, "premium")]
-    );
+    assert_eq!(res.statuses, vec![per_minute(Code::Ok, 0, 1, "premium")]);
 }
 
 #[tokio::test]
@@ -436,10 +420,7 @@ async fn override_replaces_the_tree_for_its_descriptor() {
     );
     // The configured rule's counter was not touched.
     let res = call(&service, request(vec![desc(&[("user", "alice")])])).await;
-    assert_eq!(
-        res.statuses,
-        vec![limited(Code::Ok, 2, 60, 3, Unit::Minute, "per_user")]
-    );
+    assert_eq!(res.statuses, vec![per_minute(Code::Ok, 2, 3, "per_user")]);
 }
 
 #[tokio::test]
@@ -459,13 +440,7 @@ async fn reflection_lists_the_service() {
     let mut inbound = support::reflection::v1::ask(service.channel.clone(), requests)
         .await
         .expect("reflection call");
-    let first = inbound
-        .message()
-        .await
-        .unwrap()
-        .unwrap()
-        .message_response
-        .unwrap();
+    let first = support::reflection::v1::next(&mut inbound).await;
     let MessageResponse::ListServicesResponse(list) = first else {
         panic!("{first:?}");
     };
@@ -475,13 +450,7 @@ async fn reflection_lists_the_service() {
         "{names:?}"
     );
     for what in ["service", "google/protobuf/duration.proto"] {
-        let res = inbound
-            .message()
-            .await
-            .unwrap()
-            .unwrap()
-            .message_response
-            .unwrap();
+        let res = support::reflection::v1::next(&mut inbound).await;
         assert!(
             matches!(&res, MessageResponse::FileDescriptorResponse(it) if !it.file_descriptor_proto.is_empty()),
             "{what}: {res:?}"

@@ -2,18 +2,15 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use support::process::{Serve, ServiceProcess};
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
-
-const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
 
 const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 1000000}\n";
 
@@ -22,171 +19,30 @@ const TICKS_PER_SECOND: u64 = 100;
 
 // === the server process ===
 
-/// The binary serving on free loopback ports; killed when dropped. Its
-/// stderr is collected by a thread, so logging never blocks it.
-struct Server {
-    child: Child,
-    grpc: SocketAddr,
-    http: SocketAddr,
-    log: Arc<Mutex<String>>,
-    _dir: tempfile::TempDir,
-}
-
-impl Server {
-    /// Starts `serve` with `extra` flags, under `prlimit --nofile=soft:hard`
-    /// if `nofile` is given, and waits until gRPC answers.
-    async fn start(extra: &[&str], nofile: Option<(u64, u64)>) -> Server {
-        let dir = tempfile::tempdir().expect("temporary directory");
-        let config = dir.path().join("config.yaml");
-        std::fs::write(&config, CONFIG).expect("write config");
-        let grpc = free_addr();
-        let http = free_addr();
-        let mut command = match nofile {
-            Some((soft, hard)) => {
-                let mut it = Command::new("prlimit");
-                it.arg(format!("--nofile={soft}:{hard}")).arg("--").arg(BIN);
-                it
-            }
-            None => Command::new(BIN),
-        };
-        for (key, _) in std::env::vars() {
-            if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" {
-                command.env_remove(key);
-            }
+/// Starts `serve` with `extra` flags, under `prlimit --nofile=soft:hard`
+/// if `nofile` is given, and waits until it answers a decision.
+async fn start(extra: &[&str], nofile: Option<(u64, u64)>) -> ServiceProcess {
+    let mut serve = Serve::yaml(CONFIG)
+        .args(&["--watch-config", "off"])
+        .args(extra)
+        .rust_log("info");
+    if let Some((soft, hard)) = nofile {
+        serve = serve.nofile(soft, hard);
+    }
+    let mut server = serve.spawn();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let mut client = server.client().await;
+        if client.should_rate_limit(alice()).await.is_ok() {
+            return server;
         }
-        let mut child = command
-            .env("RUST_LOG", "info")
-            .args(["serve", "--watch-config", "off", "--config"])
-            .arg(&config)
-            .args(["--grpc-addr", &grpc.to_string()])
-            .args(["--http-addr", &http.to_string()])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn the binary (and prlimit, from util-linux, for the descriptor test)");
-        let log = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = [0u8; 8192];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                sink.lock()
-                    .unwrap()
-                    .push_str(&String::from_utf8_lossy(&buf[..n]));
-            }
-        });
-        let mut server = Server {
-            child,
-            grpc,
-            http,
-            log,
-            _dir: dir,
-        };
-        server.wait_until_serving().await;
-        server
+        assert!(Instant::now() < deadline, "not serving:\n{}", server.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
-
-    async fn wait_until_serving(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(exit) = self.child.try_wait().unwrap() {
-                panic!("the server exited early: {exit}\n{}", self.log());
-            }
-            if let Ok(channel) = self.try_connect().await {
-                let mut client = RateLimitServiceClient::new(channel);
-                if client.should_rate_limit(alice()).await.is_ok() {
-                    return;
-                }
-            }
-            assert!(Instant::now() < deadline, "not serving:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn try_connect(&self) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-        tonic::transport::Endpoint::from_shared(format!("http://{}", self.grpc))
-            .expect("valid uri")
-            .connect_timeout(Duration::from_secs(5))
-            .connect()
-            .await
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().unwrap().clone()
-    }
-
-    /// Resident memory, in KiB.
-    fn rss_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("read /proc/<pid>/status");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS line")
-    }
-
-    /// User plus system CPU time used so far, in ticks.
-    fn cpu_ticks(&self) -> u64 {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()))
-            .expect("read /proc/<pid>/stat");
-        // The command name, in parentheses, may hold spaces: count fields
-        // after its closing parenthesis (utime and stime are fields 14, 15).
-        let after = &stat[stat.rfind(')').expect("comm") + 2..];
-        let fields: Vec<&str> = after.split(' ').collect();
-        let utime: u64 = fields[11].parse().expect("utime");
-        let stime: u64 = fields[12].parse().expect("stime");
-        utime + stime
-    }
-
-    /// The value of the metric series `series` (name and labels, exactly
-    /// as exposed) from `/metrics`.
-    async fn metric(&self, series: &str) -> f64 {
-        let text = http_get(self.http, "/metrics").await;
-        text.lines()
-            .find_map(|line| line.strip_prefix(series))
-            .and_then(|rest| rest.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A port that was free a moment ago.
-fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    listener.local_addr().unwrap()
 }
 
 fn alice() -> throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest {
     support::service::one_entry_request("api", "user", "alice")
-}
-
-/// `GET path` on a fresh connection; the whole response as text.
-async fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect(addr).await.expect("connect to http");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
-        .await
-        .expect("http response within 10 s")
-        .expect("read http response");
-    String::from_utf8_lossy(&response).into_owned()
 }
 
 /// Reads (and discards) until the server closes the connection; how long
@@ -299,6 +155,26 @@ async fn h2_handshake(stream: &mut TcpStream) -> Option<u32> {
     }
 }
 
+/// A connection that never sends a byte: how long until the server closes
+/// it (at most `within`).
+async fn silent_peer_closed_after(addr: SocketAddr, within: Duration) -> Duration {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    closed_after(&mut stream, Instant::now(), within).await
+}
+
+/// A gRPC connection past its handshake with the headers of one call sent
+/// on stream 1, and its body never.
+async fn unfinished_call(grpc: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(grpc).await.unwrap();
+    h2_handshake(&mut stream).await;
+    let block = request_header_block();
+    stream
+        .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    stream
+}
+
 /// What the server answered to a flood of streams.
 #[derive(Debug, Default)]
 struct FloodReplies {
@@ -317,7 +193,7 @@ struct FloodReplies {
 async fn unfinished_streams_past_the_advertised_limit_are_refused_and_others_served() {
     const LIMIT: u32 = 100;
     const STREAMS: u32 = 20_000;
-    let server = Server::start(
+    let mut server = start(
         &[
             "--grpc-max-concurrent-streams",
             &LIMIT.to_string(),
@@ -383,7 +259,7 @@ async fn unfinished_streams_past_the_advertised_limit_are_refused_and_others_ser
     });
 
     // Meanwhile another client is answered, on its own connection.
-    let mut client = RateLimitServiceClient::new(server.try_connect().await.unwrap());
+    let mut client = server.client().await;
     let mut latencies = Vec::new();
     for _ in 0..1000 {
         let started = Instant::now();
@@ -447,7 +323,7 @@ async fn unfinished_streams_past_the_advertised_limit_are_refused_and_others_ser
         "second client p99 {p99:?} (p50 {p50:?})"
     );
     // The server is still fine after the hostile connection is gone.
-    let mut client = RateLimitServiceClient::new(server.try_connect().await.unwrap());
+    let mut client = server.client().await;
     client.should_rate_limit(alice()).await.expect("rpc after");
 }
 
@@ -456,7 +332,7 @@ async fn unfinished_streams_past_the_advertised_limit_are_refused_and_others_ser
 /// unfinished request is ended by the request timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
-    let server = Server::start(
+    let server = start(
         &[
             "--grpc-handshake-timeout-ms",
             "1000",
@@ -477,10 +353,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
     // Well past every timeout, still far from any chance of a hang.
     let within = Duration::from_secs(10);
 
-    let grpc_silent = tokio::spawn(async move {
-        let mut stream = TcpStream::connect(grpc).await.unwrap();
-        closed_after(&mut stream, Instant::now(), within).await
-    });
+    let grpc_silent = tokio::spawn(silent_peer_closed_after(grpc, within));
     let grpc_preface_only = tokio::spawn(async move {
         let mut stream = TcpStream::connect(grpc).await.unwrap();
         let started = Instant::now();
@@ -500,13 +373,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
         closed_after(&mut stream, started, within).await
     });
     let grpc_unfinished_request = tokio::spawn(async move {
-        let mut stream = TcpStream::connect(grpc).await.unwrap();
-        h2_handshake(&mut stream).await;
-        let block = request_header_block();
-        stream
-            .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
-            .await
-            .unwrap();
+        let mut stream = unfinished_call(grpc).await;
         let sent = Instant::now();
         // The request arrived, so the handshake timeout no longer applies;
         // its body never comes, so the request timeout ends the stream.
@@ -529,10 +396,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
             .expect("connection still open");
         answer
     });
-    let http_silent = tokio::spawn(async move {
-        let mut stream = TcpStream::connect(http).await.unwrap();
-        closed_after(&mut stream, Instant::now(), within).await
-    });
+    let http_silent = tokio::spawn(silent_peer_closed_after(http, within));
     let http_slowloris = tokio::spawn(async move {
         let mut stream = TcpStream::connect(http).await.unwrap();
         let started = Instant::now();
@@ -652,7 +516,7 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn descriptor_exhaustion_backs_off_is_logged_and_counted_and_recovers() {
     // The binary raises the soft limit (128) to the hard one (256).
-    let server = Server::start(
+    let mut server = start(
         &[
             // Caps far above the descriptors, so that they run out.
             "--http-max-connections",
@@ -673,7 +537,7 @@ async fn descriptor_exhaustion_backs_off_is_logged_and_counted_and_recovers() {
         "{log}"
     );
 
-    let mut existing = RateLimitServiceClient::new(server.try_connect().await.unwrap());
+    let mut existing = server.client().await;
     existing.should_rate_limit(alice()).await.expect("rpc");
 
     // More idle connections than the server has descriptors: the kernel
@@ -771,8 +635,8 @@ async fn descriptor_exhaustion_backs_off_is_logged_and_counted_and_recovers() {
 /// advertised limit), and a rapid-reset flood gets GOAWAY.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_finishing_streams_are_served_and_rapid_reset_gets_goaway() {
-    let server = Server::start(&[], None).await;
-    let client = RateLimitServiceClient::new(server.try_connect().await.unwrap());
+    let mut server = start(&[], None).await;
+    let client = server.client().await;
     let calls: Vec<_> = (0..5000)
         .map(|_| {
             let mut client = client.clone();
@@ -818,7 +682,7 @@ async fn many_finishing_streams_are_served_and_rapid_reset_gets_goaway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalive_and_connection_age_end_dead_and_old_connections() {
     const PING: u8 = 0x6;
-    let server = Server::start(
+    let server = start(
         &[
             "--grpc-keepalive-interval-ms",
             "500",
@@ -835,18 +699,9 @@ async fn keepalive_and_connection_age_end_dead_and_old_connections() {
     )
     .await;
     let grpc = server.grpc;
-    // Opens a connection with one request whose body never comes, so only
+    // A connection with one request whose body never comes, so only
     // keepalive or the connection age can end it.
-    let open = move || async move {
-        let mut stream = TcpStream::connect(grpc).await.unwrap();
-        h2_handshake(&mut stream).await;
-        let block = request_header_block();
-        stream
-            .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
-            .await
-            .unwrap();
-        stream
-    };
+    let open = move || unfinished_call(grpc);
 
     let silent = tokio::spawn(async move {
         let mut stream = open().await;

@@ -7,8 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use support::service::{default_options, memory_backend, rules_from, start_service_with_metrics};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -45,19 +43,7 @@ async fn serve_http(app: throttlegate::transport::http::App) -> SocketAddr {
 
 /// `GET /metrics` over a plain HTTP/1.1 connection: the body.
 async fn scrape(addr: SocketAddr) -> String {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .expect("connect to the HTTP port");
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("send the request");
-    let mut response = Vec::new();
-    stream
-        .read_to_end(&mut response)
-        .await
-        .expect("read the response");
-    let response = String::from_utf8(response).expect("utf-8 response");
+    let response = support::process::http_get(addr, "/metrics").await;
     let (head, body) = response.split_once("\r\n\r\n").expect("a response head");
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     assert!(!head.contains("chunked"), "{head}");

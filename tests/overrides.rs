@@ -2,35 +2,14 @@
 
 mod support;
 
-use support::service::{default_options, memory_backend, start_with_config};
+use support::config::every_algorithm;
+use support::service::{default_options, start_on_memory};
+use throttlegate::algorithms::Algorithm;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::r#type::v3::RateLimitUnit;
-
-/// One rule per algorithm, each key named after its algorithm.
-const CONFIG: &str = "domain: api
-descriptors:
-  - key: sliding_window_log
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_log}
-  - key: token_bucket
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: token_bucket}
-  - key: gcra
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: gcra}
-  - key: sliding_window_counter
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window_counter}
-  - key: fixed_window
-    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: fixed_window}
-";
-
-const ALGORITHMS: [&str; 5] = [
-    "sliding_window_log",
-    "token_bucket",
-    "gcra",
-    "sliding_window_counter",
-    "fixed_window",
-];
 
 /// Numbers at the edges of what each algorithm can hold exactly.
 const EXTREMES: [(u32, RateLimitUnit); 5] = [
@@ -61,10 +40,10 @@ fn with_override(
 
 #[tokio::test]
 async fn extreme_overrides_are_decided_on_every_algorithm() {
-    let (backend, _clock) = memory_backend();
-    let service = start_with_config(CONFIG, backend, default_options()).await;
+    let service = start_on_memory(&every_algorithm(5), default_options()).await;
     let mut client = service.client();
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL {
+        let algorithm = algorithm.name();
         for (requests, unit) in EXTREMES {
             let case = format!("{algorithm} {requests}/{unit:?}");
             let mut decide = async |cost: u64| {

@@ -7,42 +7,30 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::keys::{check, counter_key};
-use support::redis::{RedisServer, backend, settings};
-use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
+use support::keys::{check_on, check_with_burst, counter_key};
+use support::redis::{
+    RedisServer, backend, backend_with, command_stat, command_stats, reset_stats, settings,
+};
+use support::service::T0;
+use throttlegate::algorithms::Algorithm::{FixedWindow, Gcra, SlidingWindowLog, TokenBucket};
+use throttlegate::algorithms::{Algorithm, Check};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
-use throttlegate::backends::{Backend, CounterKey, Error, KeyedCheck};
+use throttlegate::backends::{Backend, Error, KeyedCheck};
 use throttlegate::clock::ManualClock;
-
-const T0: u64 = 1_700_000_000_000_000;
 
 fn manual(at: u64) -> (ManualClock, ClockSource) {
     let clock = ManualClock::new(at);
     (clock.clone(), ClockSource::Local(Arc::new(clock)))
 }
 
-async fn allowed(backend: &dyn Backend, checks: &[KeyedCheck]) -> bool {
-    backend.decide(checks).await.expect("decide").allowed
+/// A backend on `server` whose time is a manual clock at [`T0`].
+async fn backend_at_t0(server: &RedisServer) -> (ManualClock, RedisBackend) {
+    let (clock, source) = manual(T0);
+    (clock, backend(server, source).await)
 }
 
-/// Every key in the database with its PTTL.
-async fn keys_with_ttl(server: &RedisServer) -> Vec<(String, i64)> {
-    let mut conn = server.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    let mut out = Vec::new();
-    for key in keys {
-        let ttl: i64 = redis::cmd("PTTL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        out.push((key, ttl));
-    }
-    out
+async fn allowed(backend: &dyn Backend, checks: &[KeyedCheck]) -> bool {
+    backend.decide(checks).await.expect("decide").allowed
 }
 
 async fn dbsize(server: &RedisServer) -> u64 {
@@ -81,7 +69,7 @@ async fn hammer(
 
 /// A limit of 50 that cannot refill while the test runs.
 fn slow_check(algorithm: Algorithm) -> KeyedCheck {
-    check(counter_key(algorithm, 3_600, &[("user", "alice")]), 50, 1)
+    check_on(algorithm, 3_600, &[("user", "alice")], 50, 1)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -113,25 +101,16 @@ async fn two_instances_on_one_redis_admit_exactly_the_limit_in_total() {
 #[tokio::test]
 async fn requests_in_the_same_microsecond_are_all_counted() {
     let server = RedisServer::start();
-    let (_clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
+    let (_clock, backend) = backend_at_t0(&server).await;
     // math.random()-style members collided here: 8 of 8 passed on Redis 5/6.
-    let limit_5 = [check(
-        counter_key(Algorithm::SlidingWindowLog, 1, &[("u", "a")]),
-        5,
-        1,
-    )];
+    let limit_5 = [check_on(SlidingWindowLog, 1, &[("u", "a")], 5, 1)];
     let mut admitted = 0;
     for _ in 0..8 {
         admitted += usize::from(allowed(&backend, &limit_5).await);
     }
     assert_eq!(admitted, 5);
     // Cost 5 against 10: a single ZADD per request would admit 6.
-    let cost_5 = [check(
-        counter_key(Algorithm::SlidingWindowLog, 1, &[("u", "b")]),
-        10,
-        5,
-    )];
+    let cost_5 = [check_on(SlidingWindowLog, 1, &[("u", "b")], 10, 5)];
     let mut admitted = 0;
     for _ in 0..6 {
         admitted += usize::from(allowed(&backend, &cost_5).await);
@@ -145,11 +124,11 @@ async fn every_key_has_a_ttl_and_idle_keys_vanish() {
     let backend = backend(&server, ClockSource::Redis).await;
     for algorithm in Algorithm::ALL {
         for value in ["a", "b:c", "{x}", ""] {
-            let checks = [check(counter_key(algorithm, 1, &[("user", value)]), 10, 3)];
+            let checks = [check_on(algorithm, 1, &[("user", value)], 10, 3)];
             assert!(allowed(&backend, &checks).await);
         }
     }
-    let keys = keys_with_ttl(&server).await;
+    let keys = server.keys_with_ttl("*").await;
     assert_eq!(keys.len(), 20, "{keys:?}");
     for (key, ttl) in &keys {
         // A sliding-window counter's count is weighed for one more window.
@@ -165,7 +144,7 @@ async fn every_key_has_a_ttl_and_idle_keys_vanish() {
         assert!(
             Instant::now() < deadline,
             "keys outlived their windows: {:?}",
-            keys_with_ttl(&server).await
+            server.keys_with_ttl("*").await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -174,28 +153,19 @@ async fn every_key_has_a_ttl_and_idle_keys_vanish() {
 #[tokio::test]
 async fn a_state_equal_to_fresh_is_deleted() {
     let server = RedisServer::start();
-    let (clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
+    let (clock, backend) = backend_at_t0(&server).await;
     for algorithm in Algorithm::ALL {
         // A check (cost 0) changes nothing, so nothing is stored.
-        let probe = [check(counter_key(algorithm, 60, &[("u", "a")]), 10, 0)];
+        let probe = [check_on(algorithm, 60, &[("u", "a")], 10, 0)];
         assert!(allowed(&backend, &probe).await);
     }
     assert_eq!(dbsize(&server).await, 0);
     // A token bucket refilled to full by the time of the next request.
-    let take = [check(
-        counter_key(Algorithm::TokenBucket, 60, &[("u", "b")]),
-        10,
-        1,
-    )];
+    let take = [check_on(TokenBucket, 60, &[("u", "b")], 10, 1)];
     assert!(allowed(&backend, &take).await);
     assert_eq!(dbsize(&server).await, 1);
     clock.advance(6_000_000);
-    let look = [check(
-        counter_key(Algorithm::TokenBucket, 60, &[("u", "b")]),
-        10,
-        0,
-    )];
+    let look = [check_on(TokenBucket, 60, &[("u", "b")], 10, 0)];
     let verdict = backend.decide(&look).await.unwrap();
     assert_eq!(verdict.outcomes[0].remaining, 10);
     assert_eq!(dbsize(&server).await, 0);
@@ -204,13 +174,8 @@ async fn a_state_equal_to_fresh_is_deleted() {
 #[tokio::test]
 async fn script_flush_while_serving_is_transparent() {
     let server = RedisServer::start();
-    let (_clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
-    let checks = [check(
-        counter_key(Algorithm::SlidingWindowLog, 60, &[("u", "a")]),
-        4,
-        1,
-    )];
+    let (_clock, backend) = backend_at_t0(&server).await;
+    let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 4, 1)];
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
@@ -237,14 +202,8 @@ fn assert_bounded(started: Instant, timeout_ms: u64, what: &str) {
 async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
     let mut server = RedisServer::start();
     let (_clock, source) = manual(T0);
-    let mut settings = settings(&server, source);
-    settings.timeout_ms = 300;
-    let backend = RedisBackend::connect(settings).await.unwrap();
-    let checks = [check(
-        counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
-        10,
-        1,
-    )];
+    let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
+    let checks = [check_on(TokenBucket, 60, &[("u", "a")], 10, 1)];
     assert!(allowed(&backend, &checks).await);
     backend.probe().await.expect("healthy");
 
@@ -282,13 +241,8 @@ async fn killed_redis_fails_fast_and_recovery_needs_no_restart() {
 #[tokio::test]
 async fn dropped_connections_are_replaced() {
     let server = RedisServer::start();
-    let (_clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
-    let checks = [check(
-        counter_key(Algorithm::Gcra, 60, &[("u", "a")]),
-        100,
-        1,
-    )];
+    let (_clock, backend) = backend_at_t0(&server).await;
+    let checks = [check_on(Gcra, 60, &[("u", "a")], 100, 1)];
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
     // Kill every client but this one, as a proxy or a failover would.
@@ -314,14 +268,8 @@ async fn dropped_connections_are_replaced() {
 async fn paused_redis_times_out_and_the_request_is_not_retried() {
     let server = RedisServer::start();
     let (_clock, source) = manual(T0);
-    let mut settings = settings(&server, source);
-    settings.timeout_ms = 300;
-    let backend = RedisBackend::connect(settings).await.unwrap();
-    let checks = [check(
-        counter_key(Algorithm::SlidingWindowLog, 60, &[("u", "a")]),
-        3,
-        1,
-    )];
+    let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
+    let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 3, 1)];
     // Also loads the script: the timed-out call below is a bare EVALSHA.
     assert!(allowed(&backend, &checks).await);
 
@@ -361,13 +309,7 @@ async fn paused_redis_times_out_and_the_request_is_not_retried() {
 #[tokio::test]
 async fn redis_time_keeps_skewed_replicas_exact() {
     let server = RedisServer::start();
-    let bucket = || {
-        [check(
-            counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
-            10,
-            1,
-        )]
-    };
+    let bucket = || [check_on(TokenBucket, 60, &[("u", "a")], 10, 1)];
 
     // Replicas whose clocks are a window apart, each sending its own time.
     let (_early, early) = manual(T0);
@@ -398,8 +340,7 @@ async fn redis_time_keeps_skewed_replicas_exact() {
 #[tokio::test]
 async fn hostile_values_never_share_a_counter() {
     let server = RedisServer::start();
-    let (_clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
+    let (_clock, backend) = backend_at_t0(&server).await;
     let descriptors: [&[(&str, &str)]; 12] = [
         &[("k", ":")],
         &[("k", "_")],
@@ -415,11 +356,7 @@ async fn hostile_values_never_share_a_counter() {
         &[("a", "b:c=d")],
     ];
     for entries in descriptors {
-        let checks = [check(
-            counter_key(Algorithm::SlidingWindowLog, 60, entries),
-            1,
-            1,
-        )];
+        let checks = [check_on(SlidingWindowLog, 60, entries, 1, 1)];
         assert!(
             allowed(&backend, &checks).await,
             "{entries:?} shared a counter"
@@ -429,7 +366,7 @@ async fn hostile_values_never_share_a_counter() {
             "{entries:?} was not counted"
         );
     }
-    let keys = keys_with_ttl(&server).await;
+    let keys = server.keys_with_ttl("*").await;
     assert_eq!(keys.len(), descriptors.len());
     for (key, _) in keys {
         assert!(!key.contains(['{', '}']), "{key} holds a hash tag");
@@ -439,18 +376,9 @@ async fn hostile_values_never_share_a_counter() {
 #[tokio::test]
 async fn a_denied_request_consumes_nothing_anywhere() {
     let server = RedisServer::start();
-    let (_clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
-    let wide = check(
-        counter_key(Algorithm::TokenBucket, 60, &[("ip", "1")]),
-        6,
-        1,
-    );
-    let narrow = check(
-        counter_key(Algorithm::FixedWindow, 60, &[("user", "u")]),
-        3,
-        1,
-    );
+    let (_clock, backend) = backend_at_t0(&server).await;
+    let wide = check_on(TokenBucket, 60, &[("ip", "1")], 6, 1);
+    let narrow = check_on(FixedWindow, 60, &[("user", "u")], 3, 1);
     let both = [wide.clone(), narrow];
     for _ in 0..3 {
         assert!(allowed(&backend, &both).await);
@@ -476,35 +404,19 @@ async fn a_denied_request_consumes_nothing_anywhere() {
 async fn checkouts_send_no_ping() {
     let server = RedisServer::start();
     let backend = backend(&server, ClockSource::Redis).await;
-    let checks = [check(
-        counter_key(Algorithm::Gcra, 60, &[("u", "a")]),
-        1_000,
-        1,
-    )];
+    let checks = [check_on(Gcra, 60, &[("u", "a")], 1_000, 1)];
     let mut conn = server.connection().await;
     // Forget the harness's own readiness PING.
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    reset_stats(&mut conn).await;
     for _ in 0..50 {
         allowed(&backend, &checks).await;
     }
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let stats = command_stats(&mut conn).await;
     assert!(!stats.contains("cmdstat_ping"), "{stats}");
-    let evalsha_calls: u64 = stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|it| it.parse().ok())
+    let evalsha_calls = command_stat(&stats, "evalsha", "calls")
         .unwrap_or_else(|| panic!("no evalsha stats in {stats}"));
     // 50 decisions, plus the first EVALSHA that met NOSCRIPT.
-    assert!((50..=51).contains(&evalsha_calls), "{stats}");
+    assert!((50.0..=51.0).contains(&evalsha_calls), "{stats}");
 }
 
 #[tokio::test]
@@ -521,11 +433,7 @@ async fn unix_socket_and_passwords_work() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let checks = [check(
-        counter_key(Algorithm::FixedWindow, 60, &[("u", "a")]),
-        3,
-        1,
-    )];
+    let checks = [check_on(FixedWindow, 60, &[("u", "a")], 3, 1)];
     let urls = [
         server.url(),
         format!("redis://alice:pw@127.0.0.1:{}/", server.port()),
@@ -535,18 +443,17 @@ async fn unix_socket_and_passwords_work() {
         ),
     ];
     for url in urls {
-        let mut it = settings(&server, ClockSource::Redis);
-        it.url = url.clone();
-        let backend = RedisBackend::connect(it).await.unwrap();
+        let backend = backend_with(&server, ClockSource::Redis, |it| it.url = url.clone()).await;
         backend
             .probe()
             .await
             .unwrap_or_else(|err| panic!("{url}: {err}"));
         assert!(allowed(&backend, &checks).await, "{url}");
     }
-    let mut wrong = settings(&server, ClockSource::Redis);
-    wrong.url = format!("redis://alice:nope@127.0.0.1:{}/", server.port());
-    let backend = RedisBackend::connect(wrong).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.url = format!("redis://alice:nope@127.0.0.1:{}/", server.port())
+    })
+    .await;
     let err = backend.probe().await.expect_err("wrong password");
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     assert!(!format!("{backend:?}").contains("nope"), "{backend:?}");
@@ -607,7 +514,7 @@ async fn rediss_against_a_plain_server_is_a_clean_error() {
 async fn the_same_counter_twice_in_one_request_is_refused() {
     let server = RedisServer::start();
     let backend = backend(&server, ClockSource::Redis).await;
-    let it = check(counter_key(Algorithm::FixedWindow, 60, &[("u", "a")]), 3, 1);
+    let it = check_on(FixedWindow, 60, &[("u", "a")], 3, 1);
     let err = backend
         .decide(&[it.clone(), it])
         .await
@@ -618,21 +525,13 @@ async fn the_same_counter_twice_in_one_request_is_refused() {
 #[tokio::test]
 async fn the_key_prefix_namespaces_every_key() {
     let server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.key_prefix = "custom-prefix".to_owned();
-    let backend = RedisBackend::connect(it).await.unwrap();
-    let key: CounterKey = counter_key(Algorithm::Gcra, 60, &[("u", "a")]);
-    let params = LimitParams::new(Algorithm::Gcra, 5, 60_000_000, None).unwrap();
-    let checks = [KeyedCheck {
-        key,
-        check: Check {
-            params,
-            cost: 1,
-            mode: Mode::Enforce,
-        },
-    }];
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.key_prefix = "custom-prefix".to_owned()
+    })
+    .await;
+    let checks = [check_on(Gcra, 60, &[("u", "a")], 5, 1)];
     assert!(allowed(&backend, &checks).await);
-    let keys = keys_with_ttl(&server).await;
+    let keys = server.keys_with_ttl("*").await;
     assert_eq!(keys.len(), 1);
     assert_eq!(keys[0].0, "custom-prefix:test:rule:gcra.60s:u=a");
 }
@@ -653,11 +552,7 @@ async fn rediss_talks_tls_to_a_tls_server() {
     let server = RedisServer::start_tls();
     let backend = backend(&server, ClockSource::Redis).await;
     backend.probe().await.expect("tls probe");
-    let checks = [check(
-        counter_key(Algorithm::TokenBucket, 60, &[("u", "a")]),
-        2,
-        1,
-    )];
+    let checks = [check_on(TokenBucket, 60, &[("u", "a")], 2, 1)];
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     assert!(!allowed(&backend, &checks).await);
@@ -668,9 +563,7 @@ async fn rediss_talks_tls_to_a_tls_server() {
 #[tokio::test]
 async fn a_timeout_longer_than_the_client_default_is_honoured() {
     let server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.timeout_ms = 900;
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 900).await;
     backend.probe().await.expect("healthy");
     server.pause();
     let started = Instant::now();
@@ -691,9 +584,7 @@ async fn a_timeout_longer_than_the_client_default_is_honoured() {
 async fn gcra_and_token_bucket_make_the_same_decisions() {
     let server = RedisServer::start();
     let (clock, source) = manual(T0);
-    let mut it = settings(&server, source);
-    it.expiry_grace_ms = 3_600_000;
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, source, |it| it.expiry_grace_ms = 3_600_000).await;
     let mut seed: u64 = 12_345;
     let mut random = move |n: u64| {
         seed ^= seed << 13;
@@ -703,27 +594,14 @@ async fn gcra_and_token_bucket_make_the_same_decisions() {
     };
     for (limit, window_s, burst) in [(10, 1, None), (7, 60, Some(3)), (100, 3_600, Some(250))] {
         let make = |algorithm: Algorithm, cost: u64| {
-            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst).unwrap();
-            KeyedCheck {
-                key: counter_key(algorithm, window_s, &[("u", &format!("{limit}"))]),
-                check: Check {
-                    params,
-                    cost,
-                    mode: Mode::Enforce,
-                },
-            }
+            let key = counter_key(algorithm, window_s, &[("u", &format!("{limit}"))]);
+            check_with_burst(key, limit, cost, burst)
         };
         for event in 0..1_000 {
             clock.advance(random(3 * window_s * 1_000_000 / limit));
             let cost = random(3);
-            let bucket = backend
-                .decide(&[make(Algorithm::TokenBucket, cost)])
-                .await
-                .unwrap();
-            let gcra = backend
-                .decide(&[make(Algorithm::Gcra, cost)])
-                .await
-                .unwrap();
+            let bucket = backend.decide(&[make(TokenBucket, cost)]).await.unwrap();
+            let gcra = backend.decide(&[make(Gcra, cost)]).await.unwrap();
             assert_eq!(
                 (bucket.allowed, bucket.outcomes[0].remaining),
                 (gcra.allowed, gcra.outcomes[0].remaining),
@@ -738,9 +616,7 @@ async fn gcra_and_token_bucket_make_the_same_decisions() {
 #[tokio::test]
 async fn a_probe_timeout_replaces_the_connection() {
     let server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.timeout_ms = 300;
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 300).await;
     backend.probe().await.expect("healthy");
     let mut conn = server.connection().await;
     let id_before: u64 = redis::cmd("CLIENT")
@@ -765,9 +641,8 @@ async fn a_probe_timeout_replaces_the_connection() {
 #[tokio::test]
 async fn gcra_with_a_lagging_clock_never_admits_beyond_the_burst() {
     let server = RedisServer::start();
-    let (clock, source) = manual(T0);
-    let backend = backend(&server, source).await;
-    let checks = [check(counter_key(Algorithm::Gcra, 1, &[("u", "a")]), 10, 1)];
+    let (clock, backend) = backend_at_t0(&server).await;
+    let checks = [check_on(Gcra, 1, &[("u", "a")], 10, 1)];
     for _ in 0..10 {
         assert!(allowed(&backend, &checks).await);
     }

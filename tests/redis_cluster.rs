@@ -6,10 +6,10 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::keys::{check, counter_key};
-use support::redis::{RedisServer, settings};
-use throttlegate::algorithms::Algorithm;
-use throttlegate::backends::redis::{ClockSource, RedisBackend};
+use support::keys::check_on;
+use support::redis::{RedisServer, backend, backend_with};
+use throttlegate::algorithms::Algorithm::{SlidingWindowLog, TokenBucket};
+use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::{Backend, Error};
 
 /// A one-node cluster serving every slot.
@@ -41,21 +41,14 @@ async fn single_node_cluster() -> RedisServer {
 #[tokio::test]
 async fn the_script_runs_on_a_cluster_node_when_keys_share_a_slot() {
     let server = single_node_cluster().await;
-    let mut it = settings(&server, ClockSource::Redis);
     // The operator's prefix may carry a hash tag; user bytes never do.
-    it.key_prefix = "{tg}".to_owned();
-    let backend = RedisBackend::connect(it).await.unwrap();
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.key_prefix = "{tg}".to_owned();
+    })
+    .await;
     let checks = [
-        check(
-            counter_key(Algorithm::SlidingWindowLog, 60, &[("ip", "1")]),
-            2,
-            1,
-        ),
-        check(
-            counter_key(Algorithm::TokenBucket, 60, &[("user", "{u}")]),
-            5,
-            1,
-        ),
+        check_on(SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(TokenBucket, 60, &[("user", "{u}")], 5, 1),
     ];
     assert!(backend.decide(&checks).await.unwrap().allowed);
     assert!(backend.decide(&checks).await.unwrap().allowed);
@@ -65,20 +58,10 @@ async fn the_script_runs_on_a_cluster_node_when_keys_share_a_slot() {
 #[tokio::test]
 async fn keys_in_different_slots_are_refused_whole() {
     let server = single_node_cluster().await;
-    let backend = RedisBackend::connect(settings(&server, ClockSource::Redis))
-        .await
-        .unwrap();
+    let backend = backend(&server, ClockSource::Redis).await;
     let checks = [
-        check(
-            counter_key(Algorithm::SlidingWindowLog, 60, &[("ip", "1")]),
-            2,
-            1,
-        ),
-        check(
-            counter_key(Algorithm::SlidingWindowLog, 60, &[("ip", "2")]),
-            2,
-            1,
-        ),
+        check_on(SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(SlidingWindowLog, 60, &[("ip", "2")], 2, 1),
     ];
     let err = backend.decide(&checks).await.expect_err("crossslot");
     assert!(matches!(err, Error::Protocol(_)), "{err:?}");

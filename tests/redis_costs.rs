@@ -7,38 +7,17 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::redis::{RedisServer, backend, settings};
+use support::config::every_algorithm;
+use support::redis::{RedisServer, backend_with, settings};
 use support::service::{TestService, default_options, start_with_config};
+use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
-use throttlegate::backends::redis::{ClockSource, RedisBackend};
+use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::ManualClock;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-
-const EVERY_ALGORITHM: &str = r#"
-domain: api
-descriptors:
-  - key: sliding_window_log
-    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window_log}
-  - key: token_bucket
-    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: token_bucket}
-  - key: gcra
-    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: gcra}
-  - key: sliding_window_counter
-    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window_counter}
-  - key: fixed_window
-    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
-"#;
-
-const ALGORITHMS: [&str; 5] = [
-    "sliding_window_log",
-    "token_bucket",
-    "gcra",
-    "sliding_window_counter",
-    "fixed_window",
-];
 
 /// Costs a double cannot hold exactly, up to the largest uint64.
 const HUGE_COSTS: [u64; 4] = [(1 << 53) - 1, 1 << 53, 1 << 63, u64::MAX];
@@ -86,13 +65,15 @@ async fn huge_costs_are_over_limit_on_both_backends_without_an_error() {
     let server = RedisServer::start();
     let clock = ManualClock::new(support::service::T0);
     let memory: Arc<dyn Backend> = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
-    let mut redis_settings = settings(&server, ClockSource::Local(Arc::new(clock.clone())));
-    redis_settings.key_prefix = "costs".to_owned();
-    let redis: Arc<dyn Backend> = Arc::new(RedisBackend::connect(redis_settings).await.unwrap());
-    let on_memory = start_with_config(EVERY_ALGORITHM, memory, default_options()).await;
-    let on_redis = start_with_config(EVERY_ALGORITHM, redis, default_options()).await;
+    let local = ClockSource::Local(Arc::new(clock.clone()));
+    let redis = backend_with(&server, local, |it| it.key_prefix = "costs".to_owned()).await;
+    let redis: Arc<dyn Backend> = Arc::new(redis);
+    let config = every_algorithm(10);
+    let on_memory = start_with_config(&config, memory, default_options()).await;
+    let on_redis = start_with_config(&config, redis, default_options()).await;
 
-    for algorithm in ALGORITHMS {
+    for algorithm in Algorithm::ALL {
+        let algorithm = algorithm.name();
         let mut requests = Vec::new();
         // One unit first, so that the huge costs meet a stored state.
         requests.push(request(vec![descriptor(algorithm, "a", None)], 0));
@@ -152,8 +133,7 @@ descriptors:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_log_request_at_the_cap_is_one_entry_and_stalls_no_one() {
     let server = RedisServer::start();
-    let redis: Arc<dyn Backend> = Arc::new(backend(&server, ClockSource::Redis).await);
-    let service = start_with_config(AT_THE_CAP, redis, default_options()).await;
+    let service = support::redis::service(&server, AT_THE_CAP).await;
     let timeout = Duration::from_millis(settings(&server, ClockSource::Redis).timeout_ms);
 
     // Other clients, each on its own key, timing every answer.
@@ -202,13 +182,9 @@ async fn a_log_request_at_the_cap_is_one_entry_and_stalls_no_one() {
         assert!(it < timeout, "answered in {it:?}");
     }
 
-    let mut conn = server.connection().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("tg:api:big:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let keys = server.keys("tg:api:big:*").await;
     assert_eq!(keys.len(), 2, "{keys:?}");
+    let mut conn = server.connection().await;
     for key in keys {
         let members: u64 = redis::cmd("ZCARD")
             .arg(&key)

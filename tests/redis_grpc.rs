@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::redis::{RedisServer, backend, settings};
-use support::service::{TestService, default_options, start_with_config};
+use support::redis::{RedisServer, backend_with};
+use support::service::{TestService, call, default_options, start_with_config};
 use throttlegate::backends::Backend;
-use throttlegate::backends::redis::{ClockSource, RedisBackend};
+use throttlegate::backends::redis::ClockSource;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -29,8 +29,7 @@ fn request(key: &str, value: &str) -> RateLimitRequest {
 }
 
 async fn redis_service(server: &RedisServer) -> TestService {
-    let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
-    start_with_config(CONFIG, backend, default_options()).await
+    support::redis::service(server, CONFIG).await
 }
 
 /// 64 tasks, spread over `services`, send `requests` in total; returns how
@@ -82,21 +81,15 @@ async fn two_servers_on_one_redis_admit_exactly_the_limit_in_total() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_redis_down_and_back_without_a_restart() {
     let mut server = RedisServer::start();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.timeout_ms = 300;
-    let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(it).await.unwrap());
+    let backend = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 300).await;
+    let backend: Arc<dyn Backend> = Arc::new(backend);
     let service = start_with_config(CONFIG, backend, default_options()).await;
     for name in ["", "ratelimit"] {
         service
             .wait_for_health(name, ServingStatus::Serving, Duration::from_secs(5))
             .await;
     }
-    let ok = service
-        .client()
-        .should_rate_limit(request("user", "bob"))
-        .await
-        .expect("rpc")
-        .into_inner();
+    let ok = call(&service, request("user", "bob")).await;
     assert_eq!(ok.overall_code, Code::Ok as i32);
 
     server.kill();
@@ -124,11 +117,7 @@ async fn health_follows_redis_down_and_back_without_a_restart() {
     service
         .wait_for_health("ratelimit", ServingStatus::Serving, Duration::from_secs(5))
         .await;
-    let ok = service
-        .client()
-        .should_rate_limit(request("user", "bob"))
-        .await
-        .expect("decisions resume")
-        .into_inner();
+    // Decisions resume.
+    let ok = call(&service, request("user", "bob")).await;
     assert_eq!(ok.overall_code, Code::Ok as i32);
 }

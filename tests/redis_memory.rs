@@ -5,26 +5,25 @@
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use support::keys::{check, counter_key};
-use support::redis::{RedisServer, backend};
+use support::redis::{RedisServer, backend, command_stat, command_stats, reset_stats};
+use support::service::T0;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::ManualClock;
 
-const T0: u64 = 1_700_000_000_000_000;
+/// The window of every limit here: a minute.
+const WINDOW_US: u64 = 60_000_000;
 
 /// A connection whose calls may take long: filling large logs on two
 /// loaded cores outlasts redis-rs' 500 ms default.
 async fn patient_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new()
-        .set_response_timeout(Some(std::time::Duration::from_secs(120)));
-    redis::Client::open(server.url())
-        .expect("valid url")
-        .get_multiplexed_async_connection_with_config(&config)
+    server
+        .patient_connection(Some(Duration::from_secs(120)))
         .await
-        .expect("connect to the test redis")
 }
 
 async fn memory_usage(conn: &mut redis::aio::MultiplexedConnection, key: &str) -> u64 {
@@ -51,11 +50,7 @@ async fn one_request_costs_a_few_dozen_bytes_per_key() {
         let name = backend.key_of(&key);
         let bytes = memory_usage(&mut conn, &name).await;
         // Then the script's server-side time over 200 more calls.
-        let () = redis::cmd("CONFIG")
-            .arg("RESETSTAT")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        reset_stats(&mut conn).await;
         for _ in 0..200 {
             backend.decide(&checks).await.unwrap();
         }
@@ -69,42 +64,55 @@ async fn one_request_costs_a_few_dozen_bytes_per_key() {
 }
 
 async fn evalsha_usec_per_call(conn: &mut redis::aio::MultiplexedConnection) -> f64 {
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .unwrap();
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:"))
-        .and_then(|rest| {
-            rest.split(',')
-                .find_map(|it| it.strip_prefix("usec_per_call="))
-        })
-        .and_then(|it| it.parse().ok())
+    let stats = command_stats(conn).await;
+    command_stat(&stats, "evalsha", "usec_per_call")
         .unwrap_or_else(|| panic!("no evalsha stats in {stats}"))
+}
+
+/// EVALSHA of one request at `now` with a limit on each of `keys`:
+/// `algorithm` at `limit` a minute, at cost `cost` each.
+fn decide(
+    sha: &str,
+    keys: &[String],
+    now: u64,
+    algorithm: &str,
+    limit: u64,
+    cost: u64,
+) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(sha).arg(keys.len());
+    for key in keys {
+        cmd.arg(key);
+    }
+    cmd.arg(now).arg(0);
+    for _ in keys {
+        // Capacity `limit`, no refill rate (scale 1), enforced.
+        cmd.arg(algorithm)
+            .arg(limit)
+            .arg(WINDOW_US)
+            .arg(limit)
+            .arg(0)
+            .arg(1)
+            .arg(cost)
+            .arg("enforce");
+    }
+    cmd
+}
+
+/// `prefix0`, `prefix1`... `n` key names.
+fn key_names(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|idx| format!("{prefix}{idx}")).collect()
 }
 
 /// A sliding log at its limit in steady state: each request lets the
 /// oldest entry go and adds one.
 async fn sliding_log_at(server: &RedisServer, limit: u64) -> (u64, f64) {
     let mut conn = patient_connection(server).await;
-    let window_us = 60_000_000;
+    let window_us = WINDOW_US;
     let step = window_us / limit;
     let sha = support::redis::load_decide_script(&mut conn).await;
-    let evalsha = |now: u64| {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(&sha).arg(1).arg("log").arg(now).arg(0);
-        cmd.arg("sliding_window_log")
-            .arg(limit)
-            .arg(window_us)
-            .arg(limit)
-            .arg(0)
-            .arg(1)
-            .arg(1)
-            .arg("enforce");
-        cmd
-    };
+    let log = ["log".to_owned()];
+    let evalsha = |now: u64| decide(&sha, &log, now, "sliding_window_log", limit, 1);
     // Fill the window with pipelines of 500 calls (the script is loaded,
     // so no NOSCRIPT can hit a pipeline).
     for chunk in (0..limit).collect::<Vec<_>>().chunks(500) {
@@ -115,11 +123,7 @@ async fn sliding_log_at(server: &RedisServer, limit: u64) -> (u64, f64) {
         let () = fill.query_async(&mut conn).await.unwrap();
     }
     let bytes = memory_usage(&mut conn, "log").await;
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    reset_stats(&mut conn).await;
     let calls = 200;
     for idx in 0..calls {
         let reply: Vec<i64> = evalsha(T0 + window_us + idx * step)
@@ -164,11 +168,19 @@ async fn sliding_log_cost_from_100_to_100_000_entries() {
     }
 }
 
+/// Empties the database without blocking Redis while it frees memory.
+async fn flush_all(conn: &mut redis::aio::MultiplexedConnection) {
+    let () = redis::cmd("FLUSHALL")
+        .arg("ASYNC")
+        .query_async(conn)
+        .await
+        .unwrap();
+}
+
 /// `n_keys` logs of `entries` members each, written directly in the
 /// script's layout (one unit per member, 1 µs apart from `T0`).
 async fn fill_logs(conn: &mut redis::aio::MultiplexedConnection, n_keys: usize, entries: u64) {
-    for key_idx in 0..n_keys {
-        let key = format!("log{key_idx}");
+    for key in key_names("log", n_keys) {
         for chunk in (1..=entries).collect::<Vec<_>>().chunks(1_000) {
             let mut zadd = redis::cmd("ZADD");
             zadd.arg(&key);
@@ -189,23 +201,8 @@ async fn fill_logs(conn: &mut redis::aio::MultiplexedConnection, n_keys: usize, 
 /// EVALSHA of one request over `n_keys` logs of limit `limit`, each with
 /// cost `cost`, at `now`.
 fn log_request(sha: &str, n_keys: usize, limit: u64, cost: u64, now: u64) -> redis::Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(sha).arg(n_keys);
-    for key_idx in 0..n_keys {
-        cmd.arg(format!("log{key_idx}"));
-    }
-    cmd.arg(now).arg(0);
-    for _ in 0..n_keys {
-        cmd.arg("sliding_window_log")
-            .arg(limit)
-            .arg(60_000_000)
-            .arg(limit)
-            .arg(0)
-            .arg(1)
-            .arg(cost)
-            .arg("enforce");
-    }
-    cmd
+    let keys = key_names("log", n_keys);
+    decide(sha, &keys, now, "sliding_window_log", limit, cost)
 }
 
 /// Server-side µs per call of `calls` runs of `cmd`.
@@ -214,11 +211,7 @@ async fn time_calls(
     cmd: &redis::Cmd,
     calls: u32,
 ) -> f64 {
-    let () = redis::cmd("CONFIG")
-        .arg("RESETSTAT")
-        .query_async(conn)
-        .await
-        .unwrap();
+    reset_stats(conn).await;
     for _ in 0..calls {
         let _: Vec<i64> = cmd.query_async(conn).await.unwrap();
     }
@@ -239,11 +232,7 @@ async fn worst_case_requests_stay_within_a_few_milliseconds() {
     // 64 logs at the default cap; 256 smaller ones (a shared test machine
     // holds 2,560,000 members poorly; docs/redis.md has that figure too).
     for (n_keys, cap) in [(64, 10_000), (256, 1_000)] {
-        let () = redis::cmd("FLUSHALL")
-            .arg("ASYNC")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
+        flush_all(&mut conn).await;
         fill_logs(&mut conn, n_keys, cap).await;
         // Full: denied, each limit searching for the entry it waits for
         // (the reset checks the search: entry cap / 2 + 1, at that µs).
@@ -266,23 +255,14 @@ async fn worst_case_requests_stay_within_a_few_milliseconds() {
         let expired = log_request(&sha, n_keys, cap, cap, T0 + 120_000_000);
         let expired_usec = time_calls(&mut conn, &expired, 1).await;
         // For scale on a loaded machine: the same number of fixed windows.
-        let mut fixed = redis::cmd("EVALSHA");
-        fixed.arg(&sha).arg(n_keys);
-        for key_idx in 0..n_keys {
-            fixed.arg(format!("fixed{key_idx}"));
-        }
-        fixed.arg(T0).arg(0);
-        for _ in 0..n_keys {
-            fixed
-                .arg("fixed_window")
-                .arg(1_000_000)
-                .arg(60_000_000)
-                .arg(1_000_000)
-                .arg(0)
-                .arg(1)
-                .arg(1)
-                .arg("enforce");
-        }
+        let fixed = decide(
+            &sha,
+            &key_names("fixed", n_keys),
+            T0,
+            "fixed_window",
+            1_000_000,
+            1,
+        );
         let fixed_usec = time_calls(&mut conn, &fixed, 20).await;
         println!(
             "{n_keys} logs of {cap}: denied at the cap {denied_usec} µs/call, \
@@ -291,11 +271,7 @@ async fn worst_case_requests_stay_within_a_few_milliseconds() {
         worst = worst.max(denied_usec).max(expired_usec);
     }
     // One log of 100,000 entries, denied at its cap.
-    let () = redis::cmd("FLUSHALL")
-        .arg("ASYNC")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    flush_all(&mut conn).await;
     fill_logs(&mut conn, 1, 100_000).await;
     let denied = log_request(&sha, 1, 100_000, 50_001, T0 + 100_001);
     let one_usec = time_calls(&mut conn, &denied, 20).await;

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::redis::{RedisServer, client_ids, settings};
+use support::redis::{RedisServer, backend_with, client_ids};
 use support::service::{TestService, default_options, one_entry_request, start_with_config};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error};
@@ -46,12 +46,7 @@ fn start_debuggable() -> RedisServer {
 /// A connection that waits as long as Redis sleeps (redis-rs gives up after
 /// 500 ms by default).
 async fn patient_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-    redis::Client::open(server.url())
-        .expect("valid url")
-        .get_multiplexed_async_connection_with_config(&config)
-        .await
-        .expect("connect to the test redis")
+    server.patient_connection(None).await
 }
 
 async fn client_id(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
@@ -146,10 +141,11 @@ async fn a_probe_timeout_replaces_only_the_probed_connection() {
     let _serial = ONE_AT_A_TIME.lock().await;
     const POOL: usize = 4;
     let server = start_debuggable();
-    let mut it = settings(&server, ClockSource::Redis);
-    it.pool_size = POOL as u32;
-    it.timeout_ms = 300;
-    let backend = Arc::new(RedisBackend::connect(it).await.unwrap());
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.pool_size = POOL as u32;
+        it.timeout_ms = 300;
+    });
+    let backend = Arc::new(backend.await);
     let mut admin = server.connection().await;
     let skip = [client_id(&mut admin).await];
     let pooled = open_several_connections(&server, &backend, &mut admin, &skip).await;
@@ -184,9 +180,7 @@ async fn a_probe_timeout_replaces_only_the_probed_connection() {
 
 /// A backend on `server` with a 300 ms timeout.
 async fn backend(server: &RedisServer) -> Arc<RedisBackend> {
-    let mut it = settings(server, ClockSource::Redis);
-    it.timeout_ms = 300;
-    Arc::new(RedisBackend::connect(it).await.unwrap())
+    Arc::new(backend_with(server, ClockSource::Redis, |it| it.timeout_ms = 300).await)
 }
 
 /// A gRPC server over Redis at `server` with a 300 ms timeout.

@@ -2,20 +2,19 @@
 
 mod support;
 
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::process::ServiceProcess;
 use support::service::{TestService, default_options, memory_backend, start_service};
 use throttlegate::config;
-use throttlegate::config::reload::{POLL_EVERY, Reloader};
+use throttlegate::config::reload::{POLL_EVERY, ReloadGuard, Reloader};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
-const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
+type Client = RateLimitServiceClient<tonic::transport::Channel>;
 
 /// The bound a changed config must be in force within.
 const WITHIN: Duration = Duration::from_secs(2);
@@ -49,6 +48,23 @@ async fn start(path: &Path) -> (TestService, Arc<Reloader>) {
     (service, reloader)
 }
 
+/// [`start`] with the reloader watching the config: the service, the
+/// watch (it ends when dropped), and a client.
+async fn start_watching(path: &Path) -> (TestService, ReloadGuard, Client) {
+    let (service, reloader) = start(path).await;
+    let watch = reloader.spawn_watcher();
+    let client = service.client();
+    (service, watch, client)
+}
+
+/// `config.yaml` in a directory of its own, holding [`BLOCKED`].
+fn blocked_file() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, BLOCKED).unwrap();
+    (dir, path)
+}
+
 /// Reloads so far, by result, as `throttlegate_config_reloads_total`
 /// exposes them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -75,18 +91,14 @@ fn alice() -> RateLimitRequest {
     support::service::one_entry_request("api", "user", "alice")
 }
 
-async fn code(client: &mut RateLimitServiceClient<tonic::transport::Channel>) -> Code {
+async fn code(client: &mut Client) -> Code {
     let res = client.should_rate_limit(alice()).await.expect("rpc");
     res.into_inner().overall_code()
 }
 
 /// Polls until alice gets `expected`, panicking if that takes longer than
 /// [`WITHIN`] from `since`.
-async fn wait_for(
-    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
-    expected: Code,
-    since: Instant,
-) {
+async fn wait_for(client: &mut Client, expected: Code, since: Instant) {
     loop {
         let got = code(client).await;
         if got == expected {
@@ -144,12 +156,8 @@ fn configmap_swap(root: &Path, from: u32, to: u32, yaml: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_edited_file_is_in_force_within_2_s() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
-    let (service, reloader) = start(&path).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_dir, path) = blocked_file();
+    let (_service, _watch, mut client) = start_watching(&path).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     // Written in place, as an editor saving over the file does.
@@ -164,12 +172,8 @@ async fn an_edited_file_is_in_force_within_2_s() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_edit_is_refused_and_a_later_good_one_is_taken() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
-    let (service, reloader) = start(&path).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_dir, path) = blocked_file();
+    let (service, _watch, mut client) = start_watching(&path).await;
 
     replace(&path, BAD);
     let reloads = wait_for_reloads(&service, |it| it.error >= 1).await;
@@ -200,9 +204,7 @@ async fn a_configmap_directory_swap_is_picked_up() {
     let root = dir.path().join("ratelimit");
     std::fs::create_dir(&root).unwrap();
     configmap(&root, BLOCKED);
-    let (service, reloader) = start(&root).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_service, _watch, mut client) = start_watching(&root).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     configmap_swap(&root, 0, 1, OPEN);
@@ -217,9 +219,7 @@ async fn a_configmap_file_swap_is_picked_up() {
     let dir = tempfile::tempdir().unwrap();
     configmap(dir.path(), BLOCKED);
     // The file itself, a symlink through `..data`.
-    let (service, reloader) = start(&dir.path().join("config.yaml")).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (_service, _watch, mut client) = start_watching(&dir.path().join("config.yaml")).await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     configmap_swap(dir.path(), 0, 1, OPEN);
@@ -230,9 +230,7 @@ async fn a_configmap_file_swap_is_picked_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_polling_fallback_picks_up_an_edit_within_2_s() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
+    let (_dir, path) = blocked_file();
     let (service, reloader) = start(&path).await;
     let _poll = reloader.spawn_poller(POLL_EVERY);
     let mut client = service.client();
@@ -251,9 +249,7 @@ async fn only_files_the_loader_reads_trigger_a_reload() {
     let root = dir.path().join("ratelimit");
     std::fs::create_dir(&root).unwrap();
     std::fs::write(root.join("config.yaml"), BLOCKED).unwrap();
-    let (service, reloader) = start(&root).await;
-    let _watch = reloader.spawn_watcher();
-    let mut client = service.client();
+    let (service, _watch, mut client) = start_watching(&root).await;
 
     // Files beside the config that the loader does not read: no reload,
     // not even an unchanged one.
@@ -274,9 +270,7 @@ async fn only_files_the_loader_reads_trigger_a_reload() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_counters_count_reloads_by_result() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, BLOCKED).unwrap();
+    let (_dir, path) = blocked_file();
     let (service, reloader) = start(&path).await;
     assert_eq!(reloads_of(&service), Reloads { ok: 0, error: 0 });
     // Triggers as SIGHUP delivers them in `main`.
@@ -306,120 +300,36 @@ async fn the_counters_count_reloads_by_result() {
 
 // === the binary ===
 
-/// Kills the child if a test fails before it exits.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// `serve` on `config` with `extra` flags; its log goes to `log`.
-async fn serve(
-    config: &Path,
-    extra: &[&str],
-    log: &Path,
-) -> (Running, RateLimitServiceClient<tonic::transport::Channel>) {
-    let grpc = free_addr();
-    let mut command = Command::new(BIN);
-    for (key, _) in std::env::vars() {
-        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" || key == "RUST_LOG" {
-            command.env_remove(key);
-        }
-    }
-    let child = command
-        .arg("serve")
-        .arg("--config")
-        .arg(config)
-        .args(["--grpc-addr", &grpc.to_string()])
-        .args(["--http-addr", &free_addr().to_string()])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("spawn the binary");
-    let mut child = Running(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc}")).unwrap();
-    let channel = loop {
-        if let Some(exit) = child.0.try_wait().unwrap() {
-            panic!("the server exited early: {exit}");
-        }
-        match endpoint.connect().await {
-            Ok(channel) => break channel,
-            Err(err) => assert!(Instant::now() < deadline, "cannot connect: {err}"),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    (child, RateLimitServiceClient::new(channel))
-}
-
-fn hangup(child: &Running) {
-    let status = Command::new("kill")
-        .args(["-HUP", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
-fn read(path: &PathBuf) -> String {
-    std::fs::read_to_string(path).unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_when_the_watcher_is_off() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    let log = dir.path().join("stderr.log");
-    std::fs::write(&path, BLOCKED).unwrap();
-    let (mut child, mut client) = serve(&path, &["--watch-config", "off"], &log).await;
+    let (_dir, path) = blocked_file();
+    let mut server = ServiceProcess::spawn(&path, &["--watch-config", "off"]);
+    let mut client = server.client().await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
 
     std::fs::write(&path, OPEN).unwrap();
     // Longer than a watcher would take: nothing watches.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert_eq!(code(&mut client).await, Code::OverLimit, "no watcher");
-    hangup(&child);
+    server.signal("HUP");
     wait_for(&mut client, Code::Ok, Instant::now()).await;
 
     // A refused config on SIGHUP: logged with its problem, the process
     // lives on with the last good rules.
     std::fs::write(&path, BAD).unwrap();
-    hangup(&child);
-    let deadline = Instant::now() + WITHIN;
-    while !read(&log).contains("config refused") {
-        assert!(
-            Instant::now() < deadline,
-            "no refusal logged:\n{}",
-            read(&log)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(
-        read(&log).contains("unknown key 'ratelimit'"),
-        "{}",
-        read(&log)
-    );
-    assert!(child.0.try_wait().unwrap().is_none(), "the server exited");
+    server.signal("HUP");
+    server.wait_for_log("config refused", WITHIN).await;
+    let log = server.log();
+    assert!(log.contains("unknown key 'ratelimit'"), "{log}");
+    assert!(server.is_running(), "the server exited");
     assert_eq!(code(&mut client).await, Code::Ok);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_watches_its_config_by_default() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    let log = dir.path().join("stderr.log");
-    std::fs::write(&path, BLOCKED).unwrap();
-    let (_child, mut client) = serve(&path, &[], &log).await;
+    let (_dir, path) = blocked_file();
+    let mut server = ServiceProcess::spawn(&path, &[]);
+    let mut client = server.client().await;
     assert_eq!(code(&mut client).await, Code::OverLimit);
     std::fs::write(&path, OPEN).unwrap();
     wait_for(&mut client, Code::Ok, Instant::now()).await;

@@ -4,16 +4,11 @@
 
 mod support;
 
-use std::sync::Arc;
-
-use support::redis::{RedisServer, backend};
+use support::redis::RedisServer;
 use support::request::descriptor;
 use support::service::{
-    TestService, call, default_options, memory_backend, refusal, should_rate_limit_raw,
-    start_with_config,
+    TestService, call, default_options, refusal, should_rate_limit_raw, start_on_memory,
 };
-use throttlegate::backends::Backend;
-use throttlegate::backends::redis::ClockSource;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -58,13 +53,11 @@ fn long(len: usize, fill: u8, last: u8) -> Vec<u8> {
 }
 
 async fn memory_service() -> TestService {
-    let (backend, _clock) = memory_backend();
-    start_with_config(CONFIG, backend, default_options()).await
+    start_on_memory(CONFIG, default_options()).await
 }
 
 async fn redis_service(server: &RedisServer) -> TestService {
-    let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
-    start_with_config(CONFIG, backend, default_options()).await
+    support::redis::service(server, CONFIG).await
 }
 
 // === scenarios, run on each backend ===
@@ -297,30 +290,17 @@ async fn redis_garbage_bodies_are_invalid_argument() {
 #[tokio::test]
 async fn reflection_still_shows_entries_as_strings() {
     use prost_types::field_descriptor_proto::Type;
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use support::reflection::v1;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let service = memory_service().await;
-    let mut client = ServerReflectionClient::new(service.channel.clone());
     let symbol = "envoy.extensions.common.ratelimit.v3.RateLimitDescriptor";
-    let outbound = tokio_stream::iter([ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::FileContainingSymbol(symbol.to_owned())),
-    }]);
-    let mut inbound = client
-        .server_reflection_info(outbound)
+    let requests = [MessageRequest::FileContainingSymbol(symbol.to_owned())];
+    let mut inbound = v1::ask(service.channel.clone(), requests)
         .await
-        .expect("reflection call")
-        .into_inner();
-    let res = inbound
-        .message()
-        .await
-        .expect("an answer")
-        .expect("an answer")
-        .message_response
-        .expect("a response");
+        .expect("reflection call");
+    let res = v1::next(&mut inbound).await;
     let MessageResponse::FileDescriptorResponse(files) = res else {
         panic!("{res:?}");
     };

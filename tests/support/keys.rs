@@ -25,7 +25,12 @@ pub fn counter_key(algorithm: Algorithm, window_s: u64, entries: &[(&str, &str)]
 
 /// One enforcing check of `limit` per `window_s` seconds on `key`.
 pub fn check(key: CounterKey, limit: u64, cost: u64) -> KeyedCheck {
-    let params = LimitParams::new(key.algorithm, limit, key.window_s * 1_000_000, None)
+    check_with_burst(key, limit, cost, None)
+}
+
+/// [`check`] with a burst other than the limit (token bucket, GCRA).
+pub fn check_with_burst(key: CounterKey, limit: u64, cost: u64, burst: Option<u64>) -> KeyedCheck {
+    let params = LimitParams::new(key.algorithm, limit, key.window_s * 1_000_000, burst)
         .expect("valid params");
     KeyedCheck {
         key,
@@ -35,4 +40,16 @@ pub fn check(key: CounterKey, limit: u64, cost: u64) -> KeyedCheck {
             mode: Mode::Enforce,
         },
     }
+}
+
+/// One enforcing check of `limit` per `window_s` seconds on the counter of
+/// `entries` under `algorithm`.
+pub fn check_on(
+    algorithm: Algorithm,
+    window_s: u64,
+    entries: &[(&str, &str)],
+    limit: u64,
+    cost: u64,
+) -> KeyedCheck {
+    check(counter_key(algorithm, window_s, entries), limit, cost)
 }

@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod config;
 pub mod keys;
+pub mod process;
 pub mod redis;
 pub mod reflection;
 pub mod request;

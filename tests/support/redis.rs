@@ -1,12 +1,17 @@
-//! A real `redis-server` per test on a free port, plus helpers to build checks.
+//! A real `redis-server` per test on a free port, backends and services on
+//! it, and what tests read from Redis directly (keys, command statistics).
 
 use std::collections::HashSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use throttlegate::backends::Backend;
 use throttlegate::backends::redis::{ClockSource, DECIDE_LUA, RedisBackend, RedisSettings};
+
+use super::service::{TestService, default_options, start_with_config};
 
 /// The binary to run; CI installs it with `apt-get install redis-server`.
 fn server_binary() -> String {
@@ -157,6 +162,45 @@ impl RedisServer {
             .expect("connect to the test redis")
     }
 
+    /// A connection whose calls may take up to `timeout` (`None`: as long
+    /// as they take), where redis-rs gives up after 500 ms by default.
+    pub async fn patient_connection(
+        &self,
+        timeout: Option<Duration>,
+    ) -> ::redis::aio::MultiplexedConnection {
+        let config = ::redis::AsyncConnectionConfig::new().set_response_timeout(timeout);
+        ::redis::Client::open(self.url())
+            .expect("valid url")
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .expect("connect to the test redis")
+    }
+
+    /// The keys matching `pattern` (`KEYS`).
+    pub async fn keys(&self, pattern: &str) -> Vec<String> {
+        let mut conn = self.connection().await;
+        ::redis::cmd("KEYS")
+            .arg(pattern)
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS")
+    }
+
+    /// The keys matching `pattern`, each with its PTTL.
+    pub async fn keys_with_ttl(&self, pattern: &str) -> Vec<(String, i64)> {
+        let mut conn = self.connection().await;
+        let mut out = Vec::new();
+        for key in self.keys(pattern).await {
+            let ttl: i64 = ::redis::cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("PTTL");
+            out.push((key, ttl));
+        }
+        out
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
@@ -300,7 +344,57 @@ pub async fn load_decide_script(conn: &mut ::redis::aio::MultiplexedConnection) 
 }
 
 pub async fn backend(server: &RedisServer, clock: ClockSource) -> RedisBackend {
-    RedisBackend::connect(settings(server, clock))
+    backend_with(server, clock, |_| {}).await
+}
+
+/// A backend on `server` with [`settings`] as `edit` leaves them.
+pub async fn backend_with(
+    server: &RedisServer,
+    clock: ClockSource,
+    edit: impl FnOnce(&mut RedisSettings),
+) -> RedisBackend {
+    let mut settings = settings(server, clock);
+    edit(&mut settings);
+    RedisBackend::connect(settings)
         .await
         .expect("connect the redis backend")
+}
+
+/// A gRPC server deciding `yaml` on a backend on `server` that asks Redis
+/// for the time.
+pub async fn service(server: &RedisServer, yaml: &str) -> TestService {
+    let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
+    start_with_config(yaml, backend, default_options()).await
+}
+
+/// Zeroes the command statistics (`CONFIG RESETSTAT`).
+pub async fn reset_stats(conn: &mut ::redis::aio::MultiplexedConnection) {
+    let () = ::redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(conn)
+        .await
+        .expect("CONFIG RESETSTAT");
+}
+
+/// `INFO commandstats`.
+pub async fn command_stats(conn: &mut ::redis::aio::MultiplexedConnection) -> String {
+    ::redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO commandstats")
+}
+
+/// The figure `field` (`calls`, `usec_per_call`...) of `command` in
+/// `stats`, as [`command_stats`] gives them.
+pub fn command_stat(stats: &str, command: &str, field: &str) -> Option<f64> {
+    let prefix = format!("cmdstat_{command}:");
+    let field = format!("{field}=");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))?
+        .split(',')
+        .find_map(|it| it.strip_prefix(&field))?
+        .parse()
+        .ok()
 }

@@ -8,6 +8,7 @@ macro_rules! reflection_version {
             use tonic::transport::Channel;
             use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
             use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
             use tonic_reflection::pb::$version::{
                 ServerReflectionRequest, ServerReflectionResponse,
             };
@@ -29,6 +30,20 @@ macro_rules! reflection_version {
                     .server_reflection_info(tokio_stream::iter(outbound))
                     .await
                     .map(tonic::Response::into_inner)
+            }
+
+            /// The next answer on `inbound`; panics if the stream fails or
+            /// ends first.
+            pub async fn next(
+                inbound: &mut tonic::Streaming<ServerReflectionResponse>,
+            ) -> MessageResponse {
+                inbound
+                    .message()
+                    .await
+                    .expect("an answer")
+                    .expect("an answer")
+                    .message_response
+                    .expect("a response")
             }
         }
     };

@@ -278,3 +278,18 @@ impl tonic::codec::Decoder for RawCodec {
         Ok(Some(out))
     }
 }
+
+/// Starts a server with `yaml` as its only config file, on a memory
+/// backend whose clock stands still at [`T0`].
+pub async fn start_on_memory(yaml: &str, options: Options) -> TestService {
+    let (backend, _clock) = memory_backend();
+    start_with_config(yaml, backend, options).await
+}
+
+/// Every name the health service answers for: the server as a whole, the
+/// short name and the full gRPC service name.
+pub const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
