@@ -6,7 +6,7 @@
 //! request already holds its snapshot, so in-flight requests finish on the
 //! old rules), a refused one leaves the last good config in force. Both
 //! outcomes are logged and handed to the observer
-//! ([`Reloader::with_observer`]; `main` passes the metrics' reload counter).
+//! ([`Reloader::with_observer`]; `app` passes the metrics' reload counter).
 //!
 //! Triggers, each a task owned by a [`ReloadGuard`] that stops it on drop:
 //! - [`Reloader::spawn_watcher`]: filesystem events (inotify) on the path
@@ -15,7 +15,7 @@
 //!   bursts are debounced. Falls back to polling if it cannot be set up.
 //! - [`Reloader::spawn_poller`]: compares a fingerprint of the files
 //!   (size, inode, mtime, ctime) at a fixed period.
-//! - [`Reloader::spawn_on`]: any stream of triggers (`main` passes SIGHUP).
+//! - [`Reloader::spawn_on`]: any stream of triggers (`app` passes SIGHUP).
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
