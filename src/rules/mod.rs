@@ -535,7 +535,7 @@ impl Node {
         &self.children
     }
 
-    pub fn key(&self) -> &Arc<str> {
+    pub fn key(&self) -> &str {
         &self.key
     }
 
