@@ -35,9 +35,9 @@ fn refusal(name: &str) -> String {
 
 /// The limits of `node`, which must have some.
 fn limits(node: &Node) -> &Limits {
-    match &node.limits {
+    match node.limits() {
         NodeLimits::Limited(limits) => limits,
-        other => panic!("{} has no limits: {other:?}", node.path),
+        other => panic!("{} has no limits: {other:?}", node.path()),
     }
 }
 
@@ -194,7 +194,7 @@ fn burst_depends_on_the_effective_algorithm() {
     };
     let loaded = config::parse_str("burst.yaml", yaml, &bucket).expect("token bucket default");
     let node = &loaded.rules.domain("d").expect("domain").children()[0];
-    assert_eq!(limits(node)[0].params.capacity(), 9);
+    assert_eq!(limits(node)[0].params().capacity(), 9);
 }
 
 #[test]
@@ -335,20 +335,20 @@ fn envoy_style_basic_config_loads() {
         .expect("match");
     let limits = limits(found.rule());
     assert_eq!(
-        (limits[0].requests_per_unit, limits[0].unit),
+        (limits[0].requests_per_unit(), limits[0].unit()),
         (10, Unit::Second)
     );
-    assert_eq!(&*found.rule().path, "key1_value1.subkey1_subvalue1");
+    assert_eq!(&**found.rule().path(), "key1_value1.subkey1_subvalue1");
     // The whitelisted value reaches a node without limits.
     let found = domain.find(&[("key2", "value3")]).expect("match");
-    assert_eq!(found.rule().limits, NodeLimits::None);
+    assert_eq!(found.rule().limits(), &NodeLimits::None);
     let unlimited = domain.find(&[("key6", "x")]).expect("match");
     assert!(matches!(
-        unlimited.rule().limits,
+        unlimited.rule().limits(),
         NodeLimits::Unlimited { .. }
     ));
     let key8 = domain.find(&[("key8", "x")]).expect("match").rule();
-    assert!(key8.shadow_mode && key8.quota_mode && key8.value_to_metric);
+    assert!(key8.shadow_mode() && key8.quota_mode() && key8.value_to_metric());
 }
 
 #[test]
@@ -356,8 +356,8 @@ fn envoy_style_wildcard_config_loads() {
     let loaded = load_ok(&fixture("valid/wildcard.yaml"), &options());
     let domain = loaded.rules.domain("wildcards").expect("domain");
     let found = domain.find(&[("multiWild", "fooXbarYbaz")]).expect("match");
-    assert_eq!(&*found.rule().path, "multiWild_foo*bar*baz");
-    assert!(found.rule().share_threshold);
+    assert_eq!(&**found.rule().path(), "multiWild_foo*bar*baz");
+    assert!(found.rule().share_threshold());
     assert!(domain.find(&[("multiWild", "fooXbaz")]).is_none());
 }
 
@@ -370,7 +370,7 @@ fn example_config_loads_with_every_algorithm() {
     let mut algorithms = Vec::new();
     let mut stack: Vec<_> = domain.children().iter().collect();
     while let Some(node) = stack.pop() {
-        if let NodeLimits::Limited(limits) = &node.limits {
+        if let NodeLimits::Limited(limits) = node.limits() {
             algorithms.extend(limits.iter().map(|it| it.algorithm()));
         }
         stack.extend(node.children().iter());
@@ -406,11 +406,11 @@ fn example_directory_loads_and_skips_dot_files() {
         .map(|it| it.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, ["api.yaml", "edge.yaml", "internal.yml"]);
-    let mut domains: Vec<_> = loaded.rules.domains().map(|it| &*it.name).collect();
+    let mut domains: Vec<_> = loaded.rules.domains().map(|it| &**it.name()).collect();
     domains.sort();
     assert_eq!(domains, ["api", "edge", "internal"]);
     assert_eq!(
-        loaded.rules.domain("edge").unwrap().default_algorithm,
+        loaded.rules.domain("edge").unwrap().default_algorithm(),
         Algorithm::Gcra
     );
     let api = loaded.rules.domain("api").unwrap();
@@ -503,7 +503,7 @@ fn merged_domains() {
     assert!(domain.find(&[("key1", "value1")]).is_some());
     assert!(domain.find(&[("key2", "value2")]).is_some());
     // key2.yaml names a default algorithm; key1.yaml does not.
-    assert_eq!(domain.default_algorithm, Algorithm::FixedWindow);
+    assert_eq!(domain.default_algorithm(), Algorithm::FixedWindow);
 }
 
 #[test]
@@ -532,7 +532,7 @@ fn default_algorithm_precedence() {
         |key: &str| limits(domain.find(&[(key, "x")]).unwrap().rule())[0].algorithm();
     assert_eq!(algorithm_of("a"), Algorithm::Gcra);
     assert_eq!(algorithm_of("b"), Algorithm::FixedWindow);
-    assert_eq!(domain.default_algorithm, Algorithm::Gcra);
+    assert_eq!(domain.default_algorithm(), Algorithm::Gcra);
 
     let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 5}\n";
     let bucket = LoadOptions {
@@ -541,7 +541,7 @@ fn default_algorithm_precedence() {
     };
     let loaded = config::parse_str("d.yaml", yaml, &bucket).expect("valid");
     assert_eq!(
-        loaded.rules.domain("d").unwrap().default_algorithm,
+        loaded.rules.domain("d").unwrap().default_algorithm(),
         Algorithm::TokenBucket
     );
 }
@@ -560,7 +560,7 @@ fn an_inherited_sliding_log_over_the_cap_becomes_a_counter() {
     let domain = loaded.rules.domain("capped").unwrap();
     let algorithm_of = |key: &str| {
         let limit = &limits(domain.find(&[(key, "x")]).unwrap().rule())[0];
-        (limit.algorithm(), limit.log_capped)
+        (limit.algorithm(), limit.is_log_capped())
     };
     assert_eq!(algorithm_of("big"), (Algorithm::SlidingWindowCounter, true));
     assert_eq!(algorithm_of("at_cap"), (Algorithm::SlidingWindowLog, false));
@@ -622,7 +622,7 @@ fn absent_requests_per_unit_means_zero_with_a_warning() {
         ["d.yaml: descriptor 'd.k': requests_per_unit is absent, so 0: every request is denied"]
     );
     let node = &loaded.rules.domain("d").unwrap().children()[0];
-    assert_eq!(limits(node)[0].params.capacity(), 0);
+    assert_eq!(limits(node)[0].params().capacity(), 0);
 }
 
 #[test]
@@ -647,13 +647,13 @@ descriptors:
         .find(&[("status", "503")])
         .expect("numeric value")
         .rule();
-    assert!(status.shadow_mode);
-    assert_eq!(&*status.path, "status_503");
+    assert!(status.shadow_mode());
+    assert_eq!(&**status.path(), "status_503");
     let other = domain.find(&[("other", "x")]).expect("match").rule();
-    assert!(!other.quota_mode);
+    assert!(!other.quota_mode());
     let limits = limits(other);
     assert_eq!(
-        (limits[0].unit, limits[0].requests_per_unit),
+        (limits[0].unit(), limits[0].requests_per_unit()),
         (Unit::Second, 7)
     );
 

@@ -441,10 +441,7 @@ async fn reflection_lists_the_service() {
         .await
         .expect("reflection call");
     let first = support::reflection::v1::next(&mut inbound).await;
-    let MessageResponse::ListServicesResponse(list) = first else {
-        panic!("{first:?}");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
+    let names = support::reflection::v1::service_names(first);
     assert!(
         names.contains(&"envoy.service.ratelimit.v3.RateLimitService".to_owned()),
         "{names:?}"

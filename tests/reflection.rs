@@ -26,6 +26,7 @@ const SERVICES: [&str; 4] = [
 
 #[tokio::test]
 async fn v1alpha_lists_the_services_and_resolves_a_symbol() {
+    use support::reflection::v1alpha;
     use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
 
@@ -36,40 +37,30 @@ async fn v1alpha_lists_the_services_and_resolves_a_symbol() {
             "envoy.service.ratelimit.v3.RateLimitService".to_owned(),
         ),
     ];
-    let mut inbound = support::reflection::v1alpha::ask(service.channel.clone(), requests)
+    let mut inbound = v1alpha::ask(service.channel.clone(), requests)
         .await
         .expect("v1alpha reflection call");
-    let first = inbound.message().await.unwrap().unwrap().message_response;
-    let Some(MessageResponse::ListServicesResponse(list)) = first else {
-        panic!("{first:?}");
-    };
-    let mut names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
-    names.sort();
-    assert_eq!(names, SERVICES);
-    let second = inbound.message().await.unwrap().unwrap().message_response;
+    let first = v1alpha::next(&mut inbound).await;
+    assert_eq!(v1alpha::service_names(first), SERVICES);
+    let second = v1alpha::next(&mut inbound).await;
     assert!(
-        matches!(&second, Some(MessageResponse::FileDescriptorResponse(it)) if !it.file_descriptor_proto.is_empty()),
+        matches!(&second, MessageResponse::FileDescriptorResponse(it) if !it.file_descriptor_proto.is_empty()),
         "{second:?}"
     );
 }
 
 #[tokio::test]
 async fn v1_lists_the_v1alpha_service_too() {
+    use support::reflection::v1;
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
     let service = start().await;
     let requests = [MessageRequest::ListServices(String::new())];
-    let mut inbound = support::reflection::v1::ask(service.channel.clone(), requests)
+    let mut inbound = v1::ask(service.channel.clone(), requests)
         .await
         .expect("v1 reflection call");
-    let first = inbound.message().await.unwrap().unwrap().message_response;
-    let Some(MessageResponse::ListServicesResponse(list)) = first else {
-        panic!("{first:?}");
-    };
-    let mut names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
-    names.sort();
-    assert_eq!(names, SERVICES);
+    let first = v1::next(&mut inbound).await;
+    assert_eq!(v1::service_names(first), SERVICES);
 }
 
 /// The status of a 60 KB unknown symbol is NOT_FOUND with a message short
@@ -87,43 +78,28 @@ fn assert_short_not_found(status: &tonic::Status) {
     assert!(message.ends_with("..."), "{message}");
 }
 
-#[tokio::test]
-async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1() {
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+/// The 60 KB unknown-symbol test in one reflection version.
+macro_rules! huge_unknown_symbol {
+    ($test:ident, $version:ident) => {
+        #[tokio::test]
+        async fn $test() {
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
 
-    let service = start().await;
-    let requests = [MessageRequest::FileContainingSymbol(
-        "x".repeat(HUGE_SYMBOL_BYTES),
-    )];
-    let res = support::reflection::v1::ask(service.channel.clone(), requests).await;
-    let status = match res {
-        Ok(mut stream) => stream
-            .message()
-            .await
-            .expect_err("an unknown symbol is an error"),
-        Err(status) => status,
+            let service = start().await;
+            let requests = [MessageRequest::FileContainingSymbol(
+                "x".repeat(HUGE_SYMBOL_BYTES),
+            )];
+            let status =
+                support::reflection::$version::refused(service.channel.clone(), requests).await;
+            assert_short_not_found(&status);
+            // The server still answers on the same connection.
+            assert!(service.health("").await.is_ok());
+        }
     };
-    assert_short_not_found(&status);
-    // The server still answers on the same connection.
-    assert!(service.health("").await.is_ok());
 }
 
-#[tokio::test]
-async fn a_60_kb_unknown_symbol_gets_a_short_message_in_v1alpha() {
-    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-
-    let service = start().await;
-    let requests = [MessageRequest::FileContainingSymbol(
-        "x".repeat(HUGE_SYMBOL_BYTES),
-    )];
-    let res = support::reflection::v1alpha::ask(service.channel.clone(), requests).await;
-    let status = match res {
-        Ok(mut stream) => stream
-            .message()
-            .await
-            .expect_err("an unknown symbol is an error"),
-        Err(status) => status,
-    };
-    assert_short_not_found(&status);
-    assert!(service.health("").await.is_ok());
-}
+huge_unknown_symbol!(a_60_kb_unknown_symbol_gets_a_short_message_in_v1, v1);
+huge_unknown_symbol!(
+    a_60_kb_unknown_symbol_gets_a_short_message_in_v1alpha,
+    v1alpha
+);

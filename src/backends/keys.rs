@@ -249,14 +249,30 @@ mod tests {
                 entries.push(KeyEntry { key, value });
             }
         }
-        Some(CounterKey {
+        Some(from_parts((
+            domain,
+            rule,
+            algorithm,
+            window_s,
+            is_override,
+            entries,
+        )))
+    }
+
+    /// A counter key's fields, in the order [`encode`] writes them.
+    type KeyParts = (String, String, Algorithm, u64, bool, Vec<KeyEntry>);
+
+    fn from_parts(
+        (domain, rule, algorithm, window_s, is_override, entries): KeyParts,
+    ) -> CounterKey {
+        CounterKey {
             domain: Arc::from(domain),
             rule: Arc::from(rule),
             algorithm,
             window_s,
             is_override,
             entries,
-        })
+        }
     }
 
     fn unescape(text: &str) -> Option<String> {
@@ -381,16 +397,7 @@ mod tests {
             any::<bool>(),
             proptest::collection::vec(entry, 0..4),
         )
-            .prop_map(
-                |(domain, rule, algorithm, window_s, is_override, entries)| CounterKey {
-                    domain: Arc::from(domain),
-                    rule: Arc::from(rule),
-                    algorithm,
-                    window_s,
-                    is_override,
-                    entries,
-                },
-            )
+            .prop_map(from_parts)
     }
 
     #[test]

@@ -210,13 +210,14 @@ impl DomainRules {
             let clash = self
                 .nodes
                 .iter()
-                .any(|it| it.key == node.key && it.value == node.value);
+                .any(|it| it.key() == node.key() && it.value() == node.value());
             if clash {
                 problems.push(file_problem(
                     &file.file,
                     format!(
                         "duplicate descriptor composite key '{}.{}'",
-                        file.domain, node.path
+                        file.domain,
+                        node.path()
                     ),
                 ));
             } else {

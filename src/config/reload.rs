@@ -478,7 +478,7 @@ mod tests {
 
     fn domains(reloader: &Reloader) -> Vec<String> {
         let rules = reloader.rules().load();
-        rules.domains().map(|it| it.name.to_string()).collect()
+        rules.domains().map(|it| it.name().to_string()).collect()
     }
 
     #[test]

@@ -20,26 +20,27 @@ pub fn summary(rules: &RuleSet) -> String {
         return out;
     }
     let mut domains: Vec<&Domain> = rules.domains().collect();
-    domains.sort_by(|a, b| a.name.cmp(&b.name));
+    domains.sort_by(|a, b| a.name().cmp(b.name()));
     for domain in domains {
         let _ = writeln!(
             out,
             "domain {} (default algorithm {})",
-            domain.name, domain.default_algorithm
+            domain.name(),
+            domain.default_algorithm()
         );
         if domain.children().is_empty() {
             out.push_str("  (no rules)\n");
         }
         for node in domain.children() {
-            summarize_node(node, rules.max_log_entries, &mut out);
+            summarize_node(node, rules.max_log_entries(), &mut out);
         }
     }
     out
 }
 
 fn summarize_node(node: &Node, max_log_entries: u32, out: &mut String) {
-    let _ = write!(out, "  {}  ", node.path);
-    match &node.limits {
+    let _ = write!(out, "  {}  ", node.path());
+    match node.limits() {
         NodeLimits::None => out.push_str("(no limit)"),
         NodeLimits::Unlimited { name, replaces } => {
             out.push_str("unlimited");
@@ -50,33 +51,34 @@ fn summarize_node(node: &Node, max_log_entries: u32, out: &mut String) {
                 if idx > 0 {
                     out.push_str("; ");
                 }
-                let _ = write!(out, "{}/", limit.requests_per_unit);
-                if limit.unit_multiplier > 1 {
-                    let _ = write!(out, "{} {}s", limit.unit_multiplier, limit.unit.name());
+                let _ = write!(out, "{}/", limit.requests_per_unit());
+                if limit.unit_multiplier() > 1 {
+                    let _ = write!(out, "{} {}s", limit.unit_multiplier(), limit.unit().name());
                 } else {
-                    out.push_str(limit.unit.name());
+                    out.push_str(limit.unit().name());
                 }
                 let _ = write!(out, " {}", limit.algorithm());
-                if limit.log_capped {
+                if limit.is_log_capped() {
                     let _ = write!(
                         out,
                         " (not sliding_window_log: over --max-log-entries {max_log_entries})"
                     );
                 }
-                if limit.algorithm().has_burst() && limit.params.capacity() != limit.params.limit()
+                if limit.algorithm().has_burst()
+                    && limit.params().capacity() != limit.params().limit()
                 {
-                    let _ = write!(out, " burst={}", limit.params.capacity());
+                    let _ = write!(out, " burst={}", limit.params().capacity());
                 }
-                write_name_replaces(out, limit.name.as_deref(), &limit.replaces);
+                write_name_replaces(out, limit.name().map(|it| &**it), limit.replaces());
             }
         }
     }
     let flags: Vec<&str> = [
-        (node.shadow_mode, "shadow"),
-        (node.quota_mode, "quota"),
-        (node.share_threshold, "share_threshold"),
-        (node.detailed_metric, "detailed_metric"),
-        (node.value_to_metric, "value_to_metric"),
+        (node.shadow_mode(), "shadow"),
+        (node.quota_mode(), "quota"),
+        (node.share_threshold(), "share_threshold"),
+        (node.detailed_metric(), "detailed_metric"),
+        (node.value_to_metric(), "value_to_metric"),
     ]
     .into_iter()
     .filter_map(|(on, flag)| on.then_some(flag))

@@ -76,8 +76,8 @@ fn render(found: Option<Match<'_>>) -> String {
         return "none".to_owned();
     };
     let rule = found.rule();
-    let mut out = format!("{} ", rule.path);
-    match &rule.limits {
+    let mut out = format!("{} ", rule.path());
+    match rule.limits() {
         NodeLimits::None => out.push_str("nolimit"),
         NodeLimits::Unlimited { name, replaces } => {
             out.push_str("unlimited");
@@ -94,15 +94,15 @@ fn render(found: Option<Match<'_>>) -> String {
                 .map(|limit| {
                     let mut part = format!(
                         "{}/{}s:{}:cap{}",
-                        limit.requests_per_unit,
+                        limit.requests_per_unit(),
                         limit.window_seconds(),
                         limit.algorithm(),
-                        limit.params.capacity()
+                        limit.params().capacity()
                     );
-                    if let Some(name) = &limit.name {
+                    if let Some(name) = limit.name() {
                         part.push_str(&format!(":name={name}"));
                     }
-                    for replaced in &limit.replaces {
+                    for replaced in limit.replaces() {
                         part.push_str(&format!(":replaces={replaced}"));
                     }
                     part
@@ -111,14 +111,14 @@ fn render(found: Option<Match<'_>>) -> String {
             out.push_str(&parts.join(","));
         }
     }
-    if rule.shadow_mode {
+    if rule.shadow_mode() {
         out.push_str(" shadow");
     }
-    if rule.quota_mode {
+    if rule.quota_mode() {
         out.push_str(" quota");
     }
     for (idx, level) in found.levels.iter().enumerate() {
-        if level.share_threshold {
+        if level.share_threshold() {
             out.push_str(&format!(" share@{idx}"));
         }
     }
@@ -241,12 +241,12 @@ fn share_threshold_level_keeps_the_pattern() {
     let found = domain
         .find(&[("files", "/files/x"), ("method", "PUT")])
         .expect("matches");
-    assert!(found.levels[0].share_threshold);
+    assert!(found.levels[0].share_threshold());
     assert_eq!(
-        found.levels[0].value,
-        ValueMatcher::Wildcard("/files/*".into())
+        found.levels[0].value(),
+        &ValueMatcher::Wildcard("/files/*".into())
     );
-    assert_eq!(found.levels[1].value, ValueMatcher::Any);
+    assert_eq!(found.levels[1].value(), &ValueMatcher::Any);
 }
 
 /// 10,000 wildcard rules and a request of 64 descriptors of 1 KiB
@@ -284,7 +284,7 @@ fn ten_thousand_wildcards_and_long_values() {
         } else {
             "k".to_owned()
         };
-        assert_eq!(&*found.rule().path, expected, "descriptor {descriptor}");
+        assert_eq!(&**found.rule().path(), expected, "descriptor {descriptor}");
     }
 }
 
@@ -293,7 +293,7 @@ fn entries_match_by_their_bytes() {
     let rules = rules();
     let domain = rules.domain("test").expect("domain test");
     let path =
-        |entries: &[(&[u8], &[u8])]| domain.find(entries).map(|it| it.rule().path.to_string());
+        |entries: &[(&[u8], &[u8])]| domain.find(entries).map(|it| it.rule().path().to_string());
     let long = vec![b'x'; 70_000];
     type Entries<'a> = Vec<(&'a [u8], &'a [u8])>;
     let cases: Vec<(Entries<'_>, Option<&str>)> = vec![

@@ -7,7 +7,9 @@ use serde_yaml_ng::{Mapping, Value};
 
 use super::{LoadOptions, Problem};
 use crate::algorithms::Algorithm;
-use crate::rules::{Limits, LimitsError, Node, NodeLimits, RateLimit, Unit, ValueMatcher, segment};
+use crate::rules::{
+    Limits, LimitsError, Node, NodeFlags, NodeLimits, RateLimit, Unit, ValueMatcher, segment,
+};
 
 const TOP_KEYS: &[&str] = &["domain", "descriptors", "default_algorithm"];
 const DESCRIPTOR_KEYS: &[&str] = &[
@@ -325,10 +327,11 @@ impl<'a> Walk<'a> {
                 continue;
             };
             // The level-local part of the path is envoyproxy's composite key.
-            if !seen.insert(segment(&node.key, &node.value)) {
+            if !seen.insert(segment(node.key(), node.value())) {
                 let message = format!(
                     "duplicate descriptor composite key '{}.{}'",
-                    self.domain, node.path
+                    self.domain,
+                    node.path()
                 );
                 self.problem(&item_path, message);
                 continue;
@@ -347,34 +350,38 @@ impl<'a> Walk<'a> {
         }
         let value = ValueMatcher::from_config(&self.string(map, "value", path).unwrap_or_default());
         let node = Node::new(parent, key.into(), value, NodeLimits::None);
-        let mut node = self.node_flags(map, path, node);
-        let composite = format!("{}.{}", self.domain, node.path);
-        node.limits = self.node_limits(map, path, &composite);
+        let flags = self.node_flags(map, path, &node);
+        let node = node.with_flags(flags);
+        let composite = format!("{}.{}", self.domain, node.path());
+        let node = node.with_limits(self.node_limits(map, path, &composite));
         let children = self.nodes(
             get(map, "descriptors"),
-            &node.path,
+            node.path(),
             &join(path, "descriptors"),
         );
         Some(node.with_children(children))
     }
 
-    /// `node` with the flags `map` sets.
-    fn node_flags(&mut self, map: &Mapping, path: &str, mut node: Node) -> Node {
-        node.shadow_mode = self.flag(map, "shadow_mode", path);
-        node.quota_mode = self.flag(map, "quota_mode", path);
-        node.detailed_metric = self.flag(map, "detailed_metric", path);
-        node.value_to_metric = self.flag(map, "value_to_metric", path);
-        node.share_threshold = self.flag(map, "share_threshold", path);
-        if node.share_threshold && !matches!(node.value, ValueMatcher::Wildcard(_)) {
+    /// The flags `map` sets on `node`; `share_threshold` on a node that is
+    /// not a wildcard is reported.
+    fn node_flags(&mut self, map: &Mapping, path: &str, node: &Node) -> NodeFlags {
+        let flags = NodeFlags {
+            shadow_mode: self.flag(map, "shadow_mode", path),
+            quota_mode: self.flag(map, "quota_mode", path),
+            detailed_metric: self.flag(map, "detailed_metric", path),
+            value_to_metric: self.flag(map, "value_to_metric", path),
+            share_threshold: self.flag(map, "share_threshold", path),
+        };
+        if flags.share_threshold && !matches!(node.value(), ValueMatcher::Wildcard(_)) {
             self.problem(
                 &join(path, "share_threshold"),
                 format!(
                     "share_threshold can only be used with wildcard values (containing '*'), but found key '{}'",
-                    segment(&node.key, &node.value)
+                    segment(node.key(), node.value())
                 ),
             );
         }
-        node
+        flags
     }
 
     fn node_limits(&mut self, map: &Mapping, path: &str, composite: &str) -> NodeLimits {
@@ -476,11 +483,7 @@ impl<'a> Walk<'a> {
             0
         });
         let limit = self.rate_limit(&window, requests_per_unit, fields.burst, path, composite)?;
-        Some(LimitSpec::Limited(RateLimit {
-            name: fields.name,
-            replaces,
-            ..limit
-        }))
+        Some(LimitSpec::Limited(limit.named(fields.name, replaces)))
     }
 
     fn limit_fields(&mut self, map: &Mapping, path: &str) -> LimitFields {
@@ -630,10 +633,7 @@ impl<'a> Walk<'a> {
                 self.warn(format!(
                     "descriptor '{composite}': {requests_per_unit} per window is over the sliding_window_log cap of {cap} entries per key (--max-log-entries): using sliding_window_counter; name an algorithm to choose another"
                 ));
-                Some(RateLimit {
-                    log_capped,
-                    ..limit
-                })
+                Some(limit.log_capped())
             }
             Ok(limit) => Some(limit),
             Err(err) if log_capped => {

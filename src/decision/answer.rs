@@ -204,7 +204,7 @@ impl Limiter {
             };
             let answered = Answered::new(limits, outcomes);
             let result = self.metric_outcome(&answered, plan, allowed);
-            self.metrics.record(&domain.name, metric, result, *cost);
+            self.metrics.record(domain.name(), metric, result, *cost);
             statuses.push(answered.status());
             reported.push(answered.chosen);
         }

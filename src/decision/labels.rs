@@ -67,28 +67,28 @@ pub(super) fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
     let Some(rule) = levels.last() else {
         return MetricRule::Override;
     };
-    let detailed = rule.detailed_metric;
-    if !detailed && !levels.iter().any(|it| it.value_to_metric) {
-        return MetricRule::Path(rule.path.clone());
+    let detailed = rule.detailed_metric();
+    if !detailed && !levels.iter().any(|it| it.value_to_metric()) {
+        return MetricRule::Path(rule.path().clone());
     }
     let mut label = String::new();
     for (level, entry) in levels.iter().zip(entries) {
         if !label.is_empty() {
             label.push('.');
         }
-        label.push_str(&level.key);
-        if detailed || level.value_to_metric {
+        label.push_str(level.key());
+        if detailed || level.value_to_metric() {
             // Escaped, and a long value as its digest: a label stays short
             // and printable whatever the request sends.
             label.push('_');
             label.push_str(&bytes_label(&entry.value));
-        } else if let ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) = &level.value {
+        } else if let ValueMatcher::Exact(value) | ValueMatcher::Wildcard(value) = level.value() {
             label.push('_');
             label.push_str(value);
         }
     }
     MetricRule::Values {
-        rule: rule.path.clone(),
+        rule: rule.path().clone(),
         label,
     }
 }

@@ -165,14 +165,6 @@ impl Limiter {
         &self.rules
     }
 
-    pub fn backend(&self) -> &Arc<dyn Backend> {
-        &self.backend
-    }
-
-    pub fn options(&self) -> &Options {
-        &self.options
-    }
-
     /// Decides one request: at most one backend call, none when no
     /// descriptor needs a counter.
     pub async fn decide(&self, request: &Request) -> Result<Decision, Error> {
@@ -182,7 +174,7 @@ impl Limiter {
         let Some(domain) = rules.domain(&request.domain) else {
             return Ok(self.answer_unknown_domain(request));
         };
-        let plan = plan::plan(domain, request, rules.max_log_entries)?;
+        let plan = plan::plan(domain, request, rules.max_log_entries())?;
         if plan.checks.is_empty() {
             return Ok(self.answer(domain, &plan, None));
         }

@@ -150,7 +150,7 @@ fn match_descriptor<'r>(domain: &'r Domain, descriptor: &Descriptor) -> Matched<
 
 impl<'r> Found<'r> {
     fn at(node: &'r Node) -> Found<'r> {
-        match &node.limits {
+        match node.limits() {
             NodeLimits::None => Found::Nothing,
             NodeLimits::Unlimited { name, replaces } => Found::Unlimited {
                 name: name.as_deref(),
@@ -167,7 +167,7 @@ impl<'r> Found<'r> {
             Found::Unlimited { replaces, .. } => replaces.iter().map(|it| &**it).collect(),
             Found::Limits { limits, .. } => limits
                 .iter()
-                .flat_map(|it| it.replaces.iter().map(|name| &**name))
+                .flat_map(|it| it.replaces().iter().map(|name| &**name))
                 .collect(),
         }
     }
@@ -213,7 +213,7 @@ impl Planner<'_> {
             .collect();
         let mut planned = Vec::with_capacity(limits.len());
         for limit in limits {
-            if !self.is_replaced(limit.name.as_deref()) {
+            if !self.is_replaced(limit.name().map(|it| &**it)) {
                 planned.push(self.rule_limit(node, limit, &matched.levels, &entries, cost));
             }
         }
@@ -238,32 +238,32 @@ impl Planner<'_> {
     ) -> PlannedLimit {
         let mode = mode_of(node);
         let key = CounterKey {
-            domain: self.domain.name.clone(),
-            rule: node.path.clone(),
+            domain: self.domain.name().clone(),
+            rule: node.path().clone(),
             algorithm: limit.algorithm(),
             window_s: limit.window_seconds(),
             is_override: false,
             entries: key_entries(levels, entries),
         };
         let check = Check {
-            params: limit.params,
+            params: limit.params(),
             cost,
             mode,
         };
-        let rule_label: Arc<str> = match &limit.name {
-            Some(name) => Arc::from(format!("{} ({name})", node.path)),
-            None => node.path.clone(),
+        let rule_label: Arc<str> = match limit.name() {
+            Some(name) => Arc::from(format!("{} ({name})", node.path())),
+            None => node.path().clone(),
         };
         PlannedLimit {
             check: self.checks.add(key, check, rule_label),
             mode,
             reported: CurrentLimit {
-                requests_per_unit: limit.requests_per_unit,
-                unit: limit.unit,
-                name: limit.name.clone().unwrap_or_else(|| Arc::from("")),
+                requests_per_unit: limit.requests_per_unit(),
+                unit: limit.unit(),
+                name: limit.name().cloned().unwrap_or_else(|| Arc::from("")),
             },
-            window_us: limit.params.window_us(),
-            limit: limit.params.capacity(),
+            window_us: limit.params().window_us(),
+            limit: limit.params().capacity(),
         }
     }
 
@@ -282,7 +282,7 @@ impl Planner<'_> {
             requests_per_unit,
             unit,
         } = limit_override;
-        let algorithm = rule_algorithm(&matched.levels).unwrap_or(self.domain.default_algorithm);
+        let algorithm = rule_algorithm(&matched.levels).unwrap_or(self.domain.default_algorithm());
         let window_us = unit.seconds() * 1_000_000;
         let requests = u64::from(requests_per_unit);
         let params = override_params(algorithm, requests, window_us, self.max_log_entries)
@@ -326,7 +326,7 @@ impl Planner<'_> {
         unit: Unit,
     ) -> CounterKey {
         CounterKey {
-            domain: self.domain.name.clone(),
+            domain: self.domain.name().clone(),
             rule,
             algorithm,
             // The override's unit, not its number: raising the number
@@ -346,9 +346,9 @@ impl Planner<'_> {
 }
 
 fn mode_of(node: &Node) -> Mode {
-    if node.shadow_mode {
+    if node.shadow_mode() {
         Mode::Shadow
-    } else if node.quota_mode {
+    } else if node.quota_mode() {
         Mode::Quota
     } else {
         Mode::Enforce
@@ -363,8 +363,8 @@ fn key_entries(levels: &[&Node], entries: &[(KeyBytes, KeyBytes)]) -> Vec<KeyEnt
         .zip(levels)
         .map(|((key, value), level)| KeyEntry {
             key: key.clone(),
-            value: match &level.value {
-                ValueMatcher::Wildcard(pattern) if level.share_threshold => {
+            value: match level.value() {
+                ValueMatcher::Wildcard(pattern) if level.share_threshold() => {
                     KeyValue::Shared(pattern.clone())
                 }
                 _ => KeyValue::Value(value.clone()),
@@ -375,7 +375,7 @@ fn key_entries(levels: &[&Node], entries: &[(KeyBytes, KeyBytes)]) -> Vec<KeyEnt
 
 /// The algorithm of the first limit of the rule `levels` reached, if any.
 fn rule_algorithm(levels: &[&Node]) -> Option<Algorithm> {
-    match &levels.last()?.limits {
+    match levels.last()?.limits() {
         NodeLimits::Limited(limits) => limits.first().map(|it| it.algorithm()),
         NodeLimits::None | NodeLimits::Unlimited { .. } => None,
     }

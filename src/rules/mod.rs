@@ -3,14 +3,24 @@
 //! `config` builds these from YAML; the limiter (`decision`) asks a
 //! [`Domain`] which [`Node`] a descriptor reaches.
 //!
-//! What the types hold, so no reader has to check it again: trees are
-//! built bottom-up through constructors ([`Node::new`],
-//! [`Node::with_children`], [`Domain::new`], [`RuleSet::new`]), each
-//! level's lookup index is built with the level and nothing below a built
-//! node or domain can be changed, so an index always matches its nodes; a
-//! node's [`Limits`] are never empty and never two on one counter. What
-//! only the config format defines (keys allowed, envoyproxy's messages) is
-//! checked in `config`.
+//! What the types hold, so no reader has to check it again (every field
+//! is private, and each is set only by the constructor or consuming
+//! builder that keeps its invariant):
+//! - [`RateLimit::new`] derives a limit's params from its unit, multiplier,
+//!   number and algorithm, so they always agree; [`RateLimit::named`] and
+//!   [`RateLimit::log_capped`] add only what does not touch the params, and
+//!   a capped log is always on the sliding-window counter.
+//! - [`Limits::new`]: a node's limits are never empty and never two on one
+//!   counter.
+//! - [`Node::new`] derives a node's path from its parent, key and value, so
+//!   the path never disagrees with them; [`Node::with_flags`] keeps
+//!   `share_threshold` only on a wildcard.
+//! - [`Node::with_children`], [`Domain::new`] and [`RuleSet::new`] build
+//!   each level's lookup index with the level, and nothing below a built
+//!   node or domain can be changed, so an index always matches its nodes.
+//!
+//! What only the config format defines (keys allowed, envoyproxy's
+//! messages) is checked in `config`.
 
 pub mod wildcard;
 
@@ -87,21 +97,24 @@ impl Unit {
 }
 
 /// One configured limit (a `rate_limit`, or one entry of `rate_limits`).
+///
+/// Built by [`RateLimit::new`], which derives `params` from the other
+/// numbers: no field can be set on its own, so they never disagree.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimit {
-    pub unit: Unit,
+    unit: Unit,
     /// Window = `unit × unit_multiplier`; at least 1.
-    pub unit_multiplier: u32,
-    pub requests_per_unit: u32,
+    unit_multiplier: u32,
+    requests_per_unit: u32,
     /// `name`: reported in `current_limit`, and what `replaces` refers to.
-    pub name: Option<Arc<str>>,
+    name: Option<Arc<str>>,
     /// Names of limits this one replaces when both match one request.
-    pub replaces: Vec<Arc<str>>,
+    replaces: Vec<Arc<str>>,
     /// Algorithm, window and capacity, validated for exact arithmetic.
-    pub params: LimitParams,
+    params: LimitParams,
     /// The rule inherited `sliding_window_log` with a number over the log
     /// cap, and uses `sliding_window_counter` instead.
-    pub log_capped: bool,
+    log_capped: bool,
 }
 
 /// Why [`RateLimit::new`] refused a limit.
@@ -143,6 +156,62 @@ impl RateLimit {
             params,
             log_capped: false,
         })
+    }
+
+    /// This limit under `name` (none when `None`), replacing the limits
+    /// named `replaces`; its numbers are unchanged.
+    pub fn named(self, name: Option<Arc<str>>, replaces: Vec<Arc<str>>) -> RateLimit {
+        RateLimit {
+            name,
+            replaces,
+            ..self
+        }
+    }
+
+    /// This limit marked as counting with the sliding-window counter in
+    /// place of an inherited sliding-window log over the log cap. Only a
+    /// limit on the counter can stand in for a log: any other is returned
+    /// unchanged.
+    pub fn log_capped(self) -> RateLimit {
+        RateLimit {
+            log_capped: self.algorithm() == Algorithm::SlidingWindowCounter,
+            ..self
+        }
+    }
+
+    pub fn unit(&self) -> Unit {
+        self.unit
+    }
+
+    /// At least 1: the window is `unit × unit_multiplier`.
+    pub fn unit_multiplier(&self) -> u32 {
+        self.unit_multiplier
+    }
+
+    pub fn requests_per_unit(&self) -> u32 {
+        self.requests_per_unit
+    }
+
+    /// Reported in `current_limit`, and what `replaces` of other limits
+    /// refers to.
+    pub fn name(&self) -> Option<&Arc<str>> {
+        self.name.as_ref()
+    }
+
+    /// Names of the limits this one replaces when both match one request.
+    pub fn replaces(&self) -> &[Arc<str>] {
+        &self.replaces
+    }
+
+    /// Algorithm, window and capacity, validated for exact arithmetic.
+    pub fn params(&self) -> LimitParams {
+        self.params
+    }
+
+    /// Whether the rule inherited `sliding_window_log` with a number over
+    /// the log cap, and uses `sliding_window_counter` instead.
+    pub fn is_log_capped(&self) -> bool {
+        self.log_capped
     }
 
     pub fn window_seconds(&self) -> u64 {
@@ -280,26 +349,36 @@ pub fn segment(key: &str, value: &ValueMatcher) -> String {
     }
 }
 
-/// A node of a domain's descriptor tree.
-///
-/// Built by [`Node::new`], and given children only through
-/// [`Node::with_children`]: the lookup index over the children is built
-/// with them, and a tree cannot be changed below a node once built, so the
-/// index never goes stale.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Node {
-    pub key: Arc<str>,
-    pub value: ValueMatcher,
-    pub limits: NodeLimits,
+/// The options of one node, each off unless its config sets it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeFlags {
+    /// Over-limit answers are counted and logged, but the request is let
+    /// through.
     pub shadow_mode: bool,
     pub quota_mode: bool,
     /// Every value this wildcard matches shares one counter.
     pub share_threshold: bool,
     pub detailed_metric: bool,
     pub value_to_metric: bool,
+}
+
+/// A node of a domain's descriptor tree.
+///
+/// Built by [`Node::new`], which derives its path, and given limits, flags
+/// and children only through consuming builders ([`Node::with_limits`],
+/// [`Node::with_flags`], [`Node::with_children`]): the lookup index over
+/// the children is built with them, and a tree cannot be changed below a
+/// node once built, so the index never goes stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Node {
+    key: Arc<str>,
+    value: ValueMatcher,
+    limits: NodeLimits,
+    /// `share_threshold` only on a wildcard.
+    flags: NodeFlags,
     /// Path below the domain, each level's [`segment`] joined by `.`: the
     /// metric label `rule`.
-    pub path: Arc<str>,
+    path: Arc<str>,
     children: Vec<Node>,
     /// Lookup index over `children`.
     index: LevelIndex,
@@ -309,9 +388,9 @@ pub struct Node {
 /// top level, as [`Node`]s are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Domain {
-    pub name: Arc<str>,
+    name: Arc<str>,
     /// Used by RateLimitOverride where no rule names an algorithm.
-    pub default_algorithm: Algorithm,
+    default_algorithm: Algorithm,
     children: Vec<Node>,
     /// Lookup index over `children`.
     index: LevelIndex,
@@ -347,7 +426,7 @@ pub struct RuleSet {
     /// Most requests per window a sliding-window log may count: a
     /// RateLimitOverride above it on a sliding log uses the
     /// sliding-window counter instead, as a rule that inherits the log does.
-    pub max_log_entries: u32,
+    max_log_entries: u32,
 }
 
 impl Default for RuleSet {
@@ -394,6 +473,13 @@ impl RuleSet {
     pub fn domains(&self) -> impl ExactSizeIterator<Item = &Domain> {
         self.domains.values()
     }
+
+    /// Most requests per window a sliding-window log may count: a
+    /// RateLimitOverride above it on a sliding log uses the sliding-window
+    /// counter instead, as a rule that inherits the log does.
+    pub fn max_log_entries(&self) -> u32 {
+        self.max_log_entries
+    }
 }
 
 impl Node {
@@ -410,15 +496,28 @@ impl Node {
             key,
             value,
             limits,
-            shadow_mode: false,
-            quota_mode: false,
-            share_threshold: false,
-            detailed_metric: false,
-            value_to_metric: false,
+            flags: NodeFlags::default(),
             path: path.into(),
             children: Vec::new(),
             index: LevelIndex::default(),
         }
+    }
+
+    /// This node enforcing `limits` in place of the ones it had.
+    pub fn with_limits(self, limits: NodeLimits) -> Node {
+        Node { limits, ..self }
+    }
+
+    /// This node with `flags` in place of the ones it had, except that
+    /// `share_threshold` is kept only on a wildcard: values of any other
+    /// node have no pattern to share (the config refuses it with a message).
+    pub fn with_flags(self, flags: NodeFlags) -> Node {
+        let wildcard = matches!(self.value, ValueMatcher::Wildcard(_));
+        let flags = NodeFlags {
+            share_threshold: flags.share_threshold && wildcard,
+            ..flags
+        };
+        Node { flags, ..self }
     }
 
     /// This node over `children` (replacing any it had), with their lookup
@@ -434,6 +533,50 @@ impl Node {
     /// The nodes one level below, in config order.
     pub fn children(&self) -> &[Node] {
         &self.children
+    }
+
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub fn value(&self) -> &ValueMatcher {
+        &self.value
+    }
+
+    pub fn limits(&self) -> &NodeLimits {
+        &self.limits
+    }
+
+    /// Path below the domain, each level's [`segment`] joined by `.`: the
+    /// metric label `rule`.
+    pub fn path(&self) -> &Arc<str> {
+        &self.path
+    }
+
+    pub fn flags(&self) -> NodeFlags {
+        self.flags
+    }
+
+    pub fn shadow_mode(&self) -> bool {
+        self.flags.shadow_mode
+    }
+
+    pub fn quota_mode(&self) -> bool {
+        self.flags.quota_mode
+    }
+
+    /// Every value this wildcard matches shares one counter; never set on
+    /// a node that is not a wildcard.
+    pub fn share_threshold(&self) -> bool {
+        self.flags.share_threshold
+    }
+
+    pub fn detailed_metric(&self) -> bool {
+        self.flags.detailed_metric
+    }
+
+    pub fn value_to_metric(&self) -> bool {
+        self.flags.value_to_metric
     }
 }
 
@@ -451,6 +594,15 @@ impl Domain {
     /// The nodes of the top level, in config order.
     pub fn children(&self) -> &[Node] {
         &self.children
+    }
+
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// Used by RateLimitOverride where no rule names an algorithm.
+    pub fn default_algorithm(&self) -> Algorithm {
+        self.default_algorithm
     }
 
     /// Walks `entries` (key, value) down the tree: at each level the exact
@@ -551,7 +703,7 @@ mod tests {
 
     /// The path of the rule `entries` reach, or `None`.
     fn reached(domain: &Domain, entries: &[(&str, &str)]) -> Option<String> {
-        domain.find(entries).map(|it| it.rule().path.to_string())
+        domain.find(entries).map(|it| it.rule().path().to_string())
     }
 
     #[test]
@@ -622,11 +774,43 @@ mod tests {
         );
         assert_eq!(rules.domains().len(), 2);
         assert_eq!(
-            rules.domain("a").map(|it| it.default_algorithm),
+            rules.domain("a").map(|it| it.default_algorithm()),
             Some(Algorithm::Gcra)
         );
         assert_eq!(rules.domain("c"), None);
-        assert_eq!(rules.max_log_entries, 7);
+        assert_eq!(rules.max_log_entries(), 7);
+    }
+
+    #[test]
+    fn share_threshold_is_kept_only_on_a_wildcard() {
+        let flags = NodeFlags {
+            shadow_mode: true,
+            share_threshold: true,
+            ..NodeFlags::default()
+        };
+        let wildcard = node("", "k", "a*").with_flags(flags);
+        assert_eq!(wildcard.flags(), flags);
+        for value in ["", "exact"] {
+            let other = node("", "k", value).with_flags(flags);
+            assert!(!other.share_threshold(), "{value:?}");
+            assert!(other.shadow_mode(), "{value:?}");
+        }
+    }
+
+    #[test]
+    fn names_and_the_log_cap_leave_the_numbers_alone() {
+        let counter = limit(5, Unit::Minute, Algorithm::SlidingWindowCounter);
+        let named = counter
+            .clone()
+            .named(Some("n".into()), vec!["other".into()])
+            .log_capped();
+        assert_eq!(named.name().map(|it| &**it), Some("n"));
+        assert_eq!(named.replaces(), [Arc::<str>::from("other")]);
+        assert!(named.is_log_capped());
+        assert_eq!(named.params(), counter.params());
+        assert_eq!(named.window_seconds(), 60);
+        let log = limit(5, Unit::Minute, Algorithm::SlidingWindowLog).log_capped();
+        assert!(!log.is_log_capped(), "only the counter stands in for a log");
     }
 
     #[test]

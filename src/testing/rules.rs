@@ -26,10 +26,11 @@ pub(crate) fn limit_with(
 }
 
 /// `it` named `name`, replacing the limits named `replaces`.
-pub(crate) fn named(mut it: RateLimit, name: &str, replaces: &[&str]) -> RateLimit {
-    it.name = Some(Arc::from(name));
-    it.replaces = replaces.iter().map(|it| Arc::from(*it)).collect();
-    it
+pub(crate) fn named(it: RateLimit, name: &str, replaces: &[&str]) -> RateLimit {
+    it.named(
+        Some(Arc::from(name)),
+        replaces.iter().map(|it| Arc::from(*it)).collect(),
+    )
 }
 
 /// A node without children or options, its path as the config builds it.

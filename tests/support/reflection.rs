@@ -32,6 +32,29 @@ macro_rules! reflection_version {
                     .map(tonic::Response::into_inner)
             }
 
+            /// The names of the services a `ListServices` answer lists,
+            /// sorted; panics on any other answer.
+            pub fn service_names(answer: MessageResponse) -> Vec<String> {
+                let MessageResponse::ListServicesResponse(list) = answer else {
+                    panic!("{answer:?}");
+                };
+                let mut names: Vec<String> = list.service.into_iter().map(|it| it.name).collect();
+                names.sort();
+                names
+            }
+
+            /// The status a stream that sends `requests` fails with: the
+            /// call's own, or its first answer's; panics if it answers.
+            pub async fn refused(
+                channel: Channel,
+                requests: impl IntoIterator<Item = MessageRequest>,
+            ) -> tonic::Status {
+                match ask(channel, requests).await {
+                    Ok(mut stream) => stream.message().await.expect_err("an error"),
+                    Err(status) => status,
+                }
+            }
+
             /// The next answer on `inbound`; panics if the stream fails or
             /// ends first.
             pub async fn next(

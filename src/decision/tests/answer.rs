@@ -1,7 +1,7 @@
 //! Statuses: remaining and reset, the most restrictive limit, modes.
 
 use crate::decision::Options;
-use crate::rules::Unit;
+use crate::rules::{NodeFlags, Unit};
 use crate::testing::decision::*;
 use crate::testing::default_options as options;
 use crate::testing::rules::*;
@@ -61,12 +61,17 @@ async fn denied_request_consumes_nothing_anywhere() {
 
 #[tokio::test]
 async fn shadow_and_quota_modes() {
-    let mut shadow = key_node("shadow", vec![limit(1, Unit::Minute)]);
-    shadow.shadow_mode = true;
-    let mut quota_small = key_node("q1", vec![limit(1, Unit::Minute)]);
-    quota_small.quota_mode = true;
-    let mut quota_big = key_node("q2", vec![limit(3, Unit::Minute)]);
-    quota_big.quota_mode = true;
+    let shadow_mode = NodeFlags {
+        shadow_mode: true,
+        ..NodeFlags::default()
+    };
+    let quota_mode = NodeFlags {
+        quota_mode: true,
+        ..NodeFlags::default()
+    };
+    let shadow = key_node("shadow", vec![limit(1, Unit::Minute)]).with_flags(shadow_mode);
+    let quota_small = key_node("q1", vec![limit(1, Unit::Minute)]).with_flags(quota_mode);
+    let quota_big = key_node("q2", vec![limit(3, Unit::Minute)]).with_flags(quota_mode);
     let fixture = fixture(rules(vec![shadow, quota_small, quota_big]), options());
     let status = |rpu, code, remaining| lim(code, remaining, 60, rpu, Unit::Minute, "");
     let shadow = || req(vec![desc(&[("shadow", "s")])]);

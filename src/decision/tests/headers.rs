@@ -1,10 +1,10 @@
 //! The `RateLimit-*` headers.
 
 use super::*;
-use crate::algorithms::{Algorithm, LimitParams};
+use crate::algorithms::Algorithm;
 use crate::decision::{Decision, Options, Request};
 use crate::rules::RuleSet;
-use crate::rules::Unit;
+use crate::rules::{RateLimit, Unit};
 use crate::testing::T0;
 use crate::testing::decision::*;
 use crate::testing::default_options as options;
@@ -34,10 +34,8 @@ async fn unit_multiplier_reports_configured_unit_and_exact_headers() {
 
 #[tokio::test]
 async fn a_burst_is_the_header_limit_and_remaining_never_exceeds_a_limit() {
-    let mut bucket = limit_with(10, Unit::Second, 1, Algorithm::TokenBucket);
-    bucket.params = LimitParams::new(Algorithm::TokenBucket, 10, 1_000_000, Some(20)).unwrap();
-    let mut gcra = limit_with(10, Unit::Second, 1, Algorithm::Gcra);
-    gcra.params = LimitParams::new(Algorithm::Gcra, 10, 1_000_000, Some(20)).unwrap();
+    let bucket = RateLimit::new(Unit::Second, 1, 10, Algorithm::TokenBucket, Some(20)).unwrap();
+    let gcra = RateLimit::new(Unit::Second, 1, 10, Algorithm::Gcra, Some(20)).unwrap();
     let fixture = fixture(
         rules(vec![
             key_node("bucket", vec![bucket]),

@@ -1,7 +1,7 @@
 //! Escaped bytes and the `rule` label shapes.
 
 use super::*;
-use crate::rules::Unit;
+use crate::rules::{NodeFlags, Unit};
 use crate::testing::decision::*;
 use crate::testing::default_options as options;
 use crate::testing::rules::*;
@@ -24,8 +24,10 @@ fn printable_escapes_what_is_not_text() {
 
 #[tokio::test]
 async fn metric_labels_show_bytes_escaped() {
-    let mut detailed = key_node("path", vec![limit(5, Unit::Hour)]);
-    detailed.detailed_metric = true;
+    let detailed = key_node("path", vec![limit(5, Unit::Hour)]).with_flags(NodeFlags {
+        detailed_metric: true,
+        ..NodeFlags::default()
+    });
     let fixture = fixture(rules(vec![detailed]), options());
     let request = req(vec![desc(&[(
         b"path".as_slice(),

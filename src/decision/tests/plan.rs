@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::decision::{Descriptor, Request};
-use crate::rules::{Node, NodeLimits, Unit, ValueMatcher};
+use crate::rules::{Node, NodeFlags, NodeLimits, Unit, ValueMatcher};
 use crate::testing::decision::*;
 use crate::testing::default_options as options;
 use crate::testing::rules::*;
@@ -81,18 +81,20 @@ async fn descriptors_reaching_one_counter_add_their_costs() {
 
 #[tokio::test]
 async fn share_threshold_values_share_one_counter() {
-    let mut shared = node(
+    let shared = node(
         "path",
         ValueMatcher::Wildcard(Arc::from("/files/*")),
         limited(vec![limit(2, Unit::Hour)]),
-    );
-    shared.share_threshold = true;
-    let mut own = node(
+    )
+    .with_flags(NodeFlags {
+        share_threshold: true,
+        ..NodeFlags::default()
+    });
+    let own = node(
         "path",
         ValueMatcher::Wildcard(Arc::from("/own/*")),
         limited(vec![limit(2, Unit::Hour)]),
     );
-    own.share_threshold = false;
     let fixture = fixture(rules(vec![shared, own]), options());
     let status = |code, remaining| lim(code, remaining, 3600, 2, Unit::Hour, "");
     let path = |value: &str| req(vec![desc(&[("path", value)])]);
