@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::net::TcpListener;
@@ -27,8 +27,8 @@ use crate::backends::memory::{MemoryBackend, SweeperGuard};
 use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
-use crate::config::{self, LoadOptions};
-use crate::decision::{FailureMode, HeaderNames, Limiter, Options};
+use crate::config::{self, ConfigStatus, LoadOptions};
+use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 use crate::transport::grpc::{self, GrpcLimits};
@@ -66,6 +66,8 @@ pub struct Settings {
     /// `None`: no response headers.
     pub response_headers: Option<HeaderNames>,
     pub max_metric_values_per_rule: usize,
+    /// When a decision counts as near its limit.
+    pub near_limit_ratio: NearLimitRatio,
     /// How long in-flight requests of both servers together may run once
     /// the listeners have closed.
     pub drain_timeout: Duration,
@@ -188,11 +190,15 @@ async fn start(
 ) -> Result<Serving, Aborted> {
     let (grpc_limits, http_limits) = limits(&settings.limits, settings.redis.pool_size);
     let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
+    let status = Arc::new(ConfigStatus::new(
+        settings.config.clone(),
+        SystemTime::now(),
+    ));
     let metrics = Arc::new(Metrics::with_max_values_per_rule(
         settings.max_metric_values_per_rule,
     ));
     // Right after the load: the reloader records the files as loaded.
-    let reloader = reloader(&settings, &rules, &metrics);
+    let reloader = reloader(&settings, &rules, &metrics, &status);
     let reloads = reload_triggers(reloader.as_ref(), settings.watch_config, hangups);
     let options = limiter_options(&settings)?;
     let (backend, sweeper) = backend(&settings, &metrics, stop).await?;
@@ -204,8 +210,14 @@ async fn start(
         backend = backend.name(),
         "serving"
     );
-    let (grpc_app, http_app) =
-        server_apps(rules, backend, options, metrics, settings.drain_timeout);
+    let (grpc_app, http_app) = server_apps(
+        rules,
+        status,
+        backend,
+        options,
+        metrics,
+        settings.drain_timeout,
+    );
     let (control, shutdown) = shutdown_channel();
     let http = tokio::spawn(http::serve_limited(
         http_listener,
@@ -226,9 +238,11 @@ async fn start(
 }
 
 /// What the two servers serve: one limiter over `rules` and `backend`,
-/// one health answer over `backend`, both recording into `metrics`.
+/// one health answer over `backend`, both recording into `metrics`;
+/// `/rlconfig` shows `status` above the rules.
 pub fn server_apps(
     rules: Arc<ArcSwap<RuleSet>>,
+    status: Arc<ConfigStatus>,
     backend: Arc<dyn Backend>,
     options: Options,
     metrics: Arc<Metrics>,
@@ -246,6 +260,7 @@ pub fn server_apps(
         metrics: metrics.clone(),
         health: health.clone(),
         rules,
+        config: status,
     };
     let grpc = grpc::App {
         limiter,
@@ -293,15 +308,18 @@ fn load_config_now(path: &Path, options: &LoadOptions) -> Result<RuleSet, String
     Ok(loaded.rules)
 }
 
-/// Reloads into `rules`, counted in `metrics`; `None` without a config.
+/// Reloads into `rules`, counted in `metrics` and recorded in `status`;
+/// `None` without a config.
 fn reloader(
     settings: &Settings,
     rules: &Arc<ArcSwap<RuleSet>>,
     metrics: &Arc<Metrics>,
+    status: &Arc<ConfigStatus>,
 ) -> Option<Arc<Reloader>> {
     let path = settings.config.as_ref()?;
     let metrics = metrics.clone();
     let reloader = Reloader::new(path.clone(), settings.load, rules.clone())
+        .with_status(status.clone())
         .with_observer(move |ok| metrics.record_reload(ok));
     Some(Arc::new(reloader))
 }
@@ -352,7 +370,7 @@ fn limiter_options(settings: &Settings) -> Result<Options, Aborted> {
         shadow_mode: settings.shadow_mode,
         response_headers: settings.response_headers.clone(),
         failure_mode: settings.failure_mode,
-        near_limit_ratio: Default::default(),
+        near_limit_ratio: settings.near_limit_ratio,
     })
 }
 

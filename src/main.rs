@@ -16,7 +16,7 @@ use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::SystemClock;
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::decision::{FailureMode, HeaderNames};
+use throttlegate::decision::{FailureMode, HeaderNames, NearLimitRatio};
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
 
@@ -159,6 +159,16 @@ struct ServeArgs {
     /// Evaluate and count as usual, but answer OK overall.
     #[arg(long, env = "THROTTLEGATE_SHADOW_MODE")]
     shadow_mode: bool,
+    /// A decision counts as near its limit (the `near_limit` result in
+    /// metrics) once more than this share of the limit is used: a number
+    /// from 0 to 1, like envoyproxy/ratelimit's NEAR_LIMIT_RATIO.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_NEAR_LIMIT_RATIO",
+        default_value = "0.8",
+        value_parser = parse_near_limit_ratio
+    )]
+    near_limit_ratio: NearLimitRatio,
     /// Log format; verbosity comes from RUST_LOG (default `info`).
     #[arg(long, env = "THROTTLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -268,6 +278,12 @@ enum LogFormat {
     Json,
 }
 
+fn parse_near_limit_ratio(text: &str) -> Result<NearLimitRatio, String> {
+    let refused = || format!("'{text}' is not a number from 0 to 1");
+    let ratio: f64 = text.trim().parse().map_err(|_| refused())?;
+    NearLimitRatio::new(ratio).ok_or_else(refused)
+}
+
 fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
     Algorithm::from_name(name).ok_or_else(|| {
         let known: Vec<&str> = Algorithm::ALL.iter().map(|it| it.name()).collect();
@@ -355,6 +371,7 @@ fn settings(args: ServeArgs) -> Settings {
         shadow_mode: args.shadow_mode,
         response_headers,
         max_metric_values_per_rule: args.max_metric_values_per_rule,
+        near_limit_ratio: args.near_limit_ratio,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
         limits: limits(&args.limits),

@@ -473,3 +473,45 @@ async fn sigterm_during_a_reload_does_not_wait_for_it() {
     // The reload, as long as the start-up load, never got to its end.
     assert!(!log.contains("config reloaded"), "{log}");
 }
+
+#[tokio::test]
+async fn near_limit_ratio_sets_when_a_decision_is_near_its_limit() {
+    const TEN: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 10}\n";
+    let series = |result: &str| {
+        format!("throttlegate_decisions_total{{domain=\"api\",rule=\"user\",result=\"{result}\"}}")
+    };
+    // More than half of 10 used from the 6th request on.
+    let mut half = Serve::yaml(TEN)
+        .args(&["--near-limit-ratio", "0.5"])
+        .spawn();
+    let mut client = half.client().await;
+    for _ in 0..7 {
+        assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
+    }
+    assert_eq!(half.metric(&series("ok")).await, 5.0);
+    assert_eq!(half.metric(&series("near_limit")).await, 2.0);
+
+    // The default, 0.8: near from the 9th on.
+    let mut default = Serve::yaml(TEN).spawn();
+    let mut client = default.client().await;
+    for _ in 0..9 {
+        assert_eq!(overall_code(&mut client).await, Code::Ok as i32);
+    }
+    assert_eq!(default.metric(&series("ok")).await, 8.0);
+    assert_eq!(default.metric(&series("near_limit")).await, 1.0);
+}
+
+#[test]
+fn a_near_limit_ratio_outside_0_to_1_is_refused() {
+    let grpc = free_addr().to_string();
+    for ratio in ["1.5", "-0.1", "NaN", "most"] {
+        let flag = format!("--near-limit-ratio={ratio}");
+        let out = run(&["serve", "--grpc-addr", &grpc, &flag]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{ratio}: {stderr}");
+        assert!(
+            stderr.contains("is not a number from 0 to 1"),
+            "{ratio}: {stderr}"
+        );
+    }
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::process::ServiceProcess;
+use support::process::{ServiceProcess, http_get};
 use support::service::{TestService, default_options, memory_backend, start_service};
 use throttlegate::config;
 use throttlegate::config::reload::{POLL_EVERY, ReloadGuard, Reloader};
@@ -333,4 +333,49 @@ async fn the_binary_watches_its_config_by_default() {
     assert_eq!(code(&mut client).await, Code::OverLimit);
     std::fs::write(&path, OPEN).unwrap();
     wait_for(&mut client, Code::Ok, Instant::now()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlconfig_names_the_source_the_load_time_and_a_refused_reload() {
+    let (_dir, path) = blocked_file();
+    let mut server = ServiceProcess::spawn(&path, &["--watch-config", "off"]);
+    let mut client = server.client().await;
+    let shown = http_get(server.http, "/rlconfig").await;
+    assert!(
+        shown.contains(&format!("\r\n\r\nsource: {}\nloaded: ", path.display())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("  user  0/minute sliding_window_log\n"),
+        "{shown}"
+    );
+    assert!(!shown.contains("refused"), "{shown}");
+
+    // A refused reload: its error is shown, the rules in force stay.
+    std::fs::write(&path, BAD).unwrap();
+    server.signal("HUP");
+    server.wait_for_log("config refused", WITHIN).await;
+    let shown = http_get(server.http, "/rlconfig").await;
+    assert!(shown.contains("last reload refused: "), "{shown}");
+    assert!(shown.contains("unknown key 'ratelimit'"), "{shown}");
+    assert!(
+        shown.contains("  user  0/minute sliding_window_log\n"),
+        "{shown}"
+    );
+    assert_eq!(
+        code(&mut client).await,
+        Code::OverLimit,
+        "the last good rules"
+    );
+
+    // A good reload clears it.
+    std::fs::write(&path, OPEN).unwrap();
+    server.signal("HUP");
+    wait_for(&mut client, Code::Ok, Instant::now()).await;
+    let shown = http_get(server.http, "/rlconfig").await;
+    assert!(!shown.contains("refused"), "{shown}");
+    assert!(
+        shown.contains("  user  1000/minute sliding_window_log\n"),
+        "{shown}"
+    );
 }

@@ -19,6 +19,7 @@
 mod load;
 mod position;
 pub mod reload;
+mod status;
 mod summary;
 mod walk;
 
@@ -31,6 +32,7 @@ use crate::rules::RuleSet;
 pub(crate) use load::config_entries;
 pub use load::{load, parse_str};
 pub use position::Location;
+pub use status::{ConfigStatus, Refusal};
 pub use summary::summary;
 
 pub use crate::rules::DEFAULT_MAX_LOG_ENTRIES;

@@ -20,7 +20,7 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use notify::event::{AccessKind, AccessMode};
@@ -30,7 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 use tokio_stream::{Stream, StreamExt};
 
-use crate::config::{self, LoadOptions};
+use crate::config::{self, ConfigStatus, LoadOptions};
 use crate::rules::RuleSet;
 
 /// Quiet time that ends a burst of filesystem events: an editor's save or
@@ -56,6 +56,8 @@ pub struct Reloader {
     last_seen: Mutex<Fingerprint>,
     /// Told the result of every reload (the metrics' reload counter).
     observer: Option<Box<dyn Fn(bool) + Send + Sync>>,
+    /// Where every outcome is recorded for `/rlconfig`.
+    status: Arc<ConfigStatus>,
 }
 
 /// What a successful reload loaded.
@@ -102,13 +104,27 @@ impl Reloader {
     /// right after that load.
     pub fn new(path: PathBuf, options: LoadOptions, rules: Arc<ArcSwap<RuleSet>>) -> Self {
         let last_seen = Mutex::new(Fingerprint::of(&path));
+        let status = Arc::new(ConfigStatus::new(Some(path.clone()), SystemTime::now()));
         Reloader {
             path,
             options,
             rules,
             last_seen,
             observer: None,
+            status,
         }
+    }
+
+    /// Records every outcome in `status` (the one `/rlconfig` shows)
+    /// instead of a status of its own.
+    pub fn with_status(mut self, status: Arc<ConfigStatus>) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Where this reloader records its outcomes.
+    pub fn status(&self) -> &Arc<ConfigStatus> {
+        &self.status
     }
 
     /// Calls `observer` with the result of every reload (true: in force),
@@ -155,14 +171,17 @@ impl Reloader {
             // trigger down with it.
             Err(err) => {
                 tracing::error!("config reload failed: {err}");
-                Err(config::Error {
+                let error = config::Error {
                     problems: vec![config::Problem {
                         file: self.path.display().to_string(),
                         message: format!("reload failed: {err}"),
                         path: String::new(),
                         location: None,
                     }],
-                })
+                };
+                self.status
+                    .record_refused(SystemTime::now(), format!("{error:#}"));
+                Err(error)
             }
         }
     }
@@ -199,6 +218,7 @@ impl Reloader {
                 };
                 if changed {
                     self.rules.store(Arc::new(loaded.rules));
+                    self.status.record_loaded(SystemTime::now(), true);
                     tracing::info!(
                         %path,
                         domains = summary.domains,
@@ -206,12 +226,15 @@ impl Reloader {
                         "config reloaded"
                     );
                 } else {
+                    self.status.record_loaded(SystemTime::now(), false);
                     tracing::debug!(%path, "config reloaded, unchanged");
                 }
                 self.observe(true);
                 Ok(summary)
             }
             Err(err) => {
+                self.status
+                    .record_refused(SystemTime::now(), format!("{err:#}"));
                 self.observe(false);
                 tracing::error!(
                     %path,

@@ -2,7 +2,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
@@ -15,7 +15,7 @@ use tonic_health::pb::health_client::HealthClient;
 use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
-use throttlegate::config;
+use throttlegate::config::{self, ConfigStatus};
 use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -98,6 +98,7 @@ pub async fn start_service_with_metrics(
 ) -> TestService {
     let (app, http) = throttlegate::app::server_apps(
         Arc::new(ArcSwap::from_pointee(rules)),
+        Arc::new(ConfigStatus::new(None, SystemTime::now())),
         backend,
         options,
         Arc::new(metrics),

@@ -16,6 +16,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 
+use crate::config::ConfigStatus;
 use crate::decision::Limiter;
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
@@ -34,6 +35,8 @@ pub struct App {
     pub health: Health,
     /// The rules in force, summarised by `/rlconfig`.
     pub rules: Arc<ArcSwap<RuleSet>>,
+    /// Where those rules came from, when, and the last refused reload.
+    pub config: Arc<ConfigStatus>,
 }
 
 /// The HTTP routes over `app`.
@@ -199,7 +202,9 @@ async fn healthcheck(State(app): State<App>) -> Response {
 }
 
 async fn rlconfig(State(app): State<App>) -> String {
-    crate::config::summary(&app.rules.load())
+    let mut text = app.config.render();
+    text.push_str(&crate::config::summary(&app.rules.load()));
+    text
 }
 
 /// Prometheus scrape: the text exposition of every metric. Formatting
@@ -244,6 +249,7 @@ mod tests {
             Arc::new(ArcSwap::from_pointee(testing::rules_from(
                 "api.yaml", CONFIG,
             ))),
+            Arc::new(ConfigStatus::new(None, std::time::SystemTime::now())),
             testing::memory_backend(&ManualClock::new(testing::T0)),
             testing::default_options(),
             Arc::new(Metrics::new()),

@@ -1,0 +1,153 @@
+//! What `/rlconfig` says about the config in force besides its rules:
+//! where it was read from, when it was loaded, and the error of the last
+//! reload if that reload was refused.
+//!
+//! The reloader records every outcome here; a refused reload leaves the
+//! rules (and their load time) as they were and only adds its error, which
+//! the next good reload clears.
+
+use std::fmt::Write;
+use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
+use std::time::SystemTime;
+
+/// The config's source, load time and last refusal, shared by the
+/// reloader (which writes it) and the HTTP server (which shows it).
+#[derive(Debug)]
+pub struct ConfigStatus {
+    /// `None`: no `--config` was given.
+    source: Option<PathBuf>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Clone)]
+struct State {
+    loaded_at: SystemTime,
+    refused: Option<Refusal>,
+}
+
+/// A reload that was refused: when, and the error as the log gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub at: SystemTime,
+    pub error: String,
+}
+
+impl ConfigStatus {
+    /// The rules in force came from `source` (or from no file) at `loaded_at`.
+    pub fn new(source: Option<PathBuf>, loaded_at: SystemTime) -> ConfigStatus {
+        ConfigStatus {
+            source,
+            state: Mutex::new(State {
+                loaded_at,
+                refused: None,
+            }),
+        }
+    }
+
+    /// A reload validated. `changed`: its rules were stored at `at`, so they
+    /// are the ones in force from then on. Either way the files are good
+    /// again, so an earlier refusal no longer applies.
+    pub fn record_loaded(&self, at: SystemTime, changed: bool) {
+        let mut state = self.lock();
+        if changed {
+            state.loaded_at = at;
+        }
+        state.refused = None;
+    }
+
+    /// A reload was refused at `at` with `error`; the rules in force stay.
+    pub fn record_refused(&self, at: SystemTime, error: String) {
+        self.lock().refused = Some(Refusal { at, error });
+    }
+
+    /// When the rules in force were loaded.
+    pub fn loaded_at(&self) -> SystemTime {
+        self.lock().loaded_at
+    }
+
+    /// The last reload's refusal, unless a good reload came since.
+    pub fn refused(&self) -> Option<Refusal> {
+        self.lock().refused.clone()
+    }
+
+    /// The lines `/rlconfig` shows above the rules.
+    pub fn render(&self) -> String {
+        let state = self.lock().clone();
+        let mut out = String::new();
+        match &self.source {
+            Some(path) => {
+                let _ = writeln!(out, "source: {}", path.display());
+            }
+            None => out.push_str("source: none (no --config given)\n"),
+        }
+        let _ = writeln!(out, "loaded: {}", httpdate::fmt_http_date(state.loaded_at));
+        if let Some(refused) = &state.refused {
+            let _ = writeln!(
+                out,
+                "last reload refused: {} (the rules below stay in force)",
+                httpdate::fmt_http_date(refused.at)
+            );
+            for line in refused.error.lines() {
+                let _ = writeln!(out, "  {line}");
+            }
+        }
+        out.push('\n');
+        out
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    fn at(seconds: u64) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn shows_the_source_and_the_load_time() {
+        let status = ConfigStatus::new(Some(PathBuf::from("/etc/rules")), at(1_796_310_000));
+        assert_eq!(
+            status.render(),
+            "source: /etc/rules\nloaded: Thu, 03 Dec 2026 15:00:00 GMT\n\n"
+        );
+        let none = ConfigStatus::new(None, at(0));
+        assert!(
+            none.render()
+                .starts_with("source: none (no --config given)\n")
+        );
+    }
+
+    #[test]
+    fn a_refusal_shows_until_a_good_reload_and_keeps_the_load_time() {
+        let status = ConfigStatus::new(Some(PathBuf::from("c.yaml")), at(100));
+        status.record_refused(
+            at(200),
+            "c.yaml: unknown key 'ratelimit'\nsecond line".into(),
+        );
+        assert_eq!(status.loaded_at(), at(100));
+        let text = status.render();
+        assert!(
+            text.contains("last reload refused: Thu, 01 Jan 1970 00:03:20 GMT"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\n  c.yaml: unknown key 'ratelimit'\n  second line\n"),
+            "{text}"
+        );
+
+        // Valid but unchanged: the refusal is gone, the load time stays.
+        status.record_loaded(at(300), false);
+        assert_eq!(status.refused(), None);
+        assert_eq!(status.loaded_at(), at(100));
+        status.record_loaded(at(400), true);
+        assert_eq!(status.loaded_at(), at(400));
+    }
+}
