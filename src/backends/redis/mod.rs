@@ -103,7 +103,7 @@ impl RedisSettings {
         let client = redis::Client::open(self.url.as_str()).map_err(|err| {
             Error::Protocol(format!("invalid redis url {}: {err}", redact(&self.url)))
         })?;
-        Ok((Target::Direct(client), redact(&self.url)))
+        Ok((Target::Direct(Box::new(client)), redact(&self.url)))
     }
 }
 

@@ -27,7 +27,7 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 /// master when the connection is made (so every reconnect asks them again).
 #[derive(Clone)]
 pub(super) enum Target {
-    Direct(redis::Client),
+    Direct(Box<redis::Client>),
     Sentinel(Arc<Sentinel>),
 }
 

@@ -73,7 +73,9 @@ impl Sentinel {
         timeout: Duration,
     ) -> Result<Sentinel, Error> {
         if settings.master.is_empty() {
-            return Err(Error::Protocol("redis sentinel master name is empty".into()));
+            return Err(Error::Protocol(
+                "redis sentinel master name is empty".into(),
+            ));
         }
         if settings.nodes.is_empty() {
             return Err(Error::Protocol("no redis sentinel nodes given".into()));
@@ -275,7 +277,10 @@ mod tests {
 
     #[test]
     fn sentinel_addresses_need_a_host_and_a_port() {
-        assert_eq!(parse_node("10.0.0.1:26379").unwrap(), ("10.0.0.1".into(), 26379));
+        assert_eq!(
+            parse_node("10.0.0.1:26379").unwrap(),
+            ("10.0.0.1".into(), 26379)
+        );
         assert_eq!(parse_node(" s1:5 ").unwrap(), ("s1".into(), 5));
         assert_eq!(parse_node("[::1]:26379").unwrap(), ("::1".into(), 26379));
         for bad in ["s1", ":26379", "s1:", "s1:port", "s1:70000"] {
@@ -293,7 +298,11 @@ mod tests {
             (settings(&[], "m"), url, "no redis sentinel nodes"),
             (settings(&["s:1"], ""), url, "master name is empty"),
             (settings(&["s"], "m"), url, "expected host:port"),
-            (settings(&["s:1"], "m"), "redis+unix:///tmp/r.sock", "redis+unix"),
+            (
+                settings(&["s:1"], "m"),
+                "redis+unix:///tmp/r.sock",
+                "redis+unix",
+            ),
             (settings(&["s:1"], "m"), "nope://x", "invalid redis url"),
         ];
         for (settings, url, message) in cases {
