@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use support::keys::check_on;
 use support::process::Serve;
 use support::redis::{RedisServer, backend};
-use support::sentinel::{DOWN_AFTER_MS, MASTER_NAME, SentinelSetup};
+use support::sentinel::{DOWN_AFTER_MS, MASTER_NAME, Passwords, SentinelSetup};
 use throttlegate::algorithms::Algorithm::SlidingWindowLog;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error, KeyedCheck};
@@ -85,6 +85,9 @@ async fn killing_the_master_fails_decisions_only_until_the_replica_is_promoted()
     }
     probed.probe().await.expect("healthy before");
     setup.wait_for_replication().await;
+    // Scripts are not replicated: the promoted replica answers NOSCRIPT
+    // first, and the backend loads the script there.
+    assert!(!script_loaded(&setup.replica, deciding.script_hash()).await);
 
     let promoted = setup.replica.port();
     let killed = Instant::now();
@@ -109,7 +112,7 @@ async fn killing_the_master_fails_decisions_only_until_the_replica_is_promoted()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    let (switched_at, _setup) = switched.await.unwrap();
+    let (switched_at, setup) = switched.await.unwrap();
     let outage = resumed - killed;
     let ours = resumed.saturating_duration_since(switched_at);
     eprintln!(
@@ -134,9 +137,21 @@ async fn killing_the_master_fails_decisions_only_until_the_replica_is_promoted()
         assert!(after <= 10, "the count restarted on the promoted replica");
     }
     assert_eq!(after, 6, "the count continued from the replicated 4");
+    assert!(script_loaded(&setup.replica, deciding.script_hash()).await);
     let (unhealthy, healthy_again) = health.await.unwrap();
     assert!(unhealthy, "health never reported the failover");
     assert!(healthy_again, "health did not recover after the failover");
+}
+
+async fn script_loaded(server: &RedisServer, sha: &str) -> bool {
+    let mut conn = server.connection().await;
+    let exists: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(sha)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    exists == [true]
 }
 
 /// Probes once a second, as the health monitor does, until the probes
@@ -267,8 +282,46 @@ async fn no_reachable_sentinel_is_a_start_up_error() {
     settings.sentinel.as_mut().unwrap().nodes = vec![nobody.clone()];
     let err = RedisBackend::connect(settings).await.unwrap_err();
     let message = err.to_string();
-    assert!(message.contains("no redis sentinel answered"), "{message}");
+    assert!(
+        message.contains("no redis sentinel could be asked"),
+        "{message}"
+    );
     assert!(message.contains(&nobody), "{message}");
+}
+
+/// The sentinels' password is `--redis-sentinel-password`; the master's
+/// comes from the URL, whose host is not used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_reach_the_sentinels_and_the_master() {
+    let setup = SentinelSetup::start_with(Passwords {
+        redis: Some("nodesecret".to_owned()),
+        sentinel: Some("sentinelsecret".to_owned()),
+    })
+    .await;
+    let backend = setup.backend(5_000).await;
+    assert!(allowed(&backend, &limit_of_ten("auth")).await.unwrap());
+    assert_eq!(setup.master.keys("tg:*").await.len(), 1);
+
+    let mut settings = setup.settings(TIMEOUT_MS);
+    settings.sentinel.as_mut().unwrap().password = Some("wrong".to_owned());
+    let err = RedisBackend::connect(settings).await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("no redis sentinel could be asked"),
+        "{message}"
+    );
+    assert!(message.contains("authentication failed"), "{message}");
+
+    let mut settings = setup.settings(TIMEOUT_MS);
+    settings.url = "redis://:wrong@sentinel-master/".to_owned();
+    let backend = RedisBackend::connect(settings)
+        .await
+        .expect("the sentinels answer: a master refusing us is not a start-up error");
+    let err = allowed(&backend, &limit_of_ten("auth")).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Unavailable(message) if message.contains("authentication failed")),
+        "{err:?}"
+    );
 }
 
 const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
@@ -321,23 +374,46 @@ async fn serve_refuses_an_unknown_sentinel_master_with_exit_2() {
     );
 }
 
+/// Flags that cannot work together stop the start-up, saying which.
 #[test]
-fn sentinel_and_cluster_together_are_refused_with_exit_2() {
-    let out = support::process::command()
-        .args([
-            "serve",
-            "--grpc-addr",
-            &support::process::free_addr().to_string(),
-        ])
-        .args(["--redis-sentinel-nodes", "127.0.0.1:1"])
-        .args(["--redis-sentinel-master", "m"])
-        .args(["--redis-cluster-nodes", "127.0.0.1:2"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--redis-cluster-nodes and --redis-sentinel-nodes exclude each other"),
-        "{stderr}"
-    );
+fn incomplete_or_conflicting_sentinel_flags_are_refused_with_exit_2() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--redis-sentinel-nodes", "127.0.0.1:1"],
+            "--redis-sentinel-nodes needs --redis-sentinel-master",
+        ),
+        (
+            &["--redis-sentinel-master", "m"],
+            "--redis-sentinel-master and --redis-sentinel-password need --redis-sentinel-nodes",
+        ),
+        (
+            &["--redis-sentinel-password", "secret"],
+            "--redis-sentinel-master and --redis-sentinel-password need --redis-sentinel-nodes",
+        ),
+        (
+            &[
+                "--redis-sentinel-nodes",
+                "127.0.0.1:1",
+                "--redis-sentinel-master",
+                "m",
+                "--redis-cluster-nodes",
+                "127.0.0.1:2",
+            ],
+            "--redis-cluster-nodes and --redis-sentinel-nodes exclude each other",
+        ),
+    ];
+    for (flags, message) in cases {
+        let out = support::process::command()
+            .args([
+                "serve",
+                "--grpc-addr",
+                &support::process::free_addr().to_string(),
+            ])
+            .args(flags)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(message), "{flags:?}: {stderr}");
+    }
 }

@@ -20,11 +20,20 @@ pub struct SentinelSetup {
     pub master: RedisServer,
     pub replica: RedisServer,
     sentinels: Vec<SentinelProcess>,
+    passwords: Passwords,
+}
+
+/// `requirepass` of the Redis nodes and of the sentinels.
+#[derive(Clone, Default)]
+pub struct Passwords {
+    pub redis: Option<String>,
+    pub sentinel: Option<String>,
 }
 
 /// One `redis-server <conf> --sentinel`; killed and waited for on drop.
 struct SentinelProcess {
     port: u16,
+    password: Option<String>,
     dir: tempfile::TempDir,
     child: Child,
 }
@@ -33,16 +42,29 @@ impl SentinelSetup {
     /// Starts everything and waits until every sentinel sees the replica
     /// and the two other sentinels, so that a failover can be agreed on.
     pub async fn start() -> SentinelSetup {
-        let master = RedisServer::start();
+        SentinelSetup::start_with(Passwords::default()).await
+    }
+
+    /// [`SentinelSetup::start`] with passwords: the replica authenticates
+    /// to the master, the sentinels to the nodes and to each other.
+    pub async fn start_with(passwords: Passwords) -> SentinelSetup {
+        let mut auth = Vec::new();
+        if let Some(password) = &passwords.redis {
+            auth = vec!["--requirepass", password, "--masterauth", password];
+        }
+        let master = RedisServer::start_with(&auth);
         let port = master.port().to_string();
-        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &port]);
+        let mut replica_args = vec!["--replicaof", "127.0.0.1", &port];
+        replica_args.extend(&auth);
+        let replica = RedisServer::start_with(&replica_args);
         let sentinels = (0..3)
-            .map(|_| SentinelProcess::start(master.port()))
+            .map(|_| SentinelProcess::start(master.port(), &passwords))
             .collect();
         let setup = SentinelSetup {
             master,
             replica,
             sentinels,
+            passwords,
         };
         setup.wait_until_ready().await;
         setup
@@ -59,12 +81,16 @@ impl SentinelSetup {
     /// The settings of a backend finding the master through the sentinels:
     /// pool of 4, `timeout_ms` on every call.
     pub fn settings(&self, timeout_ms: u64) -> RedisSettings {
+        let url = match &self.passwords.redis {
+            Some(password) => format!("redis://:{password}@sentinel-master/"),
+            None => "redis://sentinel-master/".to_owned(),
+        };
         RedisSettings {
-            url: "redis://sentinel-master/".to_owned(),
+            url,
             sentinel: Some(SentinelSettings {
                 nodes: self.nodes(),
                 master: MASTER_NAME.to_owned(),
-                password: None,
+                password: self.passwords.sentinel.clone(),
             }),
             pool_size: 4,
             timeout_ms,
@@ -111,7 +137,7 @@ impl SentinelSetup {
         let deadline = Instant::now() + within;
         loop {
             if self.master_port().await == Some(port)
-                && role(port).await.as_deref() == Some("master")
+                && role(port, self.passwords.redis.as_deref()).await.as_deref() == Some("master")
             {
                 return;
             }
@@ -141,20 +167,25 @@ impl SentinelSetup {
 }
 
 /// The ROLE a node on `port` reports, if it answers.
-async fn role(port: u16) -> Option<String> {
-    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+async fn role(port: u16, password: Option<&str>) -> Option<String> {
+    let client = ::redis::Client::open(url(port, password)).ok()?;
     let mut conn = client.get_multiplexed_async_connection().await.ok()?;
     let role: Vec<::redis::Value> = ::redis::cmd("ROLE").query_async(&mut conn).await.ok()?;
     ::redis::FromRedisValue::from_redis_value(role.into_iter().next()?).ok()
 }
 
 impl SentinelProcess {
-    fn start(master_port: u16) -> SentinelProcess {
+    fn start(master_port: u16, passwords: &Passwords) -> SentinelProcess {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("create a temporary directory");
             let port = free_port();
-            if let Some(child) = spawn(&dir, port, master_port) {
-                return SentinelProcess { port, dir, child };
+            if let Some(child) = spawn(&dir, port, master_port, passwords) {
+                return SentinelProcess {
+                    port,
+                    password: passwords.sentinel.clone(),
+                    dir,
+                    child,
+                };
             }
         }
         panic!("redis sentinel could not bind a free port after 5 attempts");
@@ -165,7 +196,7 @@ impl SentinelProcess {
     }
 
     async fn connection(&self) -> Option<::redis::aio::MultiplexedConnection> {
-        let client = ::redis::Client::open(format!("redis://127.0.0.1:{}/", self.port)).ok()?;
+        let client = ::redis::Client::open(url(self.port, self.password.as_deref())).ok()?;
         client.get_multiplexed_async_connection().await.ok()
     }
 
@@ -210,10 +241,15 @@ impl Drop for SentinelProcess {
 
 /// Writes the config (sentinel rewrites it, so each has its own directory)
 /// and runs the sentinel; `None` when it exited at once (port taken).
-fn spawn(dir: &tempfile::TempDir, port: u16, master_port: u16) -> Option<Child> {
+fn spawn(
+    dir: &tempfile::TempDir,
+    port: u16,
+    master_port: u16,
+    passwords: &Passwords,
+) -> Option<Child> {
     let conf = dir.path().join("sentinel.conf");
     let log = dir.path().join("sentinel.log");
-    let text = format!(
+    let mut text = format!(
         "port {port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\nlogfile {log}\n\
          sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
          sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
@@ -222,6 +258,12 @@ fn spawn(dir: &tempfile::TempDir, port: u16, master_port: u16) -> Option<Child> 
         dir = dir.path().display(),
         log = log.display(),
     );
+    if let Some(password) = &passwords.redis {
+        text.push_str(&format!("sentinel auth-pass {MASTER_NAME} {password}\n"));
+    }
+    if let Some(password) = &passwords.sentinel {
+        text.push_str(&format!("requirepass {password}\n"));
+    }
     std::fs::write(&conf, text).expect("write sentinel.conf");
     let bin = std::env::var("THROTTLEGATE_REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
     let mut child = Command::new(&bin)
@@ -248,6 +290,13 @@ fn spawn(dir: &tempfile::TempDir, port: u16, master_port: u16) -> Option<Child> 
             "redis sentinel on port {port} did not listen within 10 s"
         );
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn url(port: u16, password: Option<&str>) -> String {
+    match password {
+        Some(password) => format!("redis://:{password}@127.0.0.1:{port}/"),
+        None => format!("redis://127.0.0.1:{port}/"),
     }
 }
 

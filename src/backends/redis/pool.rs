@@ -1,6 +1,8 @@
 //! Connections to Redis: a bb8 pool of multiplexed connections, their
 //! generations, and the circuit that fails calls at once while Redis cannot
-//! be reached, with the task that reconnects meanwhile.
+//! be reached, with the task that reconnects meanwhile. Behind Sentinel,
+//! every new connection asks the sentinels where the master is, so this
+//! same path follows a failover.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -125,7 +125,7 @@ impl Sentinel {
         match self.lookup().await {
             Ok(_) => Ok(()),
             Err(Lookup::NoSentinel(errors)) => Err(Error::Unavailable(format!(
-                "no redis sentinel answered: {}",
+                "no redis sentinel could be asked: {}",
                 errors.join("; ")
             ))),
             Err(Lookup::UnknownMaster) => Err(Error::Protocol(format!(
@@ -180,7 +180,7 @@ impl Sentinel {
         match lookup {
             Lookup::NoSentinel(errors) => RedisError::from((
                 ErrorKind::Io,
-                "no redis sentinel answered",
+                "no redis sentinel could be asked",
                 errors.join("; "),
             )),
             Lookup::UnknownMaster => RedisError::from((
