@@ -24,7 +24,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::backends::Backend;
 use crate::backends::memory::{MemoryBackend, SweeperGuard};
-use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
+use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings, SentinelSettings};
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
 use crate::config::{self, ConfigStatus, LoadOptions};
@@ -87,10 +87,13 @@ pub struct RedisFlags {
     pub key_prefix: String,
     pub expiry_grace_ms: u64,
     pub clock: ClockSource,
-    /// Cluster and Sentinel nodes: asking for either fails the start-up.
+    /// Cluster nodes: asking for them fails the start-up.
     pub cluster_nodes: Vec<String>,
+    /// Sentinel: the master is found through these nodes; `url`, if given,
+    /// only says how to reach it (TLS, user, password, db).
     pub sentinel_nodes: Vec<String>,
     pub sentinel_master: Option<String>,
+    pub sentinel_password: Option<String>,
 }
 
 /// What one client may hold of either server. The connection caps not
@@ -393,25 +396,56 @@ async fn backend(
     }
 }
 
-/// `None` without a URL.
+/// The URL a Sentinel master is reached with when `--redis-url` is not
+/// given: plain TCP, no password, db 0 (the host is replaced by the
+/// master's).
+const SENTINEL_MASTER_URL: &str = "redis://sentinel-master/";
+
+/// `None` without a URL or Sentinel.
 fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisSettings>, String> {
-    if flags.sentinel_master.is_some() || !flags.sentinel_nodes.is_empty() {
-        return Err("redis sentinel is not supported yet".to_owned());
+    let sentinel = sentinel_settings(flags)?;
+    if sentinel.is_some() && !flags.cluster_nodes.is_empty() {
+        return Err(
+            "--redis-cluster-nodes and --redis-sentinel-nodes exclude each other: \
+             a cluster fails over by itself, sentinel watches one master"
+                .to_owned(),
+        );
     }
     if !flags.cluster_nodes.is_empty() {
         return Err("redis cluster is not supported yet".to_owned());
     }
-    let Some(url) = &flags.url else {
-        return Ok(None);
+    let url = match (&flags.url, &sentinel) {
+        (Some(url), _) => url.clone(),
+        (None, Some(_)) => SENTINEL_MASTER_URL.to_owned(),
+        (None, None) => return Ok(None),
     };
     Ok(Some(RedisSettings {
-        url: url.clone(),
+        url,
+        sentinel,
         pool_size: flags.pool_size,
         timeout_ms: flags.timeout_ms,
         key_prefix: flags.key_prefix.clone(),
         clock: flags.clock.clone(),
         expiry_grace_ms: flags.expiry_grace_ms,
     }))
+}
+
+/// `None` without Sentinel flags; nodes and a master name come together.
+fn sentinel_settings(flags: &RedisFlags) -> Result<Option<SentinelSettings>, String> {
+    let nodes = &flags.sentinel_nodes;
+    match (&flags.sentinel_master, nodes.is_empty()) {
+        (None, true) if flags.sentinel_password.is_none() => Ok(None),
+        (Some(master), false) => Ok(Some(SentinelSettings {
+            nodes: nodes.clone(),
+            master: master.clone(),
+            password: flags.sentinel_password.clone(),
+        })),
+        (None, false) => Err("--redis-sentinel-nodes needs --redis-sentinel-master".to_owned()),
+        (_, true) => Err(
+            "--redis-sentinel-master and --redis-sentinel-password need --redis-sentinel-nodes"
+                .to_owned(),
+        ),
+    }
 }
 
 /// The in-memory backend on the system clock, its sweeper, and the gauge

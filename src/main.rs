@@ -85,8 +85,11 @@ struct ServeArgs {
     /// HTTP listen address (health, debugging endpoints).
     #[arg(long, env = "THROTTLEGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
-    /// `redis://`, `rediss://` (TLS) or `redis+unix://`; without it the
-    /// in-memory backend is used and limits are per instance.
+    /// `redis://`, `rediss://` (TLS) or `redis+unix://`; without it (and
+    /// without Sentinel) the in-memory backend is used and limits are per
+    /// instance. With `--redis-sentinel-nodes` it is optional and gives
+    /// only how to reach the master: `rediss://` for TLS, user, password and
+    /// db (`redis://:secret@master/0`); its host and port are ignored.
     #[arg(long, env = "REDIS_URL")]
     redis_url: Option<String>,
     /// Most Redis connections kept open.
@@ -111,12 +114,19 @@ struct ServeArgs {
     /// Redis Cluster seed nodes, `host:port,host:port,...`.
     #[arg(long, env = "THROTTLEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
     redis_cluster_nodes: Vec<String>,
-    /// Redis Sentinel nodes, `host:port,host:port,...`.
+    /// Redis Sentinel nodes, `host:port,host:port,...`, asked in this order
+    /// for the master's address whenever a connection is made, so a
+    /// failover is followed without a restart. Needs
+    /// `--redis-sentinel-master`; excludes `--redis-cluster-nodes`.
     #[arg(long, env = "THROTTLEGATE_REDIS_SENTINEL_NODES", value_delimiter = ',')]
     redis_sentinel_nodes: Vec<String>,
     /// The master name Sentinel watches.
     #[arg(long, env = "THROTTLEGATE_REDIS_SENTINEL_MASTER")]
     redis_sentinel_master: Option<String>,
+    /// Password of the sentinels themselves (their `requirepass`); the
+    /// master's password goes in `--redis-url`.
+    #[arg(long, env = "THROTTLEGATE_REDIS_SENTINEL_PASSWORD")]
+    redis_sentinel_password: Option<String>,
     /// What to answer when the backend fails: `error` fails the RPC with
     /// UNAVAILABLE so Envoy's `failure_mode_deny` decides.
     #[arg(long, env = "THROTTLEGATE_FAILURE_MODE", value_enum, default_value_t = FailureArg::Error)]
@@ -361,6 +371,7 @@ fn settings(args: ServeArgs) -> Settings {
             cluster_nodes: args.redis_cluster_nodes,
             sentinel_nodes: args.redis_sentinel_nodes,
             sentinel_master: args.redis_sentinel_master,
+            sentinel_password: args.redis_sentinel_password,
         },
         memory_max_counters: args.memory_max_counters,
         failure_mode: match args.failure_mode {

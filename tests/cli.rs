@@ -75,7 +75,7 @@ fn serve_with_a_bad_config_exits_2() {
 }
 
 #[test]
-fn serve_refuses_what_it_cannot_do_yet_with_exit_2() {
+fn serve_refuses_incomplete_redis_flags_with_exit_2() {
     let grpc = free_addr().to_string();
     let out = run(&[
         "serve",
@@ -85,7 +85,13 @@ fn serve_refuses_what_it_cannot_do_yet_with_exit_2() {
         "mymaster",
     ]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not supported yet"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "--redis-sentinel-master and --redis-sentinel-password need --redis-sentinel-nodes"
+        ),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

@@ -539,6 +539,7 @@ async fn the_key_prefix_namespaces_every_key() {
 fn settings_for(url: &str) -> throttlegate::backends::redis::RedisSettings {
     throttlegate::backends::redis::RedisSettings {
         url: url.to_owned(),
+        sentinel: None,
         pool_size: 2,
         timeout_ms: 5_000,
         key_prefix: "tg".to_owned(),

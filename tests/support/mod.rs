@@ -8,4 +8,5 @@ pub mod process;
 pub mod redis;
 pub mod reflection;
 pub mod request;
+pub mod sentinel;
 pub mod service;

@@ -303,6 +303,7 @@ fn free_port() -> u16 {
 pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
     RedisSettings {
         url: server.url(),
+        sentinel: None,
         pool_size: 4,
         timeout_ms: 5_000,
         key_prefix: "tg".to_owned(),

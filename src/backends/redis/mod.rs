@@ -4,11 +4,13 @@
 //! limits are checked and consumed in one script call, so replicas sharing
 //! a Redis agree exactly. `pool` holds the connections (multiplexed,
 //! broken ones retired, a circuit that fails calls at once while Redis
-//! cannot be reached); [`script`] the script's arguments and reply; this
-//! module the backend itself and how Redis failures are classified.
+//! cannot be reached); [`script`] the script's arguments and reply;
+//! `sentinel` how the master is found behind Sentinel; this module the
+//! backend itself and how Redis failures are classified.
 
 mod pool;
 pub mod script;
+mod sentinel;
 
 use std::fmt;
 use std::sync::Arc;
@@ -17,9 +19,11 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::time::{Instant, timeout_at};
 
-use self::pool::Pool;
+use self::pool::{Pool, Target};
 pub use self::script::DECIDE_LUA;
 use self::script::HeaderArgs;
+use self::sentinel::Sentinel;
+pub use self::sentinel::SentinelSettings;
 use super::{Backend, Error, KeyedCheck, keys};
 use crate::algorithms::Verdict;
 use crate::clock::Clock;
@@ -37,7 +41,12 @@ pub enum ClockSource {
 #[derive(Clone)]
 pub struct RedisSettings {
     /// `redis://`, `rediss://` or `redis+unix://`, with optional user:password.
+    /// With [`RedisSettings::sentinel`], only how to reach the master
+    /// (`rediss://` for TLS, user, password, db): its host and port are
+    /// replaced by the address the sentinels give.
     pub url: String,
+    /// Find the master through Sentinel instead of connecting to `url`.
+    pub sentinel: Option<SentinelSettings>,
     /// Most connections kept open; each is multiplexed, so a few suffice.
     pub pool_size: u32,
     /// Bound on every call (checkout, connect and script); also the probe's.
@@ -79,15 +88,23 @@ impl RedisSettings {
         Ok(())
     }
 
-    /// The client for the URL; nothing is connected yet.
-    fn client(&self) -> Result<redis::Client, Error> {
+    /// Where connections go, and its name for logs; nothing is connected
+    /// yet.
+    fn target(&self) -> Result<(Target, String), Error> {
         // rustls needs a process-wide crypto provider for `rediss://`; without
         // one it panics inside the connection task. Already installed (by us
         // or the embedding program) is fine.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        redis::Client::open(self.url.as_str()).map_err(|err| {
+        if let Some(sentinel) = &self.sentinel {
+            let timeout = Duration::from_millis(self.timeout_ms);
+            let sentinel = Sentinel::new(sentinel, &self.url, timeout)?;
+            let name = sentinel.describe();
+            return Ok((Target::Sentinel(Arc::new(sentinel)), name));
+        }
+        let client = redis::Client::open(self.url.as_str()).map_err(|err| {
             Error::Protocol(format!("invalid redis url {}: {err}", redact(&self.url)))
-        })
+        })?;
+        Ok((Target::Direct(Box::new(client)), redact(&self.url)))
     }
 }
 
@@ -95,6 +112,7 @@ impl fmt::Debug for RedisSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisSettings")
             .field("url", &redact(&self.url))
+            .field("sentinel", &self.sentinel)
             .field("pool_size", &self.pool_size)
             .field("timeout_ms", &self.timeout_ms)
             .field("key_prefix", &self.key_prefix)
@@ -107,7 +125,8 @@ impl fmt::Debug for RedisSettings {
 // === impl RedisBackend ===
 
 impl RedisBackend {
-    /// Builds the pool. Fails when the URL or settings are invalid; an
+    /// Builds the pool. Fails when the URL or settings are invalid, and
+    /// with Sentinel when no sentinel answers or none knows the master; an
     /// unreachable server is not an error here (probe and health report
     /// it, and connections are made when it answers). The script is loaded
     /// on first use (EVALSHA falls back to SCRIPT LOAD on NOSCRIPT).
@@ -115,10 +134,12 @@ impl RedisBackend {
     /// when the backend is dropped.
     pub async fn connect(settings: RedisSettings) -> Result<RedisBackend, Error> {
         settings.validate()?;
-        let client = settings.client()?;
-        let redacted_url = redact(&settings.url);
+        let (target, redacted_url) = settings.target()?;
+        if let Target::Sentinel(sentinel) = &target {
+            sentinel.check().await?;
+        }
         let pool = Pool::start(
-            client,
+            target,
             settings.pool_size,
             settings.timeout_ms,
             redacted_url.clone(),
@@ -224,6 +245,13 @@ fn is_broken(err: &RedisError) -> bool {
         && (err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error())
 }
 
+/// Whether `err` says the node is a replica now (a master demoted by a
+/// failover keeps its connections): connections to it must be replaced by
+/// ones to the new master, which only a Sentinel target finds.
+fn is_demoted(err: &RedisError) -> bool {
+    matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
+}
+
 /// Maps a Redis failure to a backend error where it arises.
 fn classify(err: &RedisError, timeout_ms: u64) -> Error {
     if err.is_timeout() {
@@ -235,6 +263,7 @@ fn classify(err: &RedisError, timeout_ms: u64) -> Error {
     let unavailable = matches!(
         err.kind(),
         ErrorKind::AuthenticationFailed
+            | ErrorKind::MasterNameNotFoundBySentinel
             | ErrorKind::Server(
                 ServerErrorKind::BusyLoading
                     | ServerErrorKind::TryAgain

@@ -1,6 +1,8 @@
 //! Connections to Redis: a bb8 pool of multiplexed connections, their
 //! generations, and the circuit that fails calls at once while Redis cannot
-//! be reached, with the task that reconnects meanwhile.
+//! be reached, with the task that reconnects meanwhile. Behind Sentinel,
+//! every new connection asks the sentinels where the master is, so this
+//! same path follows a failover.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +15,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
-use super::{Error, classify, is_broken};
+use super::sentinel::Sentinel;
+use super::{Error, classify, is_broken, is_demoted};
 
 /// First wait before the background task tries to reconnect after the
 /// circuit opened; doubled after every failure up to [`RECONNECT_MAX_DELAY`].
@@ -21,6 +24,14 @@ use super::{Error, classify, is_broken};
 /// second while a long outage costs Redis one connect a second per replica.
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// Where connections go: one server, or whichever node the sentinels name
+/// master when the connection is made (so every reconnect asks them again).
+#[derive(Clone)]
+pub(super) enum Target {
+    Direct(Box<redis::Client>),
+    Sentinel(Arc<Sentinel>),
+}
 
 /// Connections to one Redis, and what is known about reaching it.
 pub(super) struct Pool {
@@ -71,7 +82,7 @@ struct Circuit {
 /// Makes a fresh connection and PINGs it; on success the connection joins
 /// the pool and the circuit closes.
 struct Reconnector {
-    client: redis::Client,
+    target: Target,
     config: AsyncConnectionConfig,
     pool: bb8::Pool<Manager>,
     epoch: Arc<AtomicU64>,
@@ -98,7 +109,7 @@ struct ReconnectGuard {
 /// suspicion about one connection only (a probe PING with no answer) marks
 /// that connection alone, through its `retired` flag.
 struct Manager {
-    client: redis::Client,
+    target: Target,
     config: AsyncConnectionConfig,
     epoch: Arc<AtomicU64>,
     /// Cleared by a successful connect, so that a checkout timeout never
@@ -119,7 +130,7 @@ impl Pool {
     /// error here) and starts the task that reconnects while the circuit is
     /// open; it stops when the pool is dropped.
     pub(super) fn start(
-        client: redis::Client,
+        target: Target,
         max_size: u32,
         timeout_ms: u64,
         redacted_url: String,
@@ -132,7 +143,7 @@ impl Pool {
         let last_connect_error = Arc::new(Mutex::new(None));
         let circuit = Arc::new(Circuit::new(redacted_url.clone()));
         let manager = Manager {
-            client: client.clone(),
+            target: target.clone(),
             config: config.clone(),
             epoch: epoch.clone(),
             last_connect_error: last_connect_error.clone(),
@@ -141,7 +152,7 @@ impl Pool {
         let sink = LastErrorSink(last_connect_error.clone());
         let pool = build_pool(manager, max_size, timeout, sink);
         let reconnector = Arc::new(Reconnector {
-            client,
+            target,
             config,
             pool: pool.clone(),
             epoch: epoch.clone(),
@@ -229,9 +240,11 @@ impl Pool {
     }
 
     /// Marks `conn` and every older connection broken when `err` means the
-    /// connection is dead, and classifies the error.
+    /// connection is dead, or that its node is no longer a master (READONLY:
+    /// demoted by a failover, so new connections must find the new master),
+    /// and classifies the error.
     pub(super) fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
-        if is_broken(err) {
+        if is_broken(err) || is_demoted(err) {
             self.retire(conn);
         }
         classify(err, self.timeout_ms)
@@ -326,6 +339,37 @@ fn build_pool(
         .build_unchecked(manager)
 }
 
+// === impl Target ===
+
+impl Target {
+    /// A fresh multiplexed connection; through Sentinel, to the node named
+    /// master now.
+    async fn connect(
+        &self,
+        config: &AsyncConnectionConfig,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        match self {
+            Target::Direct(client) => {
+                client
+                    .get_multiplexed_async_connection_with_config(config)
+                    .await
+            }
+            Target::Sentinel(sentinel) => sentinel.connect(config).await,
+        }
+    }
+
+    /// How long one [`Target::connect`] may take when every step uses its
+    /// whole `timeout`: through Sentinel, each sentinel in turn, then the
+    /// master. A dead first sentinel then delays a reconnect without
+    /// preventing it.
+    fn bound(&self, timeout: Duration) -> Duration {
+        match self {
+            Target::Direct(_) => timeout,
+            Target::Sentinel(sentinel) => timeout * (sentinel.nodes() + 1),
+        }
+    }
+}
+
 // === impl Manager ===
 
 impl bb8::ManageConnection for Manager {
@@ -337,8 +381,8 @@ impl bb8::ManageConnection for Manager {
         // connection too, which at worst costs one reconnect.
         let epoch = self.epoch.load(Ordering::SeqCst);
         let conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
+            .target
+            .connect(&self.config)
             .await
             .inspect_err(|err| self.circuit.open(err.to_string()))?;
         *self
@@ -447,11 +491,8 @@ impl Reconnector {
     /// connection joins the pool and the circuit closes; on failure the
     /// circuit opens (or stays open with the new reason).
     async fn attempt(&self) -> Result<(), Error> {
-        let res = tokio::time::timeout(self.timeout, async {
-            let mut conn = self
-                .client
-                .get_multiplexed_async_connection_with_config(&self.config)
-                .await?;
+        let res = tokio::time::timeout(self.target.bound(self.timeout), async {
+            let mut conn = self.target.connect(&self.config).await?;
             let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
             Ok::<_, RedisError>((conn, pong))
         })
@@ -467,7 +508,8 @@ impl Reconnector {
             }
             Ok(Err(err)) => (classify(&err, self.timeout_ms), err.to_string()),
             Err(_) => {
-                let reason = format!("no answer within {} ms", self.timeout_ms);
+                let bound = self.target.bound(self.timeout).as_millis();
+                let reason = format!("no answer within {bound} ms");
                 (Error::Unavailable(reason.clone()), reason)
             }
         };
