@@ -570,6 +570,51 @@ async fn a_group_decided_and_refunded_through_the_api_is_back_to_fresh() {
     );
 }
 
+/// The oldest member of a full log of 10,000 (the default cap) refunded:
+/// every later member's running total moves down by its cost, and the log
+/// answers as one that never held it. Prints the script's own time.
+#[tokio::test]
+async fn refunding_the_oldest_member_of_a_full_log_keeps_the_window_exact() {
+    const N: u64 = 10_000;
+    let server = RedisServer::start();
+    let mut conn = server.patient_connection(None).await;
+    let params = LimitParams::new(Algorithm::SlidingWindowLog, N, W, None).unwrap();
+    let one = Check {
+        params,
+        cost: 1,
+        mode: Mode::Enforce,
+    };
+    let mut fill = redis::pipe();
+    for idx in 1..=N {
+        fill.cmd("ZADD")
+            .arg("a")
+            .arg(T0 + idx)
+            .arg(format!("{idx},1"))
+            .ignore();
+        if idx > 1 {
+            fill.cmd("ZADD")
+                .arg("b")
+                .arg(T0 + idx)
+                .arg(format!("{},1", idx - 1))
+                .ignore();
+        }
+    }
+    fill.cmd("PEXPIRE").arg("a").arg(GRACE_MS).ignore();
+    fill.cmd("PEXPIRE").arg("b").arg(GRACE_MS).ignore();
+    let () = fill.query_async(&mut conn).await.unwrap();
+    // The receipt the decision gave the first request.
+    let (_, _, receipt) = decide(&mut conn, "c", T0 + 1, one).await;
+    support::redis::reset_stats(&mut conn).await;
+    assert_eq!(refund(&mut conn, "a", T0 + N, one, receipt).await, 1);
+    let stats = support::redis::command_stats(&mut conn).await;
+    let usec = support::redis::command_stat(&stats, "evalsha", "usec").unwrap_or(f64::NAN);
+    eprintln!("refund of the oldest of {N} members: {usec} µs in Redis");
+    assert_eq!(dump(&mut conn, "a").await, dump(&mut conn, "b").await);
+    let (allowed, outcome, _) = decide(&mut conn, "a", T0 + N, one).await;
+    assert!(allowed, "one unit of room again");
+    assert_eq!(outcome.remaining, 0);
+}
+
 /// One step of a trace: µs to wait, then a request of `cost` or (cost 0)
 /// the refund of an outstanding request picked by `pick`.
 type Step = (u64, u64, usize);
