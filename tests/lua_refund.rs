@@ -14,8 +14,9 @@ use support::redis::RedisServer;
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, Outcome};
 use throttlegate::backends::redis::DECIDE_LUA;
 use throttlegate::backends::redis::script::{
-    HeaderArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, argv, decode_refund_reply,
-    decode_reply_with_receipts, invocation, refund_argv, refund_invocation, refund_script,
+    Arg, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, argv,
+    decode_refund_reply, decode_reply_with_receipts, invocation, refund_argv, refund_invocation,
+    refund_script,
 };
 
 /// 20 s into a minute window.
@@ -51,10 +52,7 @@ async fn decide(
     let script = redis::Script::new(DECIDE_LUA);
     let reply: Vec<i64> = script
         .key(key)
-        .arg(argv(
-            &header,
-            &[throttlegate::backends::redis::script::LimitArgs::of(&check)],
-        ))
+        .arg(argv(&header, &[LimitArgs::of(&check)]))
         .invoke_async(conn)
         .await
         .expect("decide");
@@ -445,10 +443,7 @@ async fn call_decide(
         grace_ms: GRACE_MS,
         receipts,
     };
-    let limits: Vec<_> = checks
-        .iter()
-        .map(throttlegate::backends::redis::script::LimitArgs::of)
-        .collect();
+    let limits: Vec<_> = checks.iter().map(LimitArgs::of).collect();
     let script = redis::Script::new(DECIDE_LUA);
     let mut invocation = script.prepare_invoke();
     for key in keys {
@@ -510,10 +505,24 @@ async fn bad_receipts_are_refused_before_any_write() {
         .invoke_async(&mut conn)
         .await;
     assert!(short.unwrap_err().to_string().contains("arguments"));
-    args[7] = throttlegate::backends::redis::script::Arg::Text("-3");
+    args[7] = Arg::Text("-3");
     let negative: redis::RedisResult<Vec<i64>> =
         script.key("k").arg(&args).invoke_async(&mut conn).await;
     assert!(negative.unwrap_err().to_string().contains("bad receipt"));
+    // The decision's flag is 0 or 1, checked before anything is read.
+    let header = HeaderArgs {
+        now_us: Some(T0 + 1),
+        grace_ms: GRACE_MS,
+        receipts: true,
+    };
+    let mut args = argv(&header, &[LimitArgs::of(&check(algorithm, 1))]);
+    args[2] = Arg::Text("2");
+    let flag: redis::RedisResult<Vec<i64>> = redis::Script::new(DECIDE_LUA)
+        .key("k")
+        .arg(&args)
+        .invoke_async(&mut conn)
+        .await;
+    assert!(flag.unwrap_err().to_string().contains("bad receipts flag"));
     assert_eq!(dump(&mut conn, "k").await, stored);
 }
 
