@@ -1,16 +1,21 @@
-//! The decision script on a Redis Cluster node: it touches only the keys
-//! it declares, so it runs wherever its keys share a slot, and a request
-//! whose keys span slots is a classified error, not a partial decision.
+//! Redis Cluster: the decision script on one cluster node (it touches only
+//! the keys it declares, so it runs wherever its keys share a slot), and the
+//! cluster backend on a real 3-primary cluster (slot groups, hash tags,
+//! NOSCRIPT per node, several instances, resharding, failover).
 
 mod support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::keys::check_on;
+use support::cluster::Cluster;
+use support::keys::{check, check_on, counter_key};
 use support::redis::{RedisServer, backend, backend_with};
-use throttlegate::algorithms::Algorithm::{SlidingWindowLog, TokenBucket};
+use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog, TokenBucket};
+use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
-use throttlegate::backends::{Backend, Error};
+use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
+use throttlegate::backends::{Backend, Error, KeyedCheck};
 
 /// A one-node cluster serving every slot.
 async fn single_node_cluster() -> RedisServer {
@@ -72,4 +77,181 @@ async fn keys_in_different_slots_are_refused_whole() {
     let mut conn = server.connection().await;
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert_eq!(size, 0, "nothing was written");
+}
+
+// === the cluster backend on a 3-primary cluster ===
+
+/// Settings for a backend on `cluster`: pool of 4, 5 s timeout, prefix `tg`.
+fn cluster_settings(cluster: &Cluster, hash_tag: HashTag) -> ClusterSettings {
+    ClusterSettings {
+        nodes: cluster.seeds(),
+        pool_size: 4,
+        timeout_ms: 5_000,
+        keys: KeyFormat::new("tg", hash_tag),
+        clock: ClockSource::Redis,
+        expiry_grace_ms: 0,
+    }
+}
+
+fn cluster_backend(cluster: &Cluster, hash_tag: HashTag) -> Arc<ClusterBackend> {
+    Arc::new(ClusterBackend::connect(cluster_settings(cluster, hash_tag)).expect("settings"))
+}
+
+/// 64 tasks send `requests` requests of `checks` through `backends`
+/// (round robin); returns how many were allowed.
+async fn hammer(
+    backends: Vec<Arc<ClusterBackend>>,
+    checks: Vec<KeyedCheck>,
+    requests: usize,
+) -> usize {
+    let checks = Arc::new(checks);
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let backend = backends[task % backends.len()].clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..requests / 64 {
+                if backend.decide(&checks).await.expect("decide").allowed {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    total
+}
+
+/// A limit of 50 that cannot refill while the test runs.
+fn slow_check(algorithm: Algorithm, user: &str) -> KeyedCheck {
+    check_on(algorithm, 3_600, &[("user", user)], 50, 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_tasks_on_one_cluster_key_admit_exactly_the_limit() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    for algorithm in Algorithm::ALL {
+        let total = hammer(vec![backend.clone()], vec![slow_check(algorithm, "a")], 256).await;
+        assert_eq!(total, 50, "{algorithm}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_cluster_admit_exactly_the_limit_in_total() {
+    let cluster = Cluster::start(3, 0).await;
+    let first = cluster_backend(&cluster, HashTag::None);
+    let second = cluster_backend(&cluster, HashTag::Descriptor);
+    let third = cluster_backend(&cluster, HashTag::Descriptor);
+    for algorithm in Algorithm::ALL {
+        // Two instances with the same key format share the counter.
+        let total = hammer(
+            vec![second.clone(), third.clone()],
+            vec![slow_check(algorithm, "b")],
+            256,
+        )
+        .await;
+        assert_eq!(total, 50, "{algorithm}");
+    }
+    let total = hammer(vec![first], vec![slow_check(TokenBucket, "b")], 128).await;
+    assert_eq!(total, 50, "an untagged key is another counter");
+}
+
+/// Checks on `n` descriptors of one domain: without a tag, spread over the
+/// primaries.
+fn spread_checks(n: usize) -> Vec<KeyedCheck> {
+    (0..n)
+        .map(|idx| check_on(SlidingWindowLog, 60, &[("ip", &idx.to_string())], 1_000, 1))
+        .collect()
+}
+
+#[tokio::test]
+async fn with_a_domain_tag_every_request_is_one_script_call() {
+    let cluster = Cluster::start(3, 0).await;
+    let tagged = cluster_backend(&cluster, HashTag::Domain);
+    let untagged = cluster_backend(&cluster, HashTag::None);
+    let checks = spread_checks(8);
+    // Loads the script where it is needed.
+    assert!(tagged.decide(&checks).await.unwrap().allowed);
+    assert!(untagged.decide(&checks).await.unwrap().allowed);
+    cluster.reset_stats().await;
+    for _ in 0..10 {
+        assert!(tagged.decide(&checks).await.unwrap().allowed);
+    }
+    assert_eq!(cluster.calls_on_primaries("evalsha").await, 10);
+    let keys = cluster.keys("tg:{test}:*").await;
+    assert_eq!(keys.len(), 8, "{keys:?}");
+
+    // The same request untagged is one call per slot: more than one.
+    cluster.reset_stats().await;
+    assert!(untagged.decide(&checks).await.unwrap().allowed);
+    let calls = cluster.calls_on_primaries("evalsha").await;
+    assert!(calls > 1 && calls <= 8, "{calls} calls");
+}
+
+#[tokio::test]
+async fn the_script_is_loaded_again_on_a_primary_that_lost_it() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::Descriptor);
+    let checks = spread_checks(12);
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    for idx in 0..cluster.primaries() {
+        cluster.script_flush(idx).await;
+    }
+    let verdict = backend
+        .decide(&checks)
+        .await
+        .expect("NOSCRIPT is followed by SCRIPT LOAD");
+    assert!(verdict.allowed);
+    assert!(verdict.outcomes.iter().all(|it| it.remaining == 998));
+}
+
+#[tokio::test]
+async fn hostile_values_get_their_own_counters_and_no_hash_tag_of_their_own() {
+    let cluster = Cluster::start(3, 0).await;
+    let hostile = [
+        "{a}", "a", "{a", "a}", "}{", "{}", "%7Ba%7D", "a:b", "{a}:b",
+    ];
+    for tag in [HashTag::None, HashTag::Domain, HashTag::Descriptor] {
+        let backend = cluster_backend(&cluster, tag);
+        for value in hostile {
+            let one = [check(counter_key(TokenBucket, 60, &[("k", value)]), 1, 1)];
+            let verdict = backend.decide(&one).await.unwrap();
+            assert!(verdict.allowed, "{tag:?} {value}: a counter of its own");
+        }
+    }
+    let keys = cluster.keys("tg:*").await;
+    assert_eq!(keys.len(), hostile.len() * 3, "{keys:#?}");
+    for key in keys {
+        let braces = key.matches('{').count() + key.matches('}').count();
+        let tagged = key.starts_with("tg:{");
+        assert_eq!(braces, if tagged { 2 } else { 0 }, "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_primary_down_makes_the_probe_fail_within_the_timeout() {
+    let mut cluster = Cluster::start(3, 0).await;
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 500,
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    backend.probe().await.expect("a healthy cluster");
+    cluster.kill(2);
+    let started = Instant::now();
+    let err = backend.probe().await.expect_err("a primary is down");
+    assert!(
+        started.elapsed() < Duration::from_millis(500 + 250),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(err, Error::Unavailable(_) | Error::Timeout(_)),
+        "{err:?}"
+    );
 }

@@ -618,7 +618,10 @@ mod tests {
             KeyFormat::new("tg", HashTag::Descriptor).encode(&key),
             "tg:{api:k=%7Bv%7D%3A1}:remote_address:sliding_window_log.60s"
         );
-        assert_eq!(KeyFormat::new("tg", HashTag::None).encode(&key), encode("tg", &key));
+        assert_eq!(
+            KeyFormat::new("tg", HashTag::None).encode(&key),
+            encode("tg", &key)
+        );
     }
 
     #[test]
@@ -627,7 +630,10 @@ mod tests {
         let b = key(&[("ip", value("2"))]);
         let descriptor = KeyFormat::new("tg", HashTag::Descriptor);
         let domain = KeyFormat::new("tg", HashTag::Domain);
-        assert_ne!(tag_of(&descriptor.encode(&a)), tag_of(&descriptor.encode(&b)));
+        assert_ne!(
+            tag_of(&descriptor.encode(&a)),
+            tag_of(&descriptor.encode(&b))
+        );
         assert_eq!(tag_of(&domain.encode(&a)), Some("api"));
         assert_eq!(tag_of(&domain.encode(&a)), tag_of(&domain.encode(&b)));
         assert_ne!(domain.encode(&a), domain.encode(&b));

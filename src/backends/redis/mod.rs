@@ -7,6 +7,7 @@
 //! cannot be reached); [`script`] the script's arguments and reply; this
 //! module the backend itself and how Redis failures are classified.
 
+pub mod cluster;
 mod pool;
 pub mod script;
 

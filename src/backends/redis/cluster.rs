@@ -1,0 +1,571 @@
+//! Redis Cluster backend: a request's counters grouped by hash slot, one
+//! call of the decision script per group, the groups sent concurrently and
+//! their verdicts merged in check order.
+//!
+//! The script touches only the keys it declares, and a script's keys must
+//! share a slot (CROSSSLOT otherwise), hence the grouping. With
+//! `--redis-hash-tag domain` every request is one group, so one call, and
+//! the decision is as atomic as on a single server.
+//!
+//! Routing is ours, not the client's: the cluster client is built with no
+//! retries, because it retries after I/O errors and timeouts, when the
+//! script may have run (counting a request twice). We follow only the
+//! answers that prove the script did not run: MOVED (to the named node),
+//! ASK (ASKING then the script, on the named node), NOSCRIPT (SCRIPT LOAD
+//! on that node, then again), and TRYAGAIN, CLUSTERDOWN, MASTERDOWN,
+//! READONLY, LOADING or a node not connected (again after a short pause,
+//! routed by slot on the refreshed map). All of it within one deadline.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use tokio::sync::OnceCell;
+use tokio::time::{Instant, sleep, timeout_at};
+
+use super::script::{self, HeaderArgs, LimitArgs};
+use super::{ClockSource, DECIDE_LUA, classify, redact};
+use crate::algorithms::{Outcome, Verdict};
+use crate::backends::keys::KeyFormat;
+use crate::backends::{Backend, Error, KeyedCheck};
+
+/// Most attempts of one group's call: each one follows an answer that
+/// proves the script did not run, so the bound only stops a redirect loop.
+const MAX_ATTEMPTS: usize = 8;
+
+/// Pause before routing again after TRYAGAIN, CLUSTERDOWN and the like,
+/// while the client refreshes its slot map.
+const REROUTE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Everything needed to reach a cluster, from the command line.
+#[derive(Clone)]
+pub struct ClusterSettings {
+    /// Seed nodes: `host:port`, `redis://` or `rediss://` URLs (with
+    /// user:password); any subset of the cluster.
+    pub nodes: Vec<String>,
+    /// Cluster connections kept (each multiplexed, one socket per node).
+    pub pool_size: u32,
+    /// Bound on every call, including its redirects; also the probe's.
+    pub timeout_ms: u64,
+    /// Prefix and hash tag of every key.
+    pub keys: KeyFormat,
+    pub clock: ClockSource,
+    /// As [`super::RedisSettings::expiry_grace_ms`].
+    pub expiry_grace_ms: u64,
+}
+
+/// Counters in a Redis Cluster, shared by every replica pointed at it.
+pub struct ClusterBackend {
+    client: ClusterClient,
+    /// Made on first use, so an unreachable cluster at start-up is not an
+    /// error; a failed attempt is tried again by the next call.
+    connections: Vec<OnceCell<ClusterConnection>>,
+    next: AtomicUsize,
+    script: redis::Script,
+    keys: KeyFormat,
+    clock: ClockSource,
+    timeout: Duration,
+    timeout_ms: u64,
+    expiry_grace_ms: u64,
+    redacted_nodes: String,
+}
+
+/// Where one attempt of a group's call goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// The primary serving the slot, as the client's map says.
+    Slot(Slot),
+    /// The node a MOVED named.
+    Moved(String, u16),
+    /// The node an ASK named: ASKING first.
+    Ask(String, u16),
+}
+
+/// The checks of one slot, by their positions in the request.
+struct Group {
+    slot: Slot,
+    positions: Vec<usize>,
+    keys: Vec<String>,
+}
+
+// === impl ClusterSettings ===
+
+impl ClusterSettings {
+    fn validate(&self) -> Result<(), Error> {
+        if self.nodes.is_empty() {
+            return Err(Error::Protocol("redis cluster needs a seed node".into()));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::Protocol("redis pool size must be at least 1".into()));
+        }
+        if self.timeout_ms == 0 {
+            return Err(Error::Protocol(
+                "redis timeout must be at least 1 ms".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The client; nothing is connected yet. No retries (see the module
+    /// doc); connect and response bounded by the timeout.
+    fn client(&self) -> Result<ClusterClient, Error> {
+        // rustls needs a process-wide crypto provider for `rediss://`.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let timeout = Duration::from_millis(self.timeout_ms);
+        let nodes: Vec<String> = self.nodes.iter().map(|it| node_url(it)).collect();
+        ClusterClientBuilder::new(nodes)
+            .retries(0)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(|err| {
+                Error::Protocol(format!(
+                    "invalid redis cluster nodes {}: {err}",
+                    redact_nodes(&self.nodes)
+                ))
+            })
+    }
+}
+
+/// `host:port` as a URL; URLs as given.
+fn node_url(node: &str) -> String {
+    let node = node.trim();
+    if node.contains("://") {
+        node.to_owned()
+    } else {
+        format!("redis://{node}")
+    }
+}
+
+fn redact_nodes(nodes: &[String]) -> String {
+    nodes
+        .iter()
+        .map(|it| redact(it))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl fmt::Debug for ClusterSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterSettings")
+            .field("nodes", &redact_nodes(&self.nodes))
+            .field("pool_size", &self.pool_size)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("keys", &self.keys)
+            .field("clock", &self.clock)
+            .field("expiry_grace_ms", &self.expiry_grace_ms)
+            .finish()
+    }
+}
+
+// === impl ClusterBackend ===
+
+impl ClusterBackend {
+    /// Checks the settings; connects on first use.
+    pub fn connect(settings: ClusterSettings) -> Result<ClusterBackend, Error> {
+        settings.validate()?;
+        let client = settings.client()?;
+        let pool_size = usize::try_from(settings.pool_size).unwrap_or(1);
+        Ok(ClusterBackend {
+            client,
+            connections: (0..pool_size).map(|_| OnceCell::new()).collect(),
+            next: AtomicUsize::new(0),
+            script: redis::Script::new(DECIDE_LUA),
+            keys: settings.keys,
+            clock: settings.clock,
+            timeout: Duration::from_millis(settings.timeout_ms),
+            timeout_ms: settings.timeout_ms,
+            expiry_grace_ms: settings.expiry_grace_ms,
+            redacted_nodes: redact_nodes(&settings.nodes),
+        })
+    }
+
+    /// The Redis key of a counter, as the script reads and writes it.
+    pub fn key_of(&self, key: &super::super::CounterKey) -> String {
+        self.keys.encode(key)
+    }
+
+    /// The SHA1 the script is invoked by (EVALSHA).
+    pub fn script_hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// A cluster connection, made now if this slot of the pool has none.
+    async fn connection(&self) -> Result<ClusterConnection, Error> {
+        let idx = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        let conn = self.connections[idx]
+            .get_or_try_init(|| self.client.get_async_connection())
+            .await
+            .map_err(|err| classify(&err, self.timeout_ms))?;
+        Ok(conn.clone())
+    }
+
+    fn header(&self) -> HeaderArgs {
+        let now_us = match &self.clock {
+            ClockSource::Redis => None,
+            ClockSource::Local(clock) => Some(clock.now_us()),
+        };
+        HeaderArgs {
+            now_us,
+            grace_ms: self.expiry_grace_ms,
+        }
+    }
+
+    /// The checks grouped by slot, groups in the order of their first check.
+    /// Refuses a request naming one counter twice.
+    fn groups(&self, checks: &[KeyedCheck]) -> Result<Vec<Group>, Error> {
+        let mut seen = HashSet::with_capacity(checks.len());
+        let mut groups: Vec<Group> = Vec::new();
+        for (position, check) in checks.iter().enumerate() {
+            let key = self.keys.encode(&check.key);
+            if !seen.insert(key.clone()) {
+                return Err(Error::Protocol(format!(
+                    "counter {key} appears twice in one request"
+                )));
+            }
+            let slot = Slot::for_key(key.as_bytes());
+            match groups.iter_mut().find(|it| it.slot == slot) {
+                Some(group) => {
+                    group.positions.push(position);
+                    group.keys.push(key);
+                }
+                None => groups.push(Group {
+                    slot,
+                    positions: vec![position],
+                    keys: vec![key],
+                }),
+            }
+        }
+        Ok(groups)
+    }
+
+    /// EVALSHA of the decision script over one group.
+    fn decide_cmd(&self, header: &HeaderArgs, group: &Group, checks: &[KeyedCheck]) -> Cmd {
+        let limits: Vec<LimitArgs> = group
+            .positions
+            .iter()
+            .map(|&at| LimitArgs::of(&checks[at].check))
+            .collect();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(group.keys.len())
+            .arg(&group.keys)
+            .arg(script::argv(header, &limits));
+        cmd
+    }
+
+    /// One group decided on its node; the verdict covers the group's checks.
+    async fn decide_group(
+        &self,
+        mut conn: ClusterConnection,
+        header: &HeaderArgs,
+        group: &Group,
+        checks: &[KeyedCheck],
+    ) -> Result<Verdict, Error> {
+        let cmd = self.decide_cmd(header, group, checks);
+        let value = self.call(&mut conn, &cmd, group.slot).await?;
+        let reply: Vec<i64> = redis::from_redis_value(value)
+            .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))?;
+        script::parse_reply(&reply, group.keys.len())
+    }
+
+    /// Runs the script command, following only the answers that prove it
+    /// did not run (see the module doc). No deadline here: the caller's.
+    async fn call(
+        &self,
+        conn: &mut ClusterConnection,
+        cmd: &Cmd,
+        slot: Slot,
+    ) -> Result<Value, Error> {
+        let mut target = Target::Slot(slot);
+        let mut last = None;
+        for _ in 0..MAX_ATTEMPTS {
+            let err = match attempt(conn, cmd, &target).await {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            target = match next_step(&err) {
+                Next::Load => {
+                    self.load(conn, &target).await?;
+                    target
+                }
+                Next::Go(next) => next,
+                Next::Pause => {
+                    sleep(REROUTE_PAUSE).await;
+                    Target::Slot(slot)
+                }
+                Next::Fail => return Err(classify(&err, self.timeout_ms)),
+            };
+            last = Some(err);
+        }
+        Err(last.map_or_else(
+            || Error::Unavailable("redis cluster: no attempt made".into()),
+            |err| classify(&err, self.timeout_ms),
+        ))
+    }
+
+    /// SCRIPT LOAD on the node `target` names.
+    async fn load(&self, conn: &mut ClusterConnection, target: &Target) -> Result<(), Error> {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(DECIDE_LUA);
+        let routing = match target {
+            Target::Slot(slot) => single(Route::with_slot(*slot, SlotAddr::Master)),
+            Target::Moved(host, port) | Target::Ask(host, port) => by_address(host, *port),
+        };
+        conn.route_command(cmd, routing)
+            .await
+            .and_then(Value::extract_error)
+            .map(|_| ())
+            .map_err(|err| classify(&err, self.timeout_ms))
+    }
+}
+
+/// What to do after a failed attempt.
+enum Next {
+    /// NOSCRIPT: load the script on that node, then the same target again.
+    Load,
+    /// MOVED or ASK: the node named.
+    Go(Target),
+    /// The script did not run and the slot's owner may be changing.
+    Pause,
+    /// The script may have run, or it can never succeed: no retry.
+    Fail,
+}
+
+fn next_step(err: &RedisError) -> Next {
+    let named = || {
+        err.redirect_node().and_then(|(addr, _)| {
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse::<u16>().ok()?))
+        })
+    };
+    match err.kind() {
+        ErrorKind::Server(ServerErrorKind::NoScript) => Next::Load,
+        ErrorKind::Server(ServerErrorKind::Moved) => named().map_or(Next::Pause, |(host, port)| {
+            Next::Go(Target::Moved(host, port))
+        }),
+        ErrorKind::Server(ServerErrorKind::Ask) => named().map_or(Next::Pause, |(host, port)| {
+            Next::Go(Target::Ask(host, port))
+        }),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::BusyLoading,
+        )
+        | ErrorKind::ClusterConnectionNotFound => Next::Pause,
+        _ => Next::Fail,
+    }
+}
+
+/// One attempt on one node; a server error reply is an `Err`.
+async fn attempt(conn: &mut ClusterConnection, cmd: &Cmd, target: &Target) -> RedisResult<Value> {
+    match target {
+        Target::Slot(slot) => {
+            let routing = single(Route::with_slot(*slot, SlotAddr::Master));
+            conn.route_command(cmd.clone(), routing)
+                .await
+                .and_then(Value::extract_error)
+        }
+        Target::Moved(host, port) => conn
+            .route_command(cmd.clone(), by_address(host, *port))
+            .await
+            .and_then(Value::extract_error),
+        Target::Ask(host, port) => {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").add_command(cmd.clone());
+            let routing = SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            };
+            let values = conn.route_pipeline(pipe, 1, 1, routing).await?;
+            values
+                .into_iter()
+                .next()
+                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "empty reply to ASKING")))
+                .and_then(Value::extract_error)
+        }
+    }
+}
+
+fn single(route: Route) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))
+}
+
+fn by_address(host: &str, port: u16) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// The group verdicts as one, in check order: allowed iff every group
+/// allowed.
+fn merge(n_checks: usize, groups: &[Group], verdicts: Vec<Verdict>) -> Result<Verdict, Error> {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n_checks];
+    let mut allowed = true;
+    for (group, verdict) in groups.iter().zip(verdicts) {
+        allowed &= verdict.allowed;
+        for (&at, outcome) in group.positions.iter().zip(verdict.outcomes) {
+            outcomes[at] = Some(outcome);
+        }
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Protocol("a check got no outcome".into()))?;
+    Ok(Verdict { allowed, outcomes })
+}
+
+impl fmt::Debug for ClusterBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterBackend")
+            .field("nodes", &self.redacted_nodes)
+            .field("keys", &self.keys)
+            .field("clock", &self.clock)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for ClusterBackend {
+    async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
+        if checks.is_empty() {
+            return Ok(Verdict {
+                allowed: true,
+                outcomes: Vec::new(),
+            });
+        }
+        let groups = self.groups(checks)?;
+        let header = self.header();
+        let deadline = Instant::now() + self.timeout;
+        let decided = async {
+            let conn = self.connection().await?;
+            let calls = groups
+                .iter()
+                .map(|group| self.decide_group(conn.clone(), &header, group, checks));
+            let verdicts = join_all(calls)
+                .await
+                .into_iter()
+                .collect::<Result<Vec<_>, Error>>()?;
+            merge(checks.len(), &groups, verdicts)
+        };
+        // NEVER retry after a timeout: a group's script may have run.
+        timeout_at(deadline, decided)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout_ms))?
+    }
+
+    /// The cluster reports `cluster_state:ok` and every primary it names
+    /// answers PING, within the timeout: a primary down (or a slot
+    /// unserved) is unhealthy.
+    async fn probe(&self) -> Result<(), Error> {
+        let deadline = Instant::now() + self.timeout;
+        let probed = async {
+            let mut conn = self.connection().await?;
+            let fail = |err: RedisError| classify(&err, self.timeout_ms);
+            let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+            let mut info = redis::cmd("CLUSTER");
+            info.arg("INFO");
+            let value = conn
+                .route_command(info, random.clone())
+                .await
+                .map_err(fail)?;
+            cluster_ok(value)?;
+            let mut slots = redis::cmd("CLUSTER");
+            slots.arg("SLOTS");
+            let value = conn.route_command(slots, random).await.map_err(fail)?;
+            let pings = primaries(value)?.into_iter().map(|(host, port)| {
+                let mut conn = conn.clone();
+                async move {
+                    conn.route_command(redis::cmd("PING"), by_address(&host, port))
+                        .await
+                        .and_then(Value::extract_error)
+                }
+            });
+            for result in join_all(pings).await {
+                result.map_err(fail)?;
+            }
+            Ok(())
+        };
+        timeout_at(deadline, probed)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout_ms))?
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+}
+
+/// The primaries named by a CLUSTER SLOTS answer:
+/// `[[start, end, [host, port, id, ...], replicas...], ...]`.
+fn primaries(value: Value) -> Result<Vec<(String, u16)>, Error> {
+    let bad =
+        |err: redis::ParsingError| Error::Protocol(format!("unexpected cluster slots: {err}"));
+    let ranges: Vec<Vec<Value>> = redis::from_redis_value(value).map_err(bad)?;
+    let mut out: Vec<(String, u16)> = Vec::new();
+    for range in ranges {
+        let Some(node) = range.into_iter().nth(2) else {
+            continue;
+        };
+        let node: Vec<Value> = redis::from_redis_value(node).map_err(bad)?;
+        let mut fields = node.into_iter();
+        let (Some(host), Some(port)) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let host: String = redis::from_redis_value(host).map_err(bad)?;
+        let port: u16 = redis::from_redis_value(port).map_err(bad)?;
+        if !out.contains(&(host.clone(), port)) {
+            out.push((host, port));
+        }
+    }
+    Ok(out)
+}
+
+/// Every CLUSTER INFO in `value` (one per primary) says the state is ok.
+fn cluster_ok(value: Value) -> Result<(), Error> {
+    let mut infos = Vec::new();
+    collect_texts(value, &mut infos)?;
+    if infos.is_empty() {
+        return Err(Error::Unavailable(
+            "redis cluster: no primary answered".into(),
+        ));
+    }
+    match infos.iter().find(|it| !it.contains("cluster_state:ok")) {
+        Some(_) => Err(Error::Unavailable("redis cluster state is not ok".into())),
+        None => Ok(()),
+    }
+}
+
+/// The text answers in `value`, however the client aggregated them; an
+/// error answer is an error.
+fn collect_texts(value: Value, out: &mut Vec<String>) -> Result<(), Error> {
+    match value {
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => out.push(text),
+        Value::Array(items) | Value::Set(items) => {
+            for item in items {
+                collect_texts(item, out)?;
+            }
+        }
+        Value::Map(pairs) => {
+            for (_, item) in pairs {
+                collect_texts(item, out)?;
+            }
+        }
+        Value::ServerError(err) => {
+            return Err(Error::Unavailable(format!("redis cluster: {err:?}")));
+        }
+        _ => {}
+    }
+    Ok(())
+}
