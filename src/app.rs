@@ -23,7 +23,9 @@ use tokio_stream::StreamExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::backends::Backend;
+use crate::backends::keys::{HashTag, KeyFormat};
 use crate::backends::memory::{MemoryBackend, SweeperGuard};
+use crate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings};
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
@@ -85,8 +87,11 @@ pub struct RedisFlags {
     pub key_prefix: String,
     pub expiry_grace_ms: u64,
     pub clock: ClockSource,
-    /// Cluster and Sentinel nodes: asking for either fails the start-up.
+    /// The service's hash tag in every key (`--redis-hash-tag`).
+    pub hash_tag: HashTag,
+    /// Redis Cluster seed nodes; exclusive with `url`.
     pub cluster_nodes: Vec<String>,
+    /// Sentinel nodes: asking for them fails the start-up.
     pub sentinel_nodes: Vec<String>,
     pub sentinel_master: Option<String>,
 }
@@ -363,37 +368,78 @@ async fn backend(
     metrics: &Metrics,
     stop: &mut StopSignals,
 ) -> Result<(Arc<dyn Backend>, Option<SweeperGuard>), Aborted> {
-    let Some(redis) = redis_settings(&settings.redis).map_err(Aborted::Failed)? else {
-        tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
-        let (memory, sweeper) = memory_backend(settings.memory_max_counters, metrics);
-        return Ok((memory, Some(sweeper)));
+    let redis = match redis_settings(&settings.redis).map_err(Aborted::Failed)? {
+        None => {
+            tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
+            let (memory, sweeper) = memory_backend(settings.memory_max_counters, metrics);
+            return Ok((memory, Some(sweeper)));
+        }
+        Some(RedisTarget::Cluster(cluster)) => {
+            return match ClusterBackend::connect(cluster) {
+                Ok(it) => Ok((Arc::new(it), None)),
+                Err(err) => Err(Aborted::Failed(format!("redis cluster: {err}"))),
+            };
+        }
+        Some(RedisTarget::Single(redis)) => redis,
     };
+    let hash_tag = settings.redis.hash_tag;
     match stop.or_stop(RedisBackend::connect(redis)).await {
-        Some(Ok(it)) => Ok((Arc::new(it), None)),
+        Some(Ok(it)) => Ok((Arc::new(it.with_hash_tag(hash_tag)), None)),
         Some(Err(err)) => Err(Aborted::Failed(format!("redis: {err}"))),
         None => Err(Aborted::Stopped),
     }
 }
 
-/// `None` without a URL.
-fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisSettings>, String> {
+/// The Redis deployment the flags name.
+enum RedisTarget {
+    Single(RedisSettings),
+    Cluster(ClusterSettings),
+}
+
+/// `None` without a URL or cluster nodes.
+fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisTarget>, String> {
     if flags.sentinel_master.is_some() || !flags.sentinel_nodes.is_empty() {
         return Err("redis sentinel is not supported yet".to_owned());
     }
     if !flags.cluster_nodes.is_empty() {
-        return Err("redis cluster is not supported yet".to_owned());
+        return cluster_settings(flags).map(|it| Some(RedisTarget::Cluster(it)));
     }
     let Some(url) = &flags.url else {
         return Ok(None);
     };
-    Ok(Some(RedisSettings {
+    Ok(Some(RedisTarget::Single(RedisSettings {
         url: url.clone(),
         pool_size: flags.pool_size,
         timeout_ms: flags.timeout_ms,
         key_prefix: flags.key_prefix.clone(),
         clock: flags.clock.clone(),
         expiry_grace_ms: flags.expiry_grace_ms,
-    }))
+    })))
+}
+
+/// The cluster flags; one deployment only, and (until a request over
+/// several slots can be undone where it was allowed) one slot per request.
+fn cluster_settings(flags: &RedisFlags) -> Result<ClusterSettings, String> {
+    if flags.url.is_some() {
+        return Err(
+            "--redis-url and --redis-cluster-nodes name two redis deployments: give one".to_owned(),
+        );
+    }
+    if flags.hash_tag != HashTag::Domain {
+        return Err(
+            "redis cluster needs --redis-hash-tag domain: a request whose counters \
+             lie in several hash slots cannot be decided all or nothing"
+                .to_owned(),
+        );
+    }
+    Ok(ClusterSettings {
+        nodes: flags.cluster_nodes.clone(),
+        pool_size: flags.pool_size,
+        timeout_ms: flags.timeout_ms,
+        keys: KeyFormat::new(flags.key_prefix.clone(), flags.hash_tag),
+        clock: flags.clock.clone(),
+        expiry_grace_ms: flags.expiry_grace_ms,
+    })
 }
 
 /// The in-memory backend on the system clock, its sweeper, and the gauge

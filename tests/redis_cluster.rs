@@ -10,12 +10,15 @@ use std::time::{Duration, Instant};
 
 use support::cluster::Cluster;
 use support::keys::{check, check_on, counter_key};
+use support::process::{Serve, command};
 use support::redis::{RedisServer, backend, backend_with};
+use support::request::{descriptor, request};
 use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog, TokenBucket};
 use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use throttlegate::backends::{Backend, Error, KeyedCheck};
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// A one-node cluster serving every slot.
 async fn single_node_cluster() -> RedisServer {
@@ -253,5 +256,66 @@ async fn a_primary_down_makes_the_probe_fail_within_the_timeout() {
     assert!(
         matches!(err, Error::Unavailable(_) | Error::Timeout(_)),
         "{err:?}"
+    );
+}
+
+// === the binary ===
+
+const TWO_PER_MINUTE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+#[tokio::test]
+async fn serve_decides_on_a_cluster_given_its_nodes() {
+    let cluster = Cluster::start(3, 0).await;
+    // Any one node is seed enough; a URL with credentials is accepted too.
+    let seeds = format!("{},redis://{}", cluster.seeds()[1], cluster.seeds()[2]);
+    let mut service = Serve::yaml(TWO_PER_MINUTE)
+        .args(&[
+            "--redis-cluster-nodes",
+            &seeds,
+            "--redis-hash-tag",
+            "domain",
+            "--redis-key-prefix",
+            "tg",
+        ])
+        .spawn();
+    let mut client = service.client().await;
+    let stacked = request(
+        "api",
+        vec![descriptor(&[("user", "a")]), descriptor(&[("ip", "1")])],
+    );
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let answer = client
+            .should_rate_limit(stacked.clone())
+            .await
+            .expect("decided")
+            .into_inner();
+        codes.push(answer.overall_code);
+    }
+    assert_eq!(
+        codes,
+        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
+    );
+    let keys = cluster.keys("tg:{api}:*").await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+}
+
+#[test]
+fn serve_refuses_a_url_and_cluster_nodes_together() {
+    let out = command()
+        .args(["serve", "--redis-url", "redis://127.0.0.1:1"])
+        .args([
+            "--redis-cluster-nodes",
+            "127.0.0.1:2",
+            "--redis-hash-tag",
+            "domain",
+        ])
+        .output()
+        .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--redis-url and --redis-cluster-nodes"),
+        "{stderr}"
     );
 }
