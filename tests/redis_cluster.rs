@@ -319,3 +319,133 @@ fn serve_refuses_a_url_and_cluster_nodes_together() {
         "{stderr}"
     );
 }
+
+// === resharding and failover ===
+
+/// The slot Redis puts `key` in (CLUSTER KEYSLOT).
+async fn slot_of(cluster: &Cluster, key: &str) -> u16 {
+    let mut conn = cluster.any_connection().await;
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .expect("CLUSTER KEYSLOT")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_slot_with_live_keys_under_load_keeps_limits_exact() {
+    let cluster = Arc::new(Cluster::start(3, 0).await);
+    // Every counter of domain `test` in one slot, the one moved.
+    let backend = cluster_backend(&cluster, HashTag::Domain);
+    let hot = check_on(SlidingWindowLog, 3_600, &[("user", "hot")], 300, 1);
+    let side = |idx: usize| {
+        check_on(
+            SlidingWindowLog,
+            3_600,
+            &[("ip", &idx.to_string())],
+            10_000,
+            1,
+        )
+    };
+    // Enough live keys that the move takes many MIGRATE batches.
+    for idx in 0..20 {
+        assert!(backend.decide(&[side(idx)]).await.unwrap().allowed);
+    }
+    let slot = slot_of(&cluster, &backend.key_of(&hot.key)).await;
+    let from = cluster.owner_of(slot).await;
+    let to = (from + 1) % cluster.primaries();
+
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let backend = backend.clone();
+        let checks = vec![hot.clone(), side(task)];
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..60 {
+                // Any error here would go through the failure mode.
+                let verdict = backend
+                    .decide(&checks)
+                    .await
+                    .expect("decided during the move");
+                allowed += usize::from(verdict.allowed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            allowed
+        }));
+    }
+    cluster.move_slot(slot, to, Duration::from_millis(20)).await;
+    let mut allowed = Vec::new();
+    for task in tasks {
+        allowed.push(task.await.expect("task"));
+    }
+    assert_eq!(cluster.owner_of(slot).await, to);
+    let total: usize = allowed.iter().sum();
+    assert_eq!(total, 300, "exactly the limit of 300 out of 960 requests");
+    // The moved counters are the ones counted: none lost, none doubled.
+    let verdict = backend.decide(std::slice::from_ref(&hot)).await.unwrap();
+    assert!(!verdict.allowed);
+    let verdict = backend.decide(&[side(0)]).await.unwrap();
+    let taken = 1 + allowed[0] + 1;
+    assert_eq!(verdict.outcomes[0].remaining, 10_000 - taken as u64);
+}
+
+/// Failover bound: `--cluster-node-timeout` (1 s here) to mark the primary
+/// failed, the replica's election, and the client's slot refresh on the
+/// next MOVED; 10 s is generous for all three.
+const FAILOVER_BOUND: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_its_slots_decided_again() {
+    let mut cluster = Cluster::start(3, 1).await;
+    let backend = cluster_backend(&cluster, HashTag::Descriptor);
+    let on = |user: &str| vec![check_on(TokenBucket, 3_600, &[("user", user)], 100_000, 1)];
+    // Two descriptors on two different primaries.
+    let mut by_owner = std::collections::BTreeMap::new();
+    for idx in 0..64 {
+        let checks = on(&format!("u{idx}"));
+        let slot = slot_of(&cluster, &backend.key_of(&checks[0].key)).await;
+        by_owner
+            .entry(cluster.owner_of(slot).await)
+            .or_insert(checks);
+        if by_owner.len() == 2 {
+            break;
+        }
+    }
+    let mut owners = by_owner.into_iter();
+    let (victim, on_victim) = owners.next().expect("two owners");
+    let (_, elsewhere) = owners.next().expect("two owners");
+    assert!(backend.decide(&on_victim).await.unwrap().allowed);
+    assert!(backend.decide(&elsewhere).await.unwrap().allowed);
+
+    cluster.kill(victim);
+    let killed = Instant::now();
+    let mut failures_elsewhere = 0;
+    let resumed = loop {
+        if backend.decide(&elsewhere).await.is_err() {
+            failures_elsewhere += 1;
+        }
+        if let Ok(verdict) = backend.decide(&on_victim).await {
+            assert!(verdict.allowed);
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < FAILOVER_BOUND,
+            "the victim's slots were not decided again within {FAILOVER_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!("decisions on the failed primary's slots resumed after {resumed:?}");
+    assert_eq!(failures_elsewhere, 0, "other slots kept being decided");
+    cluster.wait_ok(FAILOVER_BOUND).await;
+    // A probe that finds the client's slot map stale reconnects, so the
+    // next one (health probes every second) sees the new primary.
+    let ok_by = Instant::now() + Duration::from_secs(3);
+    while let Err(err) = backend.probe().await {
+        assert!(
+            Instant::now() < ok_by,
+            "still unhealthy after the failover: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -35,6 +35,10 @@ impl Cluster {
                     "1000",
                     "--cluster-port",
                     &bus,
+                    // Replicas sync at once (Redis 7 waits 5 s by default),
+                    // so they can be promoted as soon as the test starts.
+                    "--repl-diskless-sync-delay",
+                    "0",
                 ])
             })
             .collect();
@@ -63,7 +67,29 @@ impl Cluster {
             primaries,
         };
         cluster.wait_ok(Duration::from_secs(30)).await;
+        cluster.wait_replicas_synced(Duration::from_secs(30)).await;
         cluster
+    }
+
+    /// Waits until every replica's link to its primary is up: a replica
+    /// that never synced is never promoted.
+    async fn wait_replicas_synced(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        for node in &self.nodes[self.primaries..] {
+            let mut conn = node.connection().await;
+            loop {
+                let info: String = ::redis::cmd("INFO")
+                    .arg("replication")
+                    .query_async(&mut conn)
+                    .await
+                    .expect("INFO replication");
+                if info.contains("master_link_status:up") {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "replica not synced:\n{info}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
     }
 
     /// `127.0.0.1:port` of every node, the seeds a backend is given.

@@ -19,14 +19,17 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
+    SlotAddr,
+};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
-use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::script::{self, HeaderArgs, LimitArgs};
@@ -35,9 +38,10 @@ use crate::algorithms::{Outcome, Verdict};
 use crate::backends::keys::KeyFormat;
 use crate::backends::{Backend, Error, KeyedCheck};
 
-/// Most attempts of one group's call: each one follows an answer that
-/// proves the script did not run, so the bound only stops a redirect loop.
-const MAX_ATTEMPTS: usize = 8;
+/// Most redirects (MOVED, ASK, NOSCRIPT) of one call in a row: each
+/// follows an answer that proves the script did not run, so the bound only
+/// stops a loop between nodes that disagree.
+const MAX_REDIRECTS: usize = 8;
 
 /// Pause before routing again after TRYAGAIN, CLUSTERDOWN and the like,
 /// while the client refreshes its slot map.
@@ -64,8 +68,9 @@ pub struct ClusterSettings {
 pub struct ClusterBackend {
     client: ClusterClient,
     /// Made on first use, so an unreachable cluster at start-up is not an
-    /// error; a failed attempt is tried again by the next call.
-    connections: Vec<OnceCell<ClusterConnection>>,
+    /// error; a failed attempt is tried again by the next call. Emptied
+    /// when the probe finds the client's slot map stale (see `probe`).
+    connections: Vec<Mutex<Option<ClusterConnection>>>,
     next: AtomicUsize,
     script: redis::Script,
     keys: KeyFormat,
@@ -174,7 +179,7 @@ impl ClusterBackend {
         let pool_size = usize::try_from(settings.pool_size).unwrap_or(1);
         Ok(ClusterBackend {
             client,
-            connections: (0..pool_size).map(|_| OnceCell::new()).collect(),
+            connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             script: redis::Script::new(DECIDE_LUA),
             keys: settings.keys,
@@ -199,11 +204,25 @@ impl ClusterBackend {
     /// A cluster connection, made now if this slot of the pool has none.
     async fn connection(&self) -> Result<ClusterConnection, Error> {
         let idx = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
-        let conn = self.connections[idx]
-            .get_or_try_init(|| self.client.get_async_connection())
+        let slot = &self.connections[idx];
+        if let Some(conn) = lock(slot).clone() {
+            return Ok(conn);
+        }
+        let conn = self
+            .client
+            .get_async_connection()
             .await
             .map_err(|err| classify(&err, self.timeout_ms))?;
-        Ok(conn.clone())
+        *lock(slot) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops every pooled connection: the next calls connect afresh and
+    /// read the current slot map. Calls in flight keep their clones.
+    fn forget_connections(&self) {
+        for slot in &self.connections {
+            *lock(slot) = None;
+        }
     }
 
     fn header(&self) -> HeaderArgs {
@@ -276,7 +295,8 @@ impl ClusterBackend {
     }
 
     /// Runs the script command, following only the answers that prove it
-    /// did not run (see the module doc). No deadline here: the caller's.
+    /// did not run (see the module doc). Bounded by the caller's deadline;
+    /// at most [`MAX_REDIRECTS`] redirects or loads in a row without a pause.
     async fn call(
         &self,
         conn: &mut ClusterConnection,
@@ -284,30 +304,33 @@ impl ClusterBackend {
         slot: Slot,
     ) -> Result<Value, Error> {
         let mut target = Target::Slot(slot);
-        let mut last = None;
-        for _ in 0..MAX_ATTEMPTS {
+        let mut redirects = 0;
+        loop {
             let err = match attempt(conn, cmd, &target).await {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
             };
-            target = match next_step(&err) {
+            let step = next_step(&err);
+            if matches!(step, Next::Load | Next::Go(_)) {
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    return Err(classify(&err, self.timeout_ms));
+                }
+            }
+            target = match step {
                 Next::Load => {
                     self.load(conn, &target).await?;
                     target
                 }
                 Next::Go(next) => next,
                 Next::Pause => {
+                    redirects = 0;
                     sleep(REROUTE_PAUSE).await;
                     Target::Slot(slot)
                 }
                 Next::Fail => return Err(classify(&err, self.timeout_ms)),
             };
-            last = Some(err);
         }
-        Err(last.map_or_else(
-            || Error::Unavailable("redis cluster: no attempt made".into()),
-            |err| classify(&err, self.timeout_ms),
-        ))
     }
 
     /// SCRIPT LOAD on the node `target` names.
@@ -324,6 +347,11 @@ impl ClusterBackend {
             .map(|_| ())
             .map_err(|err| classify(&err, self.timeout_ms))
     }
+}
+
+/// A pool slot; a panic elsewhere cannot leave an `Option` half-written.
+fn lock(slot: &Mutex<Option<ClusterConnection>>) -> MutexGuard<'_, Option<ClusterConnection>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// What to do after a failed attempt.
@@ -464,35 +492,49 @@ impl Backend for ClusterBackend {
             .map_err(|_| Error::Timeout(self.timeout_ms))?
     }
 
-    /// The cluster reports `cluster_state:ok` and every primary it names
-    /// answers PING, within the timeout: a primary down (or a slot
-    /// unserved) is unhealthy.
+    /// The cluster reports `cluster_state:ok`, and for every primary the
+    /// cluster names, a command routed to one of its slots is answered by
+    /// that very node (CLUSTER MYID), within the timeout: a primary down
+    /// (the client falls back to another node) or a slot unserved is
+    /// unhealthy.
     async fn probe(&self) -> Result<(), Error> {
         let deadline = Instant::now() + self.timeout;
         let probed = async {
             let mut conn = self.connection().await?;
             let fail = |err: RedisError| classify(&err, self.timeout_ms);
-            let random = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
-            let mut info = redis::cmd("CLUSTER");
-            info.arg("INFO");
+            // The first primary that answers: a random node may be the dead one.
+            let any = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::OneSucceeded),
+            ));
             let value = conn
-                .route_command(info, random.clone())
+                .route_command(cluster_cmd("INFO"), any.clone())
                 .await
                 .map_err(fail)?;
             cluster_ok(value)?;
-            let mut slots = redis::cmd("CLUSTER");
-            slots.arg("SLOTS");
-            let value = conn.route_command(slots, random).await.map_err(fail)?;
-            let pings = primaries(value)?.into_iter().map(|(host, port)| {
+            let value = conn
+                .route_command(cluster_cmd("SLOTS"), any)
+                .await
+                .map_err(fail)?;
+            let checks = primaries(value)?.into_iter().map(|(slot, id)| {
                 let mut conn = conn.clone();
                 async move {
-                    conn.route_command(redis::cmd("PING"), by_address(&host, port))
-                        .await
-                        .and_then(Value::extract_error)
+                    let routing = single(Route::new(slot, SlotAddr::Master));
+                    let value = conn.route_command(cluster_cmd("MYID"), routing).await?;
+                    let answered: String = redis::from_redis_value(value.extract_error()?)?;
+                    Ok::<_, RedisError>((id, answered))
                 }
             });
-            for result in join_all(pings).await {
-                result.map_err(fail)?;
+            for result in join_all(checks).await {
+                let (id, answered) = result.map_err(fail)?;
+                if id != answered {
+                    // Down, or failed over while this client's map (which
+                    // only a MOVED refreshes) still names it.
+                    self.forget_connections();
+                    return Err(Error::Unavailable(format!(
+                        "redis cluster primary {id} does not answer for its slots"
+                    )));
+                }
             }
             Ok(())
         };
@@ -506,26 +548,33 @@ impl Backend for ClusterBackend {
     }
 }
 
-/// The primaries named by a CLUSTER SLOTS answer:
+fn cluster_cmd(sub: &str) -> Cmd {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg(sub);
+    cmd
+}
+
+/// One slot of each primary and its id, from a CLUSTER SLOTS answer:
 /// `[[start, end, [host, port, id, ...], replicas...], ...]`.
-fn primaries(value: Value) -> Result<Vec<(String, u16)>, Error> {
+fn primaries(value: Value) -> Result<Vec<(u16, String)>, Error> {
     let bad =
         |err: redis::ParsingError| Error::Protocol(format!("unexpected cluster slots: {err}"));
     let ranges: Vec<Vec<Value>> = redis::from_redis_value(value).map_err(bad)?;
-    let mut out: Vec<(String, u16)> = Vec::new();
+    let mut out: Vec<(u16, String)> = Vec::new();
     for range in ranges {
-        let Some(node) = range.into_iter().nth(2) else {
+        let mut fields = range.into_iter();
+        let (Some(start), Some(_), Some(node)) = (fields.next(), fields.next(), fields.next())
+        else {
             continue;
         };
+        let start: u16 = redis::from_redis_value(start).map_err(bad)?;
         let node: Vec<Value> = redis::from_redis_value(node).map_err(bad)?;
-        let mut fields = node.into_iter();
-        let (Some(host), Some(port)) = (fields.next(), fields.next()) else {
+        let Some(id) = node.into_iter().nth(2) else {
             continue;
         };
-        let host: String = redis::from_redis_value(host).map_err(bad)?;
-        let port: u16 = redis::from_redis_value(port).map_err(bad)?;
-        if !out.contains(&(host.clone(), port)) {
-            out.push((host, port));
+        let id: String = redis::from_redis_value(id).map_err(bad)?;
+        if !out.iter().any(|(_, it)| *it == id) {
+            out.push((start, id));
         }
     }
     Ok(out)
