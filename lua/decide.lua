@@ -18,7 +18,10 @@
 --          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
 --          what each holds (a test keeps both alike)
 -- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
---          reset_us}, all integers (allowed, has_room, consumed are 0 or 1)
+--          reset_us}, all integers (allowed, has_room, consumed are 0 or 1);
+--          with the header's receipts = 1, each limit's four are followed
+--          by its receipt: at_us, units (see `receipt` below and
+--          lua/refund.lua, which takes them back)
 --
 -- The work per limit is a few reads and writes (for a log O(log n) each,
 -- plus at most LOG_EXPIRE_MAX expired members removed): never a pass over
@@ -39,7 +42,7 @@ local call, format, floor, gmatch = redis.call, string.format, math.floor, strin
 local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
 
 -- The arguments, in order: the header's fields, then each limit's.
-local HEADER_FIELDS = { 'now_us', 'grace_ms' }
+local HEADER_FIELDS = { 'now_us', 'grace_ms', 'receipts' }
 local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
 
 local TWO53 = 9007199254740992
@@ -348,6 +351,12 @@ function log.until_available(c, s, key, at, need)
   return tonumber(it[2]) + c.window_us - at
 end
 
+-- This request's units: the member at its score (which it may share with
+-- other requests of the same µs).
+function log.receipt(c, s, at, cost)
+  return at, cost
+end
+
 function log.store(c, s, key, ttl_ms)
   call('PEXPIRE', key, fmt(ttl_ms))
 end
@@ -396,6 +405,12 @@ end
 
 function bucket.consume(c, s, key, at, cost)
   s.scaled = s.scaled - cost * c.scale
+end
+
+-- When, and the scaled tokens taken: a refund gives back no more than
+-- the bucket could still hold had they never been taken (lua/refund.lua).
+function bucket.receipt(c, s, at, cost)
+  return at, cost * c.scale
 end
 
 function bucket.until_full(c, s, at)
@@ -458,6 +473,11 @@ function gcra.consume(c, s, key, at, cost)
   local whole = div(debt, c.per_us)
   s.tat_us = at + whole
   s.frac = debt - whole * c.per_us
+end
+
+-- When, and the scaled units added to the debt.
+function gcra.receipt(c, s, at, cost)
+  return at, cost * c.scale
 end
 
 function gcra.until_full(c, s, at)
@@ -529,6 +549,10 @@ end
 
 function counter.consume(c, s, key, at, cost)
   s.current = s.current + cost
+end
+
+function counter.receipt(c, s, at, cost)
+  return s.window_start, cost
 end
 
 -- Until the estimate is 0 for good: this window's count stops weighing in
@@ -608,6 +632,10 @@ end
 
 function fixed.consume(c, s, key, at, cost)
   s.count = s.count + cost
+end
+
+function fixed.receipt(c, s, at, cost)
+  return s.window_start, cost
 end
 
 function fixed.until_full(c, s, at)
@@ -730,6 +758,10 @@ grace_ms = integer(header.grace_ms)
 if grace_ms == nil then
   return redis.error_reply('ERR throttlegate: bad expiry grace')
 end
+if header.receipts ~= '0' and header.receipts ~= '1' then
+  return redis.error_reply('ERR throttlegate: bad receipts flag')
+end
+local receipts = header.receipts == '1'
 
 local now
 if header.now_us == '' then
@@ -805,5 +837,15 @@ for idx, c in ipairs(checks) do
   reply[#reply + 1] = consumed and 1 or 0
   reply[#reply + 1] = remaining
   reply[#reply + 1] = reset_us
+  if receipts then
+    -- What a refund may take back: only what an enforcing limit consumed
+    -- (shadow and quota limits never deny, a cost of 0 takes nothing).
+    local at_us, units = 0, 0
+    if consumed and c.mode == 'enforce' then
+      at_us, units = impl.receipt(c, s, at, c.cost)
+    end
+    reply[#reply + 1] = at_us
+    reply[#reply + 1] = units
+  end
 end
 return reply

@@ -43,6 +43,7 @@ fn args(now: Option<u64>, grace_ms: u64, limits: &[LimitArgs]) -> Vec<Arg> {
     let header = HeaderArgs {
         now_us: now,
         grace_ms,
+        receipts: false,
     };
     argv(&header, limits)
 }

@@ -84,7 +84,8 @@ fn decide(
     for key in keys {
         cmd.arg(key);
     }
-    cmd.arg(now).arg(0);
+    // The header: now_us, grace_ms, receipts (none).
+    cmd.arg(now).arg(0).arg(0);
     for _ in keys {
         // Capacity `limit`, no refill rate (scale 1), enforced.
         cmd.arg(algorithm)

@@ -168,6 +168,7 @@ impl RedisBackend {
         HeaderArgs {
             now_us,
             grace_ms: self.expiry_grace_ms,
+            receipts: false,
         }
     }
 }

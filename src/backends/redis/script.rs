@@ -1,10 +1,35 @@
-//! The decision script: its argument layout, the encoding of a request into
-//! KEYS and ARGV, and the decoding of its reply.
+//! The decision and refund scripts: their argument layouts, the encoding of
+//! a request into KEYS and ARGV, and the decoding of their replies.
 //!
-//! [`HEADER_FIELDS`] and [`LIMIT_FIELDS`] are the one description of ARGV:
-//! the encoder builds the arguments from them, `lua/decide.lua` reads its
-//! arguments by the same names in the same order (a test holds the two
-//! alike), and the documentation points here.
+//! [`HEADER_FIELDS`] and [`LIMIT_FIELDS`] are the one description of the
+//! decision's ARGV, [`REFUND_HEADER_FIELDS`] and [`REFUND_FIELDS`] of the
+//! refund's: the encoders build the arguments from them, `lua/decide.lua`
+//! and `lua/refund.lua` read their arguments by the same names in the same
+//! order (a test holds each pair alike), and the documentation points here.
+//!
+//! # Refunds
+//!
+//! On a Redis Cluster a request whose keys live in several hash slots is
+//! decided by one call of the decision script per slot. When a slot denies
+//! or fails after others allowed, what those consumed is given back:
+//!
+//! 1. decide each group with [`HeaderArgs::receipts`] set; read the reply
+//!    with [`decode_reply_with_receipts`]: one [`Receipt`] per check, empty
+//!    unless the check is enforcing and consumed;
+//! 2. for each group that allowed, [`refund_invocation`] (or
+//!    [`refund_args`] for the raw KEYS and ARGV) with that group's checks
+//!    and receipts, run with [`refund_script`] (`lua/refund.lua`,
+//!    [`REFUND_LUA`]); `None` when nothing is to be given back;
+//!    [`decode_refund_reply`] reads what each limit got back.
+//!
+//! A refund gives back only this request's share, never more than "as if
+//! it had never come" (token buckets and GCRA may give back less when
+//! other requests came in between), never past capacity, and nothing once
+//! the window rolled or the entry expired. Until it runs, the limits only
+//! deny more. It must run **at most once**: a replay of a counter, bucket
+//! or GCRA refund gives back other requests' units, so a refund is never
+//! retried after a timeout (only after NOSCRIPT, when it did not run); a
+//! lost refund costs only room until the window passes.
 
 use std::collections::HashSet;
 
@@ -15,6 +40,14 @@ use crate::algorithms::{Check, Mode, Outcome, Verdict};
 
 /// The decision script, embedded at build time.
 pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
+
+/// The refund script, embedded at build time (see the module's "Refunds").
+pub const REFUND_LUA: &str = include_str!("../../../lua/refund.lua");
+
+/// The refund script, invoked by EVALSHA (with SCRIPT LOAD on NOSCRIPT).
+pub fn refund_script() -> redis::Script {
+    redis::Script::new(REFUND_LUA)
+}
 
 /// One argument of the script: text, or an integer sent in decimal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +76,9 @@ pub struct HeaderArgs {
     /// The service's time, or `None` for the server's.
     pub now_us: Option<u64>,
     pub grace_ms: u64,
+    /// Whether the reply carries each limit's [`Receipt`]: only a request
+    /// that may have to be refunded (split over Cluster slots) asks.
+    pub receipts: bool,
 }
 
 /// One limit as the script receives it. Not validated here: the script
@@ -59,8 +95,8 @@ pub struct LimitArgs {
     pub mode: &'static str,
 }
 
-/// ARGV[1..=2], in this order.
-pub const HEADER_FIELDS: [Field<HeaderArgs>; 2] = [
+/// ARGV[1..=3], in this order.
+pub const HEADER_FIELDS: [Field<HeaderArgs>; 3] = [
     Field::new(
         "now_us",
         "now in µs since the Unix epoch (decimal), or \"\" to read the server's TIME \
@@ -72,6 +108,12 @@ pub const HEADER_FIELDS: [Field<HeaderArgs>; 2] = [
         "ms added to every key's TTL (0: a key expires exactly when its state \
          becomes equal to a fresh one)",
         |it| Arg::Int(it.grace_ms),
+    ),
+    Field::new(
+        "receipts",
+        "1 to follow each limit's reply with its receipt (at_us, units: what a refund \
+         takes back), 0 for the decision alone",
+        |it| Arg::Int(u64::from(it.receipts)),
     ),
 ];
 
@@ -112,6 +154,9 @@ pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
 /// Integers per limit in the reply, after `{allowed, now_us}`:
 /// has_room, consumed, remaining, reset_us.
 const REPLY_PER_LIMIT: usize = 4;
+
+/// Integers a receipt adds per limit: at_us, units.
+const RECEIPT_LEN: usize = 2;
 
 /// ARGV of one call: the header's fields, then every limit's, each in the
 /// order of its table.
@@ -161,7 +206,7 @@ impl ToRedisArgs for Arg {
 /// The call of the script for `checks`: their keys under `prefix`, and
 /// ARGV. Refuses a request naming one counter twice, which the script would
 /// read and write twice.
-pub(super) fn invocation<'a>(
+pub fn invocation<'a>(
     script: &'a redis::Script,
     prefix: &str,
     header: &HeaderArgs,
@@ -185,8 +230,30 @@ pub(super) fn invocation<'a>(
 
 /// Reads `{allowed, now, (has_room, consumed, remaining, reset_us)*n}`.
 pub(super) fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
+    let (verdict, _) = parse_limits(reply, n_checks, 0)?;
+    Ok(verdict)
+}
+
+/// Reads the reply of a call made with [`HeaderArgs::receipts`] set:
+/// `{allowed, now, (has_room, consumed, remaining, reset_us, at_us,
+/// units)*n}`. One receipt per check, in order; empty where nothing is to
+/// be given back (denied, not consumed, shadow or quota mode, cost 0).
+pub fn decode_reply_with_receipts(
+    reply: &[i64],
+    n_checks: usize,
+) -> Result<(Verdict, Vec<Receipt>), Error> {
+    parse_limits(reply, n_checks, RECEIPT_LEN)
+}
+
+/// The reply with `extra` integers after each limit's four.
+fn parse_limits(
+    reply: &[i64],
+    n_checks: usize,
+    extra: usize,
+) -> Result<(Verdict, Vec<Receipt>), Error> {
     let bad = || Error::Protocol(format!("unexpected script reply {reply:?}"));
-    if reply.len() != 2 + REPLY_PER_LIMIT * n_checks {
+    let stride = REPLY_PER_LIMIT + extra;
+    if reply.len() != 2 + stride * n_checks {
         return Err(bad());
     }
     let flag = |value: i64| match value {
@@ -196,18 +263,226 @@ pub(super) fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Err
     };
     let count = |value: i64| u64::try_from(value).map_err(|_| bad());
     let allowed = flag(reply[0])?;
-    let outcomes = reply[2..]
-        .chunks_exact(REPLY_PER_LIMIT)
-        .map(|it| {
-            Ok(Outcome {
-                has_room: flag(it[0])?,
-                consumed: flag(it[1])?,
-                remaining: count(it[2])?,
-                reset_us: count(it[3])?,
-            })
+    let mut outcomes = Vec::with_capacity(n_checks);
+    let mut receipts = Vec::with_capacity(if extra > 0 { n_checks } else { 0 });
+    for it in reply[2..].chunks_exact(stride) {
+        outcomes.push(Outcome {
+            has_room: flag(it[0])?,
+            consumed: flag(it[1])?,
+            remaining: count(it[2])?,
+            reset_us: count(it[3])?,
+        });
+        if extra > 0 {
+            receipts.push(Receipt {
+                at_us: count(it[4])?,
+                units: count(it[5])?,
+            });
+        }
+    }
+    Ok((Verdict { allowed, outcomes }, receipts))
+}
+
+/// What one limit of an allowed request consumed, as the decision script
+/// reported it: enough to take exactly that back, and only that. Opaque:
+/// made by [`decode_reply_with_receipts`], spent by [`refund_args`].
+///
+/// Per algorithm (what `lua/refund.lua` reads): fixed window and sliding
+/// window counter: the window's start and the cost; sliding log: the
+/// member's score and the cost; token bucket and GCRA: the decision's time
+/// and the cost × scale.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Receipt {
+    at_us: u64,
+    /// 0: nothing to give back.
+    units: u64,
+}
+
+impl Receipt {
+    /// The receipt of a limit that took nothing.
+    pub const NONE: Receipt = Receipt { at_us: 0, units: 0 };
+
+    /// Whether there is nothing to give back.
+    pub fn is_empty(&self) -> bool {
+        self.units == 0
+    }
+}
+
+/// What a refund sends once, before the limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundHeader {
+    /// The service's time, or `None` for the server's: the same clock the
+    /// decision used.
+    pub now_us: Option<u64>,
+}
+
+/// One limit to refund as the script receives it: the limit's parameters
+/// (those it was decided with) and its receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RefundArgs {
+    pub algorithm: &'static str,
+    pub window_us: u64,
+    pub capacity: u64,
+    pub per_us: u64,
+    pub scale: u64,
+    pub receipt: Receipt,
+}
+
+impl RefundArgs {
+    pub fn of(check: &Check, receipt: Receipt) -> RefundArgs {
+        let params = &check.params;
+        let rate = params.rate();
+        RefundArgs {
+            algorithm: params.algorithm().name(),
+            window_us: params.window_us(),
+            capacity: params.capacity(),
+            per_us: rate.per_us,
+            scale: rate.scale,
+            receipt,
+        }
+    }
+}
+
+/// The refund's ARGV[1], in this order.
+pub const REFUND_HEADER_FIELDS: [Field<RefundHeader>; 1] = [Field::new(
+    "now_us",
+    "now in µs since the Unix epoch (decimal), or \"\" for the server's TIME; the \
+     decision's clock",
+    |it| it.now_us.map_or(Arg::Text(""), Arg::Int),
+)];
+
+/// The fields of one limit of a refund, in this order, once per key after
+/// the header.
+pub const REFUND_FIELDS: [Field<RefundArgs>; 7] = [
+    Field::new(
+        "algorithm",
+        "the algorithm's name (`Algorithm::name`)",
+        |it| Arg::Text(it.algorithm),
+    ),
+    Field::new("window_us", "the window in µs", |it| {
+        Arg::Int(it.window_us)
+    }),
+    Field::new(
+        "capacity",
+        "the most a request may take: the burst, or the limit",
+        |it| Arg::Int(it.capacity),
+    ),
+    Field::new(
+        "per_us",
+        "scaled tokens refilled per µs (`LimitParams::rate`)",
+        |it| Arg::Int(it.per_us),
+    ),
+    Field::new(
+        "scale",
+        "scaled units per token (`LimitParams::rate`)",
+        |it| Arg::Int(it.scale),
+    ),
+    Field::new(
+        "at_us",
+        "the receipt's time: the window's start (fixed window, sliding window \
+         counter), the member's score (sliding log), the decision's effective time \
+         (token bucket, GCRA)",
+        |it| Arg::Int(it.receipt.at_us),
+    ),
+    Field::new(
+        "units",
+        "what was taken: the cost, or cost × scale for token bucket and GCRA; 0 \
+         refunds nothing",
+        |it| Arg::Int(it.receipt.units),
+    ),
+];
+
+/// ARGV of one refund: the header's fields, then every limit's, each in
+/// the order of its table.
+pub fn refund_argv(header: &RefundHeader, limits: &[RefundArgs]) -> Vec<Arg> {
+    let mut out =
+        Vec::with_capacity(REFUND_HEADER_FIELDS.len() + REFUND_FIELDS.len() * limits.len());
+    out.extend(
+        REFUND_HEADER_FIELDS
+            .iter()
+            .map(|field| (field.value)(header)),
+    );
+    for limit in limits {
+        out.extend(REFUND_FIELDS.iter().map(|field| (field.value)(limit)));
+    }
+    out
+}
+
+/// KEYS and ARGV of one refund.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefundCall {
+    pub keys: Vec<String>,
+    pub argv: Vec<Arg>,
+}
+
+/// KEYS and ARGV of the refund of one decided group: `checks` as they were
+/// decided (same prefix, same order) and the receipts its reply gave.
+/// Limits with an empty receipt are left out; `None` when nothing is to be
+/// given back (no call needed).
+pub fn refund_args(
+    prefix: &str,
+    header: &RefundHeader,
+    checks: &[KeyedCheck],
+    receipts: &[Receipt],
+) -> Result<Option<RefundCall>, Error> {
+    if checks.len() != receipts.len() {
+        return Err(Error::Protocol(format!(
+            "{} receipts for {} checks",
+            receipts.len(),
+            checks.len()
+        )));
+    }
+    let (keys, limits): (Vec<String>, Vec<RefundArgs>) = checks
+        .iter()
+        .zip(receipts)
+        .filter(|(_, receipt)| !receipt.is_empty())
+        .map(|(it, receipt)| {
+            (
+                keys::encode(prefix, &it.key),
+                RefundArgs::of(&it.check, *receipt),
+            )
         })
-        .collect::<Result<Vec<_>, Error>>()?;
-    Ok(Verdict { allowed, outcomes })
+        .unzip();
+    if keys.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(RefundCall {
+        keys,
+        argv: refund_argv(header, &limits),
+    }))
+}
+
+/// The call of the refund script (from [`refund_script`]) for
+/// [`refund_args`]; `None` when nothing is to be given back. Send it at
+/// most once: never retry after a timeout.
+pub fn refund_invocation<'a>(
+    script: &'a redis::Script,
+    prefix: &str,
+    header: &RefundHeader,
+    checks: &[KeyedCheck],
+    receipts: &[Receipt],
+) -> Result<Option<redis::ScriptInvocation<'a>>, Error> {
+    let Some(call) = refund_args(prefix, header, checks, receipts)? else {
+        return Ok(None);
+    };
+    let mut invocation = script.prepare_invoke();
+    for key in call.keys {
+        invocation.key(key);
+    }
+    invocation.arg(call.argv);
+    Ok(Some(invocation))
+}
+
+/// Reads a refund's reply: per limit sent, the units given back (scaled for
+/// token bucket and GCRA).
+pub fn decode_refund_reply(reply: &[i64], n_limits: usize) -> Result<Vec<u64>, Error> {
+    let bad = || Error::Protocol(format!("unexpected refund reply {reply:?}"));
+    if reply.len() != n_limits {
+        return Err(bad());
+    }
+    reply
+        .iter()
+        .map(|it| u64::try_from(*it).map_err(|_| bad()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -215,18 +490,22 @@ mod tests {
     use super::*;
     use crate::algorithms::{Algorithm, LimitParams};
 
-    /// The quoted names of the Lua table `local {name} = { ... }`.
-    fn lua_table(name: &str) -> Vec<String> {
+    /// The quoted names of the Lua table `local {name} = { ... }` in `source`.
+    fn lua_table_in(source: &str, name: &str) -> Vec<String> {
         let start = format!("local {name} = {{");
-        let (_, rest) = DECIDE_LUA
+        let (_, rest) = source
             .split_once(&start)
-            .unwrap_or_else(|| panic!("lua/decide.lua declares {name}"));
+            .unwrap_or_else(|| panic!("the script declares {name}"));
         let (body, _) = rest.split_once('}').expect("the table closes");
         body.split(',')
             .map(str::trim)
             .filter(|it| !it.is_empty())
             .map(|it| it.trim_matches('\'').to_owned())
             .collect()
+    }
+
+    fn lua_table(name: &str) -> Vec<String> {
+        lua_table_in(DECIDE_LUA, name)
     }
 
     fn names<T>(fields: &[Field<T>]) -> Vec<String> {
@@ -237,6 +516,18 @@ mod tests {
     fn the_script_reads_the_fields_of_the_layout_in_order() {
         assert_eq!(lua_table("HEADER_FIELDS"), names(&HEADER_FIELDS));
         assert_eq!(lua_table("LIMIT_FIELDS"), names(&LIMIT_FIELDS));
+    }
+
+    #[test]
+    fn the_refund_script_reads_the_fields_of_its_layout_in_order() {
+        assert_eq!(
+            lua_table_in(REFUND_LUA, "REFUND_HEADER_FIELDS"),
+            names(&REFUND_HEADER_FIELDS)
+        );
+        assert_eq!(
+            lua_table_in(REFUND_LUA, "REFUND_FIELDS"),
+            names(&REFUND_FIELDS)
+        );
     }
 
     #[test]
@@ -251,6 +542,7 @@ mod tests {
         let header = HeaderArgs {
             now_us: None,
             grace_ms: 7,
+            receipts: false,
         };
         let args = argv(&header, &[LimitArgs::of(&check)]);
         assert_eq!(
@@ -258,6 +550,7 @@ mod tests {
             [
                 Arg::Text(""),
                 Arg::Int(7),
+                Arg::Int(0),
                 Arg::Text("token_bucket"),
                 Arg::Int(10),
                 Arg::Int(60_000_000),
@@ -276,5 +569,77 @@ mod tests {
         assert!(parse_reply(&[1, 5, 1, 1, 3], 1).is_err());
         assert!(parse_reply(&[2, 5, 1, 1, 3, 10], 1).is_err());
         assert!(parse_reply(&[1, 5, 1, 1, -3, 10], 1).is_err());
+    }
+
+    #[test]
+    fn receipts_follow_each_limit_when_asked_for() {
+        let (verdict, receipts) =
+            decode_reply_with_receipts(&[1, 5, 1, 1, 3, 10, 40, 2, 1, 0, 9, 0, 0, 0], 2).unwrap();
+        assert!(verdict.allowed);
+        assert_eq!(verdict.outcomes[1].remaining, 9);
+        assert_eq!(
+            receipts,
+            [
+                Receipt {
+                    at_us: 40,
+                    units: 2,
+                },
+                Receipt::NONE
+            ]
+        );
+        assert!(decode_reply_with_receipts(&[1, 5, 1, 1, 3, 10], 1).is_err());
+        assert!(decode_reply_with_receipts(&[1, 5, 1, 1, 3, 10, 40, -2], 1).is_err());
+    }
+
+    #[test]
+    fn a_refund_sends_only_the_limits_with_something_to_give_back() {
+        use crate::backends::{CounterKey, KeyEntry, KeyValue};
+        let keyed = |window_s: u64| {
+            let params = LimitParams::new(Algorithm::FixedWindow, 10, window_s * 1_000_000, None);
+            KeyedCheck {
+                key: CounterKey {
+                    domain: "d".into(),
+                    rule: "r".into(),
+                    algorithm: Algorithm::FixedWindow,
+                    window_s,
+                    is_override: false,
+                    entries: vec![KeyEntry {
+                        key: "k".into(),
+                        value: KeyValue::Value("v".into()),
+                    }],
+                },
+                check: Check {
+                    params: params.unwrap(),
+                    cost: 2,
+                    mode: Mode::Enforce,
+                },
+            }
+        };
+        let checks = [keyed(1), keyed(60)];
+        let taken = Receipt {
+            at_us: 60_000_000,
+            units: 2,
+        };
+        let header = RefundHeader { now_us: Some(7) };
+        let call = refund_args("tg", &header, &checks, &[Receipt::NONE, taken])
+            .unwrap()
+            .expect("one limit to refund");
+        assert_eq!(call.keys, [keys::encode("tg", &checks[1].key)]);
+        assert_eq!(
+            call.argv,
+            [
+                Arg::Int(7),
+                Arg::Text("fixed_window"),
+                Arg::Int(60_000_000),
+                Arg::Int(10),
+                Arg::Int(1),
+                Arg::Int(6_000_000),
+                Arg::Int(60_000_000),
+                Arg::Int(2),
+            ]
+        );
+        let none = refund_args("tg", &header, &checks, &[Receipt::NONE, Receipt::NONE]);
+        assert!(none.unwrap().is_none());
+        assert!(refund_args("tg", &header, &checks, &[taken]).is_err());
     }
 }
