@@ -417,19 +417,11 @@ fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisTarget>, String> {
     })))
 }
 
-/// The cluster flags; one deployment only, and (until a request over
-/// several slots can be undone where it was allowed) one slot per request.
+/// The cluster flags; one deployment only.
 fn cluster_settings(flags: &RedisFlags) -> Result<ClusterSettings, String> {
     if flags.url.is_some() {
         return Err(
             "--redis-url and --redis-cluster-nodes name two redis deployments: give one".to_owned(),
-        );
-    }
-    if flags.hash_tag != HashTag::Domain {
-        return Err(
-            "redis cluster needs --redis-hash-tag domain: a request whose counters \
-             lie in several hash slots cannot be decided all or nothing"
-                .to_owned(),
         );
     }
     Ok(ClusterSettings {

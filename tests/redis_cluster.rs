@@ -268,36 +268,38 @@ async fn serve_decides_on_a_cluster_given_its_nodes() {
     let cluster = Cluster::start(3, 0).await;
     // Any one node is seed enough; a URL with credentials is accepted too.
     let seeds = format!("{},redis://{}", cluster.seeds()[1], cluster.seeds()[2]);
-    let mut service = Serve::yaml(TWO_PER_MINUTE)
-        .args(&[
-            "--redis-cluster-nodes",
-            &seeds,
-            "--redis-hash-tag",
-            "domain",
-            "--redis-key-prefix",
-            "tg",
-        ])
-        .spawn();
-    let mut client = service.client().await;
-    let stacked = request(
-        "api",
-        vec![descriptor(&[("user", "a")]), descriptor(&[("ip", "1")])],
-    );
-    let mut codes = Vec::new();
-    for _ in 0..3 {
-        let answer = client
-            .should_rate_limit(stacked.clone())
-            .await
-            .expect("decided")
-            .into_inner();
-        codes.push(answer.overall_code);
+    // `domain`: one slot per request; `descriptor`: one per descriptor, so
+    // the stacked request below spans slots and its denial is refunded.
+    for (tag, key_pattern) in [("domain", "tg:{api}:*"), ("descriptor", "tg:{api:*}:*")] {
+        let prefix = format!("tg-{tag}");
+        let mut service = Serve::yaml(TWO_PER_MINUTE)
+            .args(&["--redis-cluster-nodes", &seeds, "--redis-hash-tag", tag])
+            .args(&["--redis-key-prefix", &prefix])
+            .spawn();
+        let mut client = service.client().await;
+        let stacked = request(
+            "api",
+            vec![descriptor(&[("user", "a")]), descriptor(&[("ip", "1")])],
+        );
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            let answer = client
+                .should_rate_limit(stacked.clone())
+                .await
+                .expect("decided")
+                .into_inner();
+            codes.push(answer.overall_code);
+        }
+        let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+        assert_eq!(codes, [ok, ok, over, over], "{tag}");
+        // The denied requests took nothing from the limit of 5.
+        let lone = request("api", vec![descriptor(&[("ip", "1")])]);
+        let answer = client.should_rate_limit(lone).await.unwrap().into_inner();
+        assert_eq!(answer.statuses[0].limit_remaining, 2, "{tag}");
+        let pattern = key_pattern.replacen("tg", &prefix, 1);
+        let keys = cluster.keys(&pattern).await;
+        assert_eq!(keys.len(), 2, "{tag}: {keys:?}");
     }
-    assert_eq!(
-        codes,
-        [Code::Ok as i32, Code::Ok as i32, Code::OverLimit as i32]
-    );
-    let keys = cluster.keys("tg:{api}:*").await;
-    assert_eq!(keys.len(), 2, "{keys:?}");
 }
 
 #[test]
@@ -448,4 +450,143 @@ async fn a_killed_primary_is_replaced_and_its_slots_decided_again() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+// === requests over several slots: all or nothing through refunds ===
+
+/// `n` descriptors `user=<prefix><i>` whose counters lie on `n` different
+/// primaries (untagged keys), for `algorithm` with the given limits.
+async fn on_different_primaries(
+    cluster: &Cluster,
+    backend: &ClusterBackend,
+    algorithm: Algorithm,
+    prefix: &str,
+    limits: &[u64],
+) -> Vec<KeyedCheck> {
+    let mut chosen: Vec<(usize, KeyedCheck)> = Vec::new();
+    for idx in 0.. {
+        let limit = limits[chosen.len()];
+        let check = check_on(
+            algorithm,
+            3_600,
+            &[("user", &format!("{prefix}{idx}"))],
+            limit,
+            1,
+        );
+        let slot = slot_of(cluster, &backend.key_of(&check.key)).await;
+        let owner = cluster.owner_of(slot).await;
+        if chosen.iter().all(|(it, _)| *it != owner) {
+            chosen.push((owner, check));
+        }
+        if chosen.len() == limits.len() {
+            break;
+        }
+    }
+    chosen.into_iter().map(|(_, it)| it).collect()
+}
+
+/// What a lone request on `check` is told remains after it.
+async fn remaining_after_one(backend: &ClusterBackend, check: &KeyedCheck) -> u64 {
+    let verdict = backend.decide(std::slice::from_ref(check)).await.unwrap();
+    verdict.outcomes[0].remaining
+}
+
+#[tokio::test]
+async fn a_request_over_two_primaries_is_all_or_nothing_whichever_denies() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    for algorithm in Algorithm::ALL {
+        for denying_first in [true, false] {
+            let prefix = format!("{algorithm}-{denying_first}-");
+            let checks =
+                on_different_primaries(&cluster, &backend, algorithm, &prefix, &[1, 5]).await;
+            let (full, open) = (&checks[0], &checks[1]);
+            // The limit of 1 is used up, the limit of 5 untouched.
+            assert!(
+                backend
+                    .decide(std::slice::from_ref(full))
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            let request = if denying_first {
+                vec![full.clone(), open.clone()]
+            } else {
+                vec![open.clone(), full.clone()]
+            };
+            for _ in 0..3 {
+                let verdict = backend.decide(&request).await.unwrap();
+                assert!(!verdict.allowed, "{algorithm}");
+                assert!(
+                    verdict.outcomes.iter().all(|it| !it.consumed),
+                    "{algorithm}"
+                );
+            }
+            // The open limit gave back what the denied requests took.
+            assert_eq!(
+                remaining_after_one(&backend, open).await,
+                4,
+                "{algorithm}, denying check first: {denying_first}"
+            );
+        }
+    }
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_over_three_primaries_never_exceed_a_limit() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    let limits = [40, 60, 100];
+    let checks =
+        Arc::new(on_different_primaries(&cluster, &backend, SlidingWindowLog, "c", &limits).await);
+    // Each task sends the pairs in turn: every limit is met by requests
+    // that also hold another, so denials and refunds interleave.
+    let pairs = [(0, 1), (1, 2), (0, 2)];
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let backend = backend.clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = [0u64; 3];
+            for round in 0..6 {
+                let (a, b) = pairs[(task + round) % pairs.len()];
+                let request = [checks[a].clone(), checks[b].clone()];
+                if backend.decide(&request).await.expect("decided").allowed {
+                    allowed[a] += 1;
+                    allowed[b] += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut allowed = [0u64; 3];
+    for task in tasks {
+        let counts = task.await.expect("task");
+        for idx in 0..3 {
+            allowed[idx] += counts[idx];
+        }
+    }
+    for idx in 0..3 {
+        assert!(allowed[idx] <= limits[idx], "{allowed:?} over {limits:?}");
+        // Exactly the allowed requests stay counted: every denied one was
+        // given back.
+        let lone = std::slice::from_ref(&checks[idx]);
+        let verdict = backend.decide(lone).await.unwrap();
+        let left = limits[idx] - allowed[idx];
+        assert_eq!(
+            verdict.allowed,
+            left > 0,
+            "limit {idx}: {allowed:?} of {limits:?}"
+        );
+        if left > 0 {
+            assert_eq!(
+                verdict.outcomes[0].remaining,
+                left - 1,
+                "limit {idx}: {allowed:?}"
+            );
+        }
+    }
+    assert!(allowed.iter().sum::<u64>() > 0);
+    assert_eq!(backend.refund_failures(), 0);
 }

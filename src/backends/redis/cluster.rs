@@ -5,7 +5,12 @@
 //! The script touches only the keys it declares, and a script's keys must
 //! share a slot (CROSSSLOT otherwise), hence the grouping. With
 //! `--redis-hash-tag domain` every request is one group, so one call, and
-//! the decision is as atomic as on a single server.
+//! the decision is as atomic as on a single server. A request over several
+//! groups asks each for receipts; if any group denies or fails, the groups
+//! that allowed are refunded (`lua/refund.lua`, see `script`'s "Refunds"),
+//! so a denied request ends up consuming nothing. Between the decision and
+//! the refund the counters are only higher: a concurrent request may be
+//! denied that would have passed, never allowed over a limit.
 //!
 //! Routing is ours, not the client's: the cluster client is built with no
 //! retries, because it retries after I/O errors and timeouts, when the
@@ -18,7 +23,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -32,11 +37,12 @@ use redis::cluster_routing::{
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::{Instant, sleep, timeout_at};
 
-use super::script::{self, HeaderArgs, LimitArgs};
+use super::script::{self, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader};
 use super::{ClockSource, DECIDE_LUA, classify, redact};
 use crate::algorithms::{Outcome, Verdict};
 use crate::backends::keys::KeyFormat;
 use crate::backends::{Backend, Error, KeyedCheck};
+use crate::log_gate::LogGate;
 
 /// Most redirects (MOVED, ASK, NOSCRIPT) of one call in a row: each
 /// follows an answer that proves the script did not run, so the bound only
@@ -73,6 +79,9 @@ pub struct ClusterBackend {
     connections: Vec<Mutex<Option<ClusterConnection>>>,
     next: AtomicUsize,
     script: redis::Script,
+    refund: redis::Script,
+    refund_failures: AtomicU64,
+    refund_log: LogGate,
     keys: KeyFormat,
     clock: ClockSource,
     timeout: Duration,
@@ -182,6 +191,9 @@ impl ClusterBackend {
             connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             script: redis::Script::new(DECIDE_LUA),
+            refund: script::refund_script(),
+            refund_failures: AtomicU64::new(0),
+            refund_log: LogGate::new(),
             keys: settings.keys,
             clock: settings.clock,
             timeout: Duration::from_millis(settings.timeout_ms),
@@ -225,7 +237,9 @@ impl ClusterBackend {
         }
     }
 
-    fn header(&self) -> HeaderArgs {
+    /// The decision's header; `receipts` when the request spans slots and
+    /// may have to be refunded.
+    fn header(&self, receipts: bool) -> HeaderArgs {
         let now_us = match &self.clock {
             ClockSource::Redis => None,
             ClockSource::Local(clock) => Some(clock.now_us()),
@@ -233,7 +247,13 @@ impl ClusterBackend {
         HeaderArgs {
             now_us,
             grace_ms: self.expiry_grace_ms,
+            receipts,
         }
+    }
+
+    /// Refunds that failed (timed out, or an error) since start-up.
+    pub fn refund_failures(&self) -> u64 {
+        self.refund_failures.load(Ordering::Relaxed)
     }
 
     /// The checks grouped by slot, groups in the order of their first check.
@@ -279,19 +299,116 @@ impl ClusterBackend {
         cmd
     }
 
-    /// One group decided on its node; the verdict covers the group's checks.
+    /// One group decided on its node: the verdict on the group's checks,
+    /// and their receipts when the header asks for them (else none).
     async fn decide_group(
         &self,
         mut conn: ClusterConnection,
         header: &HeaderArgs,
         group: &Group,
         checks: &[KeyedCheck],
-    ) -> Result<Verdict, Error> {
+    ) -> Result<(Verdict, Vec<Receipt>), Error> {
         let cmd = self.decide_cmd(header, group, checks);
-        let value = self.call(&mut conn, &cmd, group.slot).await?;
-        let reply: Vec<i64> = redis::from_redis_value(value)
-            .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))?;
-        script::parse_reply(&reply, group.keys.len())
+        let value = self.call(&mut conn, DECIDE_LUA, &cmd, group.slot).await?;
+        let reply = int_reply(value)?;
+        if header.receipts {
+            return script::decode_reply_with_receipts(&reply, group.keys.len());
+        }
+        Ok((script::parse_reply(&reply, group.keys.len())?, Vec::new()))
+    }
+
+    /// Gives back what an allowed group consumed, once, within its own
+    /// deadline; a failure is logged (at most once a second) and counted:
+    /// it only leaves the group's counters higher until their window
+    /// passes, never lets a request over a limit.
+    async fn refund_group(
+        &self,
+        mut conn: ClusterConnection,
+        group: &Group,
+        checks: &[KeyedCheck],
+        receipts: &[Receipt],
+    ) {
+        let Some(cmd) = self.refund_cmd(group, checks, receipts) else {
+            return;
+        };
+        let deadline = Instant::now() + self.timeout;
+        let refunded = timeout_at(deadline, self.call(&mut conn, REFUND_LUA, &cmd, group.slot));
+        let err = match refunded.await {
+            Ok(Ok(_)) => return,
+            Ok(Err(err)) => err,
+            Err(_) => Error::Timeout(self.timeout_ms),
+        };
+        self.refund_failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.refund_log.admit() {
+            tracing::warn!(
+                suppressed,
+                "redis cluster refund failed, counters stay higher until their window passes: {err}"
+            );
+        }
+    }
+
+    /// EVALSHA of the refund script over the group's limits that consumed;
+    /// `None` when none did.
+    fn refund_cmd(
+        &self,
+        group: &Group,
+        checks: &[KeyedCheck],
+        receipts: &[Receipt],
+    ) -> Option<Cmd> {
+        let (keys, limits): (Vec<&String>, Vec<RefundArgs>) = group
+            .positions
+            .iter()
+            .zip(&group.keys)
+            .zip(receipts)
+            .filter(|(_, receipt)| !receipt.is_empty())
+            .map(|((&at, key), receipt)| (key, RefundArgs::of(&checks[at].check, *receipt)))
+            .unzip();
+        if keys.is_empty() {
+            return None;
+        }
+        let header = RefundHeader {
+            now_us: self.header(false).now_us,
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.refund.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(script::refund_argv(&header, &limits));
+        Some(cmd)
+    }
+
+    /// Decides every group concurrently; if all allowed, the merged
+    /// verdict. Otherwise the groups that allowed are refunded
+    /// (concurrently) and the request is denied, or failed when a group
+    /// failed (the failure mode decides).
+    async fn decide_groups(
+        &self,
+        groups: &[Group],
+        checks: &[KeyedCheck],
+    ) -> Result<Verdict, Error> {
+        let conn = self.connection().await?;
+        let header = self.header(groups.len() > 1);
+        let calls = groups
+            .iter()
+            .map(|group| self.decide_group(conn.clone(), &header, group, checks));
+        let results = join_all(calls).await;
+        let all_allowed = results
+            .iter()
+            .all(|it| matches!(it, Ok((verdict, _)) if verdict.allowed));
+        if !all_allowed {
+            let refunds = groups.iter().zip(&results).filter_map(|(group, result)| {
+                let (verdict, receipts) = result.as_ref().ok()?;
+                verdict
+                    .allowed
+                    .then(|| self.refund_group(conn.clone(), group, checks, receipts))
+            });
+            join_all(refunds).await;
+        }
+        let verdicts = results
+            .into_iter()
+            .map(|it| it.map(|(verdict, _)| verdict))
+            .collect::<Result<Vec<_>, Error>>()?;
+        merge(checks.len(), groups, verdicts)
     }
 
     /// Runs the script command, following only the answers that prove it
@@ -300,6 +417,7 @@ impl ClusterBackend {
     async fn call(
         &self,
         conn: &mut ClusterConnection,
+        lua: &'static str,
         cmd: &Cmd,
         slot: Slot,
     ) -> Result<Value, Error> {
@@ -319,7 +437,7 @@ impl ClusterBackend {
             }
             target = match step {
                 Next::Load => {
-                    self.load(conn, &target).await?;
+                    self.load(conn, lua, &target).await?;
                     target
                 }
                 Next::Go(next) => next,
@@ -333,10 +451,15 @@ impl ClusterBackend {
         }
     }
 
-    /// SCRIPT LOAD on the node `target` names.
-    async fn load(&self, conn: &mut ClusterConnection, target: &Target) -> Result<(), Error> {
+    /// SCRIPT LOAD of `lua` on the node `target` names.
+    async fn load(
+        &self,
+        conn: &mut ClusterConnection,
+        lua: &'static str,
+        target: &Target,
+    ) -> Result<(), Error> {
         let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(DECIDE_LUA);
+        cmd.arg("LOAD").arg(lua);
         let routing = match target {
             Target::Slot(slot) => single(Route::with_slot(*slot, SlotAddr::Master)),
             Target::Moved(host, port) | Target::Ask(host, port) => by_address(host, *port),
@@ -347,6 +470,12 @@ impl ClusterBackend {
             .map(|_| ())
             .map_err(|err| classify(&err, self.timeout_ms))
     }
+}
+
+/// A script's reply as integers.
+fn int_reply(value: Value) -> Result<Vec<i64>, Error> {
+    redis::from_redis_value(value)
+        .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))
 }
 
 /// A pool slot; a panic elsewhere cannot leave an `Option` half-written.
@@ -435,14 +564,17 @@ fn by_address(host: &str, port: u16) -> RoutingInfo {
 }
 
 /// The group verdicts as one, in check order: allowed iff every group
-/// allowed.
+/// allowed. A denied request consumed nothing (the groups that allowed
+/// were refunded), so no outcome says it did.
 fn merge(n_checks: usize, groups: &[Group], verdicts: Vec<Verdict>) -> Result<Verdict, Error> {
     let mut outcomes: Vec<Option<Outcome>> = vec![None; n_checks];
-    let mut allowed = true;
+    let allowed = verdicts.iter().all(|it| it.allowed);
     for (group, verdict) in groups.iter().zip(verdicts) {
-        allowed &= verdict.allowed;
         for (&at, outcome) in group.positions.iter().zip(verdict.outcomes) {
-            outcomes[at] = Some(outcome);
+            outcomes[at] = Some(Outcome {
+                consumed: outcome.consumed && allowed,
+                ..outcome
+            });
         }
     }
     let outcomes = outcomes
@@ -473,21 +605,11 @@ impl Backend for ClusterBackend {
             });
         }
         let groups = self.groups(checks)?;
-        let header = self.header();
         let deadline = Instant::now() + self.timeout;
-        let decided = async {
-            let conn = self.connection().await?;
-            let calls = groups
-                .iter()
-                .map(|group| self.decide_group(conn.clone(), &header, group, checks));
-            let verdicts = join_all(calls)
-                .await
-                .into_iter()
-                .collect::<Result<Vec<_>, Error>>()?;
-            merge(checks.len(), &groups, verdicts)
-        };
         // NEVER retry after a timeout: a group's script may have run.
-        timeout_at(deadline, decided)
+        // Refunds have deadlines of their own, so a slow decision never
+        // cuts one short.
+        timeout_at(deadline, self.decide_groups(&groups, checks))
             .await
             .map_err(|_| Error::Timeout(self.timeout_ms))?
     }
