@@ -590,3 +590,89 @@ async fn concurrent_requests_over_three_primaries_never_exceed_a_limit() {
     assert!(allowed.iter().sum::<u64>() > 0);
     assert_eq!(backend.refund_failures(), 0);
 }
+
+#[tokio::test]
+async fn a_slot_that_times_out_fails_the_request_and_the_others_are_refunded() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 300,
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    let checks = on_different_primaries(&cluster, &backend, SlidingWindowLog, "f", &[5, 5]).await;
+    let (alive, stuck) = (&checks[0], &checks[1]);
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    let stuck_node = cluster
+        .owner_of(slot_of(&cluster, &backend.key_of(&stuck.key)).await)
+        .await;
+    // Paused for less than the cluster's node timeout: the rest of the
+    // cluster stays ok while the stuck slot never answers.
+    cluster.node(stuck_node).pause();
+    let started = Instant::now();
+    let err = backend
+        .decide(&checks)
+        .await
+        .expect_err("a primary is stuck");
+    let took = started.elapsed();
+    cluster.node(stuck_node).resume();
+    assert!(matches!(err, Error::Timeout(300)), "{err:?}");
+    // The decision's deadline, then the refund's own.
+    assert!(took < Duration::from_millis(2 * 300 + 200), "{took:?}");
+    // Only the first, allowed request stays counted on the live primary.
+    assert_eq!(remaining_after_one(&backend, alive).await, 3);
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+#[tokio::test]
+async fn a_timed_out_call_is_never_sent_again() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 300,
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    let check = check_on(SlidingWindowLog, 3_600, &[("user", "slow")], 10, 1);
+    let one = std::slice::from_ref(&check);
+    assert!(backend.decide(one).await.unwrap().allowed);
+    let owner = cluster
+        .owner_of(slot_of(&cluster, &backend.key_of(&check.key)).await)
+        .await;
+    cluster.node(owner).pause();
+    let started = Instant::now();
+    let err = backend
+        .decide(one)
+        .await
+        .expect_err("the primary is paused");
+    let took = started.elapsed();
+    cluster.node(owner).resume();
+    assert!(matches!(err, Error::Timeout(300)), "{err:?}");
+    // The product's bound: --redis-timeout-ms, plus scheduling slack.
+    assert!(took < Duration::from_millis(300 + 200), "{took:?}");
+    // Whether the paused node ran the call when it woke or never got it,
+    // it ran at most once: the first request, maybe the timed-out one, and
+    // this one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let remaining = remaining_after_one(&backend, &check).await;
+    assert!((7..=8).contains(&remaining), "{remaining} left of 10");
+}
+
+#[tokio::test]
+async fn a_hash_tag_on_a_single_server_is_harmless() {
+    let server = RedisServer::start();
+    let backend = backend(&server, ClockSource::Redis)
+        .await
+        .with_hash_tag(HashTag::Domain);
+    let checks = [
+        check_on(SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(TokenBucket, 60, &[("user", "{u}")], 5, 1),
+    ];
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    assert!(!backend.decide(&checks).await.unwrap().allowed);
+    let keys = server.keys("tg:*").await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(
+        keys.iter().all(|it| it.starts_with("tg:{test}:")),
+        "{keys:?}"
+    );
+}

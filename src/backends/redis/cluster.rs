@@ -381,16 +381,26 @@ impl ClusterBackend {
     /// verdict. Otherwise the groups that allowed are refunded
     /// (concurrently) and the request is denied, or failed when a group
     /// failed (the failure mode decides).
+    ///
+    /// Each group's call ends by `deadline` (NEVER retried after a timeout:
+    /// its script may have run); refunds have deadlines of their own, so a
+    /// group that times out never keeps the others from being refunded.
     async fn decide_groups(
         &self,
+        conn: ClusterConnection,
         groups: &[Group],
         checks: &[KeyedCheck],
+        deadline: Instant,
     ) -> Result<Verdict, Error> {
-        let conn = self.connection().await?;
         let header = self.header(groups.len() > 1);
-        let calls = groups
-            .iter()
-            .map(|group| self.decide_group(conn.clone(), &header, group, checks));
+        let calls = groups.iter().map(|group| {
+            let call = self.decide_group(conn.clone(), &header, group, checks);
+            async move {
+                timeout_at(deadline, call)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(self.timeout_ms)))
+            }
+        });
         let results = join_all(calls).await;
         let all_allowed = results
             .iter()
@@ -606,12 +616,10 @@ impl Backend for ClusterBackend {
         }
         let groups = self.groups(checks)?;
         let deadline = Instant::now() + self.timeout;
-        // NEVER retry after a timeout: a group's script may have run.
-        // Refunds have deadlines of their own, so a slow decision never
-        // cuts one short.
-        timeout_at(deadline, self.decide_groups(&groups, checks))
+        let conn = timeout_at(deadline, self.connection())
             .await
-            .map_err(|_| Error::Timeout(self.timeout_ms))?
+            .map_err(|_| Error::Timeout(self.timeout_ms))??;
+        self.decide_groups(conn, &groups, checks, deadline).await
     }
 
     /// The cluster reports `cluster_state:ok`, and for every primary the
