@@ -446,6 +446,19 @@ async fn a_killed_primary_is_replaced_and_its_slots_decided_again() {
     );
     assert_eq!(failures_elsewhere, 0, "other slots kept being decided");
     cluster.wait_ok(FAILOVER_BOUND).await;
+    // The promoted replica never saw SCRIPT LOAD (not replicated on Redis
+    // 7.0): the backend loaded the script there on NOSCRIPT.
+    let victim_slot = slot_of(&cluster, &backend.key_of(&on_victim[0].key)).await;
+    let promoted = cluster.owner_of(victim_slot).await;
+    assert_ne!(promoted, victim);
+    let mut conn = cluster.node(promoted).connection().await;
+    let loaded: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(backend.script_hash())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(loaded, [true]);
     // A probe that finds the client's slot map stale reconnects, so the
     // next one (health probes every second) sees the new primary.
     let ok_by = Instant::now() + Duration::from_secs(3);
