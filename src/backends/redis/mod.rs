@@ -4,8 +4,10 @@
 //! limits are checked and consumed in one script call, so replicas sharing
 //! a Redis agree exactly. `pool` holds the connections (multiplexed,
 //! broken ones retired, a circuit that fails calls at once while Redis
-//! cannot be reached); [`script`] the script's arguments and reply; this
-//! module the backend itself and how Redis failures are classified.
+//! cannot be reached); [`script`] the script's arguments and reply;
+//! [`cluster`] the Redis Cluster backend (a request grouped by hash slot);
+//! this module the single-server backend and how Redis failures are
+//! classified, for both.
 
 pub mod cluster;
 mod pool;
