@@ -748,3 +748,47 @@ fn collect_texts(value: Value, out: &mut Vec<String>) -> Result<(), Error> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_may_be_addresses_or_urls_and_passwords_are_redacted() {
+        assert_eq!(node_url("10.0.0.1:7000"), "redis://10.0.0.1:7000");
+        assert_eq!(node_url(" h:1 "), "redis://h:1");
+        assert_eq!(node_url("rediss://u:pw@h:1"), "rediss://u:pw@h:1");
+        let nodes = ["redis://u:secret@h:1".to_owned(), "h:2".to_owned()];
+        assert_eq!(redact_nodes(&nodes), "redis://u:***@h:1,h:2");
+    }
+
+    #[test]
+    fn settings_without_seeds_or_with_a_zero_bound_are_refused() {
+        let settings = ClusterSettings {
+            nodes: vec!["127.0.0.1:7000".to_owned()],
+            pool_size: 1,
+            timeout_ms: 100,
+            keys: KeyFormat::default(),
+            clock: ClockSource::Redis,
+            expiry_grace_ms: 0,
+        };
+        assert!(ClusterBackend::connect(settings.clone()).is_ok());
+        for bad in [
+            ClusterSettings {
+                nodes: Vec::new(),
+                ..settings.clone()
+            },
+            ClusterSettings {
+                pool_size: 0,
+                ..settings.clone()
+            },
+            ClusterSettings {
+                timeout_ms: 0,
+                ..settings.clone()
+            },
+        ] {
+            let err = ClusterBackend::connect(bad).expect_err("refused");
+            assert!(matches!(err, Error::Protocol(_)), "{err:?}");
+        }
+    }
+}
