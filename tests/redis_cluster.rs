@@ -695,3 +695,29 @@ async fn a_hash_tag_on_a_single_server_is_harmless() {
         "{keys:?}"
     );
 }
+
+#[tokio::test]
+async fn a_password_given_on_one_seed_reaches_every_node() {
+    let cluster = Cluster::start_with(3, 0, Some("s3cret")).await;
+    let seeds = cluster.seeds();
+    let with_password = ClusterBackend::connect(ClusterSettings {
+        nodes: vec![
+            seeds[0].clone(),
+            format!("redis://:s3cret@{}", seeds[1]),
+            seeds[2].clone(),
+        ],
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    // Counters on every primary: every node was reached with the password.
+    let checks =
+        on_different_primaries(&cluster, &with_password, TokenBucket, "p", &[1, 1, 1]).await;
+    assert!(with_password.decide(&checks).await.unwrap().allowed);
+    assert!(!with_password.decide(&checks).await.unwrap().allowed);
+    with_password.probe().await.expect("healthy");
+
+    let without = ClusterBackend::connect(cluster_settings(&cluster, HashTag::None)).unwrap();
+    let err = without.decide(&checks).await.expect_err("no password");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(without.probe().await.is_err());
+}

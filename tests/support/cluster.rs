@@ -23,10 +23,20 @@ impl Cluster {
     /// `primaries` primaries sharing the 16384 slots, each with `replicas`
     /// replicas; returns once every node reports `cluster_state:ok`.
     pub async fn start(primaries: usize, replicas: usize) -> Cluster {
+        Cluster::start_with(primaries, replicas, None).await
+    }
+
+    /// [`Cluster::start`] with every node requiring `password` (replicas
+    /// authenticate to their primaries with it).
+    pub async fn start_with(primaries: usize, replicas: usize, password: Option<&str>) -> Cluster {
+        let auth: Vec<&str> = match password {
+            Some(password) => vec!["--requirepass", password, "--masterauth", password],
+            None => Vec::new(),
+        };
         let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas))
             .map(|_| {
                 let bus = free_port().to_string();
-                RedisServer::start_with(&[
+                let mut args = vec![
                     "--cluster-enabled",
                     "yes",
                     "--cluster-config-file",
@@ -39,14 +49,20 @@ impl Cluster {
                     // so they can be promoted as soon as the test starts.
                     "--repl-diskless-sync-delay",
                     "0",
-                ])
+                ];
+                args.extend(&auth);
+                RedisServer::start_with(&args)
             })
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
             .map(|it| format!("127.0.0.1:{}", it.port()))
             .collect();
-        let output = Command::new("redis-cli")
+        let mut cli = Command::new("redis-cli");
+        if let Some(password) = password {
+            cli.args(["--no-auth-warning", "-a", password]);
+        }
+        let output = cli
             .args(["--cluster", "create"])
             .args(&addrs)
             .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])

@@ -132,7 +132,7 @@ impl ClusterSettings {
         // rustls needs a process-wide crypto provider for `rediss://`.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let timeout = Duration::from_millis(self.timeout_ms);
-        let nodes: Vec<String> = self.nodes.iter().map(|it| node_url(it)).collect();
+        let nodes = seed_urls(&self.nodes);
         ClusterClientBuilder::new(nodes)
             .retries(0)
             .connection_timeout(timeout)
@@ -155,6 +155,32 @@ fn node_url(node: &str) -> String {
     } else {
         format!("redis://{node}")
     }
+}
+
+/// Every seed as a URL. The client needs the same credentials (and TLS)
+/// on every seed, so a bare `host:port` takes the scheme and user:password
+/// of the first URL that has them: credentials given once apply to all.
+fn seed_urls(nodes: &[String]) -> Vec<String> {
+    let urls: Vec<String> = nodes.iter().map(|it| node_url(it)).collect();
+    let with_credentials = urls.iter().find_map(|url| {
+        let (scheme, rest) = url.split_once("://")?;
+        let (userinfo, _) = rest.rsplit_once('@')?;
+        Some((scheme.to_owned(), userinfo.to_owned()))
+    });
+    let Some((scheme, userinfo)) = with_credentials else {
+        return urls;
+    };
+    nodes
+        .iter()
+        .zip(urls)
+        .map(|(node, url)| {
+            if node.trim().contains("://") {
+                url
+            } else {
+                format!("{scheme}://{userinfo}@{}", node.trim())
+            }
+        })
+        .collect()
 }
 
 fn redact_nodes(nodes: &[String]) -> String {
@@ -760,6 +786,17 @@ mod tests {
         assert_eq!(node_url("rediss://u:pw@h:1"), "rediss://u:pw@h:1");
         let nodes = ["redis://u:secret@h:1".to_owned(), "h:2".to_owned()];
         assert_eq!(redact_nodes(&nodes), "redis://u:***@h:1,h:2");
+    }
+
+    #[test]
+    fn credentials_given_on_one_seed_apply_to_the_bare_ones() {
+        let nodes = ["h:1".to_owned(), "rediss://:pw@h:2/#insecure".to_owned()];
+        assert_eq!(
+            seed_urls(&nodes),
+            ["rediss://:pw@h:1", "rediss://:pw@h:2/#insecure"]
+        );
+        let plain = ["h:1".to_owned(), "redis://h:2".to_owned()];
+        assert_eq!(seed_urls(&plain), ["redis://h:1", "redis://h:2"]);
     }
 
     #[test]
