@@ -23,7 +23,9 @@ use tokio_stream::StreamExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::backends::Backend;
+use crate::backends::keys::{HashTag, KeyFormat};
 use crate::backends::memory::{MemoryBackend, SweeperGuard};
+use crate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings, SentinelSettings};
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
@@ -87,7 +89,9 @@ pub struct RedisFlags {
     pub key_prefix: String,
     pub expiry_grace_ms: u64,
     pub clock: ClockSource,
-    /// Cluster nodes: asking for them fails the start-up.
+    /// The service's hash tag in every key (`--redis-hash-tag`).
+    pub hash_tag: HashTag,
+    /// Redis Cluster seed nodes; exclusive with `url` and Sentinel.
     pub cluster_nodes: Vec<String>,
     /// Sentinel: the master is found through these nodes; `url`, if given,
     /// only says how to reach it (TLS, user, password, db).
@@ -384,13 +388,23 @@ async fn backend(
     metrics: &Metrics,
     stop: &mut StopSignals,
 ) -> Result<(Arc<dyn Backend>, Option<SweeperGuard>), Aborted> {
-    let Some(redis) = redis_settings(&settings.redis).map_err(Aborted::Failed)? else {
-        tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
-        let (memory, sweeper) = memory_backend(settings.memory_max_counters, metrics);
-        return Ok((memory, Some(sweeper)));
+    let redis = match redis_settings(&settings.redis).map_err(Aborted::Failed)? {
+        None => {
+            tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
+            let (memory, sweeper) = memory_backend(settings.memory_max_counters, metrics);
+            return Ok((memory, Some(sweeper)));
+        }
+        Some(RedisTarget::Cluster(cluster)) => {
+            return match ClusterBackend::connect(cluster) {
+                Ok(it) => Ok((Arc::new(it), None)),
+                Err(err) => Err(Aborted::Failed(format!("redis cluster: {err}"))),
+            };
+        }
+        Some(RedisTarget::Single(redis)) => redis,
     };
+    let hash_tag = settings.redis.hash_tag;
     match stop.or_stop(RedisBackend::connect(redis)).await {
-        Some(Ok(it)) => Ok((Arc::new(it), None)),
+        Some(Ok(it)) => Ok((Arc::new(it.with_hash_tag(hash_tag)), None)),
         Some(Err(err)) => Err(Aborted::Failed(format!("redis: {err}"))),
         None => Err(Aborted::Stopped),
     }
@@ -401,8 +415,14 @@ async fn backend(
 /// master's).
 const SENTINEL_MASTER_URL: &str = "redis://sentinel-master/";
 
-/// `None` without a URL or Sentinel.
-fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisSettings>, String> {
+/// The Redis deployment the flags name.
+enum RedisTarget {
+    Single(RedisSettings),
+    Cluster(ClusterSettings),
+}
+
+/// `None` without a URL, Sentinel or cluster nodes.
+fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisTarget>, String> {
     let sentinel = sentinel_settings(flags)?;
     if sentinel.is_some() && !flags.cluster_nodes.is_empty() {
         return Err(
@@ -412,14 +432,14 @@ fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisSettings>, String> {
         );
     }
     if !flags.cluster_nodes.is_empty() {
-        return Err("redis cluster is not supported yet".to_owned());
+        return cluster_settings(flags).map(|it| Some(RedisTarget::Cluster(it)));
     }
     let url = match (&flags.url, &sentinel) {
         (Some(url), _) => url.clone(),
         (None, Some(_)) => SENTINEL_MASTER_URL.to_owned(),
         (None, None) => return Ok(None),
     };
-    Ok(Some(RedisSettings {
+    Ok(Some(RedisTarget::Single(RedisSettings {
         url,
         sentinel,
         pool_size: flags.pool_size,
@@ -427,7 +447,24 @@ fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisSettings>, String> {
         key_prefix: flags.key_prefix.clone(),
         clock: flags.clock.clone(),
         expiry_grace_ms: flags.expiry_grace_ms,
-    }))
+    })))
+}
+
+/// The cluster flags; one deployment only.
+fn cluster_settings(flags: &RedisFlags) -> Result<ClusterSettings, String> {
+    if flags.url.is_some() {
+        return Err(
+            "--redis-url and --redis-cluster-nodes name two redis deployments: give one".to_owned(),
+        );
+    }
+    Ok(ClusterSettings {
+        nodes: flags.cluster_nodes.clone(),
+        pool_size: flags.pool_size,
+        timeout_ms: flags.timeout_ms,
+        keys: KeyFormat::new(flags.key_prefix.clone(), flags.hash_tag),
+        clock: flags.clock.clone(),
+        expiry_grace_ms: flags.expiry_grace_ms,
+    })
 }
 
 /// `None` without Sentinel flags; nodes and a master name come together.

@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use throttlegate::algorithms::Algorithm;
 use throttlegate::app::{self, Limits, RedisFlags, Settings};
+use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::SystemClock;
@@ -111,9 +112,16 @@ struct ServeArgs {
     /// whose clock lags never finds a key already expired.
     #[arg(long, env = "THROTTLEGATE_REDIS_EXPIRY_GRACE_MS", default_value_t = 0)]
     redis_expiry_grace_ms: u64,
-    /// Redis Cluster seed nodes, `host:port,host:port,...`.
+    /// Redis Cluster seed nodes, `host:port,host:port,...` (any subset of
+    /// the cluster; `redis://` or `rediss://` URLs with user:password too).
+    /// Instead of --redis-url.
     #[arg(long, env = "THROTTLEGATE_REDIS_CLUSTER_NODES", value_delimiter = ',')]
     redis_cluster_nodes: Vec<String>,
+    /// The service's own Redis Cluster hash tag in every key: `domain`
+    /// puts a domain's counters in one slot (one script call per request),
+    /// `descriptor` one descriptor's limits.
+    #[arg(long, env = "THROTTLEGATE_REDIS_HASH_TAG", value_enum, default_value_t = HashTagArg::None)]
+    redis_hash_tag: HashTagArg,
     /// Redis Sentinel nodes, `host:port,host:port,...`, asked in this order
     /// for the master's address whenever a connection is made, so a
     /// failover is followed without a restart. Needs
@@ -271,6 +279,13 @@ enum FailureArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum HashTagArg {
+    None,
+    Domain,
+    Descriptor,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum ClockArg {
     Redis,
     Local,
@@ -367,6 +382,11 @@ fn settings(args: ServeArgs) -> Settings {
             clock: match args.clock {
                 ClockArg::Redis => ClockSource::Redis,
                 ClockArg::Local => ClockSource::Local(Arc::new(SystemClock)),
+            },
+            hash_tag: match args.redis_hash_tag {
+                HashTagArg::None => HashTag::None,
+                HashTagArg::Domain => HashTag::Domain,
+                HashTagArg::Descriptor => HashTag::Descriptor,
             },
             cluster_nodes: args.redis_cluster_nodes,
             sentinel_nodes: args.redis_sentinel_nodes,

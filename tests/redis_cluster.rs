@@ -1,16 +1,24 @@
-//! The decision script on a Redis Cluster node: it touches only the keys
-//! it declares, so it runs wherever its keys share a slot, and a request
-//! whose keys span slots is a classified error, not a partial decision.
+//! Redis Cluster: the decision script on one cluster node (it touches only
+//! the keys it declares, so it runs wherever its keys share a slot), and the
+//! cluster backend on a real 3-primary cluster (slot groups, hash tags,
+//! NOSCRIPT per node, several instances, resharding, failover).
 
 mod support;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::keys::check_on;
+use support::cluster::Cluster;
+use support::keys::{check, check_on, counter_key};
+use support::process::{Serve, command};
 use support::redis::{RedisServer, backend, backend_with};
-use throttlegate::algorithms::Algorithm::{SlidingWindowLog, TokenBucket};
+use support::request::{descriptor, request};
+use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog, TokenBucket};
+use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
-use throttlegate::backends::{Backend, Error};
+use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
+use throttlegate::backends::{Backend, Error, KeyedCheck};
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// A one-node cluster serving every slot.
 async fn single_node_cluster() -> RedisServer {
@@ -72,4 +80,644 @@ async fn keys_in_different_slots_are_refused_whole() {
     let mut conn = server.connection().await;
     let size: u64 = redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap();
     assert_eq!(size, 0, "nothing was written");
+}
+
+// === the cluster backend on a 3-primary cluster ===
+
+/// Settings for a backend on `cluster`: pool of 4, 5 s timeout, prefix `tg`.
+fn cluster_settings(cluster: &Cluster, hash_tag: HashTag) -> ClusterSettings {
+    ClusterSettings {
+        nodes: cluster.seeds(),
+        pool_size: 4,
+        timeout_ms: 5_000,
+        keys: KeyFormat::new("tg", hash_tag),
+        clock: ClockSource::Redis,
+        expiry_grace_ms: 0,
+    }
+}
+
+fn cluster_backend(cluster: &Cluster, hash_tag: HashTag) -> Arc<ClusterBackend> {
+    Arc::new(ClusterBackend::connect(cluster_settings(cluster, hash_tag)).expect("settings"))
+}
+
+/// 64 tasks send `requests` requests of `checks` through `backends`
+/// (round robin); returns how many were allowed.
+async fn hammer(
+    backends: Vec<Arc<ClusterBackend>>,
+    checks: Vec<KeyedCheck>,
+    requests: usize,
+) -> usize {
+    let checks = Arc::new(checks);
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let backend = backends[task % backends.len()].clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..requests / 64 {
+                if backend.decide(&checks).await.expect("decide").allowed {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    total
+}
+
+/// A limit of 50 that cannot refill while the test runs.
+fn slow_check(algorithm: Algorithm, user: &str) -> KeyedCheck {
+    check_on(algorithm, 3_600, &[("user", user)], 50, 1)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_tasks_on_one_cluster_key_admit_exactly_the_limit() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    for algorithm in Algorithm::ALL {
+        let total = hammer(vec![backend.clone()], vec![slow_check(algorithm, "a")], 256).await;
+        assert_eq!(total, 50, "{algorithm}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_on_one_cluster_admit_exactly_the_limit_in_total() {
+    let cluster = Cluster::start(3, 0).await;
+    let first = cluster_backend(&cluster, HashTag::None);
+    let second = cluster_backend(&cluster, HashTag::Descriptor);
+    let third = cluster_backend(&cluster, HashTag::Descriptor);
+    for algorithm in Algorithm::ALL {
+        // Two instances with the same key format share the counter.
+        let total = hammer(
+            vec![second.clone(), third.clone()],
+            vec![slow_check(algorithm, "b")],
+            256,
+        )
+        .await;
+        assert_eq!(total, 50, "{algorithm}");
+    }
+    let total = hammer(vec![first], vec![slow_check(TokenBucket, "b")], 128).await;
+    assert_eq!(total, 50, "an untagged key is another counter");
+}
+
+/// Checks on `n` descriptors of one domain: without a tag, spread over the
+/// primaries.
+fn spread_checks(n: usize) -> Vec<KeyedCheck> {
+    (0..n)
+        .map(|idx| check_on(SlidingWindowLog, 60, &[("ip", &idx.to_string())], 1_000, 1))
+        .collect()
+}
+
+#[tokio::test]
+async fn with_a_domain_tag_every_request_is_one_script_call() {
+    let cluster = Cluster::start(3, 0).await;
+    let tagged = cluster_backend(&cluster, HashTag::Domain);
+    let untagged = cluster_backend(&cluster, HashTag::None);
+    let checks = spread_checks(8);
+    // Loads the script where it is needed.
+    assert!(tagged.decide(&checks).await.unwrap().allowed);
+    assert!(untagged.decide(&checks).await.unwrap().allowed);
+    cluster.reset_stats().await;
+    for _ in 0..10 {
+        assert!(tagged.decide(&checks).await.unwrap().allowed);
+    }
+    assert_eq!(cluster.calls_on_primaries("evalsha").await, 10);
+    let keys = cluster.keys("tg:{test}:*").await;
+    assert_eq!(keys.len(), 8, "{keys:?}");
+
+    // The same request untagged is one call per slot: more than one.
+    cluster.reset_stats().await;
+    assert!(untagged.decide(&checks).await.unwrap().allowed);
+    let calls = cluster.calls_on_primaries("evalsha").await;
+    assert!(calls > 1 && calls <= 8, "{calls} calls");
+}
+
+#[tokio::test]
+async fn the_script_is_loaded_again_on_a_primary_that_lost_it() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::Descriptor);
+    let checks = spread_checks(12);
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    for idx in 0..cluster.primaries() {
+        cluster.script_flush(idx).await;
+    }
+    let verdict = backend
+        .decide(&checks)
+        .await
+        .expect("NOSCRIPT is followed by SCRIPT LOAD");
+    assert!(verdict.allowed);
+    assert!(verdict.outcomes.iter().all(|it| it.remaining == 998));
+}
+
+#[tokio::test]
+async fn hostile_values_get_their_own_counters_and_no_hash_tag_of_their_own() {
+    let cluster = Cluster::start(3, 0).await;
+    let hostile = [
+        "{a}", "a", "{a", "a}", "}{", "{}", "%7Ba%7D", "a:b", "{a}:b",
+    ];
+    for tag in [HashTag::None, HashTag::Domain, HashTag::Descriptor] {
+        let backend = cluster_backend(&cluster, tag);
+        for value in hostile {
+            let one = [check(counter_key(TokenBucket, 60, &[("k", value)]), 1, 1)];
+            let verdict = backend.decide(&one).await.unwrap();
+            assert!(verdict.allowed, "{tag:?} {value}: a counter of its own");
+        }
+    }
+    let keys = cluster.keys("tg:*").await;
+    assert_eq!(keys.len(), hostile.len() * 3, "{keys:#?}");
+    for key in keys {
+        let braces = key.matches('{').count() + key.matches('}').count();
+        let tagged = key.starts_with("tg:{");
+        assert_eq!(braces, if tagged { 2 } else { 0 }, "{key}");
+    }
+}
+
+#[tokio::test]
+async fn a_primary_down_makes_the_probe_fail_within_the_timeout() {
+    let mut cluster = Cluster::start(3, 0).await;
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 500,
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    backend.probe().await.expect("a healthy cluster");
+    cluster.kill(2);
+    let started = Instant::now();
+    let err = backend.probe().await.expect_err("a primary is down");
+    assert!(
+        started.elapsed() < Duration::from_millis(500 + 250),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        matches!(err, Error::Unavailable(_) | Error::Timeout(_)),
+        "{err:?}"
+    );
+}
+
+// === the binary ===
+
+const TWO_PER_MINUTE: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n  - key: ip\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+
+#[tokio::test]
+async fn serve_decides_on_a_cluster_given_its_nodes() {
+    let cluster = Cluster::start(3, 0).await;
+    // Any one node is seed enough; a URL with credentials is accepted too.
+    let seeds = format!("{},redis://{}", cluster.seeds()[1], cluster.seeds()[2]);
+    // `domain`: one slot per request; `descriptor`: one per descriptor, so
+    // the stacked request below spans slots and its denial is refunded.
+    for (tag, key_pattern) in [("domain", "tg:{api}:*"), ("descriptor", "tg:{api:*}:*")] {
+        let prefix = format!("tg-{tag}");
+        let mut service = Serve::yaml(TWO_PER_MINUTE)
+            .args(&["--redis-cluster-nodes", &seeds, "--redis-hash-tag", tag])
+            .args(&["--redis-key-prefix", &prefix])
+            .spawn();
+        let mut client = service.client().await;
+        let stacked = request(
+            "api",
+            vec![descriptor(&[("user", "a")]), descriptor(&[("ip", "1")])],
+        );
+        let mut codes = Vec::new();
+        for _ in 0..4 {
+            let answer = client
+                .should_rate_limit(stacked.clone())
+                .await
+                .expect("decided")
+                .into_inner();
+            codes.push(answer.overall_code);
+        }
+        let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+        assert_eq!(codes, [ok, ok, over, over], "{tag}");
+        // The denied requests took nothing from the limit of 5.
+        let lone = request("api", vec![descriptor(&[("ip", "1")])]);
+        let answer = client.should_rate_limit(lone).await.unwrap().into_inner();
+        assert_eq!(answer.statuses[0].limit_remaining, 2, "{tag}");
+        let pattern = key_pattern.replacen("tg", &prefix, 1);
+        let keys = cluster.keys(&pattern).await;
+        assert_eq!(keys.len(), 2, "{tag}: {keys:?}");
+    }
+}
+
+#[test]
+fn serve_refuses_a_url_and_cluster_nodes_together() {
+    let out = command()
+        .args(["serve", "--redis-url", "redis://127.0.0.1:1"])
+        .args([
+            "--redis-cluster-nodes",
+            "127.0.0.1:2",
+            "--redis-hash-tag",
+            "domain",
+        ])
+        .output()
+        .expect("run the binary");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--redis-url and --redis-cluster-nodes"),
+        "{stderr}"
+    );
+}
+
+// === resharding and failover ===
+
+/// The slot Redis puts `key` in (CLUSTER KEYSLOT).
+async fn slot_of(cluster: &Cluster, key: &str) -> u16 {
+    let mut conn = cluster.any_connection().await;
+    redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(key)
+        .query_async(&mut conn)
+        .await
+        .expect("CLUSTER KEYSLOT")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn moving_a_slot_with_live_keys_under_load_keeps_limits_exact() {
+    let cluster = Arc::new(Cluster::start(3, 0).await);
+    // Every counter of domain `test` in one slot, the one moved.
+    let backend = cluster_backend(&cluster, HashTag::Domain);
+    let hot = check_on(SlidingWindowLog, 3_600, &[("user", "hot")], 300, 1);
+    let side = |idx: usize| {
+        check_on(
+            SlidingWindowLog,
+            3_600,
+            &[("ip", &idx.to_string())],
+            10_000,
+            1,
+        )
+    };
+    // Enough live keys that the move takes many MIGRATE batches.
+    for idx in 0..20 {
+        assert!(backend.decide(&[side(idx)]).await.unwrap().allowed);
+    }
+    let slot = slot_of(&cluster, &backend.key_of(&hot.key)).await;
+    let from = cluster.owner_of(slot).await;
+    let to = (from + 1) % cluster.primaries();
+
+    let mut tasks = Vec::new();
+    for task in 0..16 {
+        let backend = backend.clone();
+        let checks = vec![hot.clone(), side(task)];
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..60 {
+                // Any error here would go through the failure mode.
+                let verdict = backend
+                    .decide(&checks)
+                    .await
+                    .expect("decided during the move");
+                allowed += usize::from(verdict.allowed);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            allowed
+        }));
+    }
+    cluster.move_slot(slot, to, Duration::from_millis(20)).await;
+    let mut allowed = Vec::new();
+    for task in tasks {
+        allowed.push(task.await.expect("task"));
+    }
+    assert_eq!(cluster.owner_of(slot).await, to);
+    let total: usize = allowed.iter().sum();
+    assert_eq!(total, 300, "exactly the limit of 300 out of 960 requests");
+    // The moved counters are the ones counted: none lost, none doubled.
+    let verdict = backend.decide(std::slice::from_ref(&hot)).await.unwrap();
+    assert!(!verdict.allowed);
+    let verdict = backend.decide(&[side(0)]).await.unwrap();
+    let taken = 1 + allowed[0] + 1;
+    assert_eq!(verdict.outcomes[0].remaining, 10_000 - taken as u64);
+}
+
+/// Failover bound: `--cluster-node-timeout` (1 s here) to mark the primary
+/// failed, the replica's election, and the client's slot refresh on the
+/// next MOVED; 10 s is generous for all three.
+const FAILOVER_BOUND: Duration = Duration::from_secs(10);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_primary_is_replaced_and_its_slots_decided_again() {
+    let mut cluster = Cluster::start(3, 1).await;
+    let backend = cluster_backend(&cluster, HashTag::Descriptor);
+    let on = |user: &str| vec![check_on(TokenBucket, 3_600, &[("user", user)], 100_000, 1)];
+    // Two descriptors on two different primaries.
+    let mut by_owner = std::collections::BTreeMap::new();
+    for idx in 0..64 {
+        let checks = on(&format!("u{idx}"));
+        let slot = slot_of(&cluster, &backend.key_of(&checks[0].key)).await;
+        by_owner
+            .entry(cluster.owner_of(slot).await)
+            .or_insert(checks);
+        if by_owner.len() == 2 {
+            break;
+        }
+    }
+    let mut owners = by_owner.into_iter();
+    let (victim, on_victim) = owners.next().expect("two owners");
+    let (_, elsewhere) = owners.next().expect("two owners");
+    assert!(backend.decide(&on_victim).await.unwrap().allowed);
+    assert!(backend.decide(&elsewhere).await.unwrap().allowed);
+
+    cluster.kill(victim);
+    let killed = Instant::now();
+    let mut failures_elsewhere = 0;
+    let mut slowest_elsewhere = Duration::ZERO;
+    let resumed = loop {
+        let started = Instant::now();
+        if backend.decide(&elsewhere).await.is_err() {
+            failures_elsewhere += 1;
+        }
+        slowest_elsewhere = slowest_elsewhere.max(started.elapsed());
+        if let Ok(verdict) = backend.decide(&on_victim).await {
+            assert!(verdict.allowed);
+            break killed.elapsed();
+        }
+        assert!(
+            killed.elapsed() < FAILOVER_BOUND,
+            "the victim's slots were not decided again within {FAILOVER_BOUND:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    eprintln!(
+        "decisions on the failed primary's slots resumed after {resumed:?}; \
+         the slowest decision elsewhere took {slowest_elsewhere:?}"
+    );
+    assert_eq!(failures_elsewhere, 0, "other slots kept being decided");
+    cluster.wait_ok(FAILOVER_BOUND).await;
+    // The promoted replica never saw SCRIPT LOAD (not replicated on Redis
+    // 7.0): the backend loaded the script there on NOSCRIPT.
+    let victim_slot = slot_of(&cluster, &backend.key_of(&on_victim[0].key)).await;
+    let promoted = cluster.owner_of(victim_slot).await;
+    assert_ne!(promoted, victim);
+    let mut conn = cluster.node(promoted).connection().await;
+    let loaded: Vec<bool> = redis::cmd("SCRIPT")
+        .arg("EXISTS")
+        .arg(backend.script_hash())
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(loaded, [true]);
+    // A probe that finds the client's slot map stale reconnects, so the
+    // next one (health probes every second) sees the new primary.
+    let ok_by = Instant::now() + Duration::from_secs(3);
+    while let Err(err) = backend.probe().await {
+        assert!(
+            Instant::now() < ok_by,
+            "still unhealthy after the failover: {err}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+// === requests over several slots: all or nothing through refunds ===
+
+/// `n` descriptors `user=<prefix><i>` whose counters lie on `n` different
+/// primaries (untagged keys), for `algorithm` with the given limits.
+async fn on_different_primaries(
+    cluster: &Cluster,
+    backend: &ClusterBackend,
+    algorithm: Algorithm,
+    prefix: &str,
+    limits: &[u64],
+) -> Vec<KeyedCheck> {
+    let mut chosen: Vec<(usize, KeyedCheck)> = Vec::new();
+    for idx in 0.. {
+        let limit = limits[chosen.len()];
+        let check = check_on(
+            algorithm,
+            3_600,
+            &[("user", &format!("{prefix}{idx}"))],
+            limit,
+            1,
+        );
+        let slot = slot_of(cluster, &backend.key_of(&check.key)).await;
+        let owner = cluster.owner_of(slot).await;
+        if chosen.iter().all(|(it, _)| *it != owner) {
+            chosen.push((owner, check));
+        }
+        if chosen.len() == limits.len() {
+            break;
+        }
+    }
+    chosen.into_iter().map(|(_, it)| it).collect()
+}
+
+/// What a lone request on `check` is told remains after it.
+async fn remaining_after_one(backend: &ClusterBackend, check: &KeyedCheck) -> u64 {
+    let verdict = backend.decide(std::slice::from_ref(check)).await.unwrap();
+    verdict.outcomes[0].remaining
+}
+
+#[tokio::test]
+async fn a_request_over_two_primaries_is_all_or_nothing_whichever_denies() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    for algorithm in Algorithm::ALL {
+        for denying_first in [true, false] {
+            let prefix = format!("{algorithm}-{denying_first}-");
+            let checks =
+                on_different_primaries(&cluster, &backend, algorithm, &prefix, &[1, 5]).await;
+            let (full, open) = (&checks[0], &checks[1]);
+            // The limit of 1 is used up, the limit of 5 untouched.
+            assert!(
+                backend
+                    .decide(std::slice::from_ref(full))
+                    .await
+                    .unwrap()
+                    .allowed
+            );
+            let request = if denying_first {
+                vec![full.clone(), open.clone()]
+            } else {
+                vec![open.clone(), full.clone()]
+            };
+            for _ in 0..3 {
+                let verdict = backend.decide(&request).await.unwrap();
+                assert!(!verdict.allowed, "{algorithm}");
+                assert!(
+                    verdict.outcomes.iter().all(|it| !it.consumed),
+                    "{algorithm}"
+                );
+            }
+            // The open limit gave back what the denied requests took.
+            assert_eq!(
+                remaining_after_one(&backend, open).await,
+                4,
+                "{algorithm}, denying check first: {denying_first}"
+            );
+        }
+    }
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_over_three_primaries_never_exceed_a_limit() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    let limits = [40, 60, 100];
+    let checks =
+        Arc::new(on_different_primaries(&cluster, &backend, SlidingWindowLog, "c", &limits).await);
+    // Each task sends the pairs in turn: every limit is met by requests
+    // that also hold another, so denials and refunds interleave.
+    let pairs = [(0, 1), (1, 2), (0, 2)];
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let backend = backend.clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = [0u64; 3];
+            for round in 0..6 {
+                let (a, b) = pairs[(task + round) % pairs.len()];
+                let request = [checks[a].clone(), checks[b].clone()];
+                if backend.decide(&request).await.expect("decided").allowed {
+                    allowed[a] += 1;
+                    allowed[b] += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut allowed = [0u64; 3];
+    for task in tasks {
+        let counts = task.await.expect("task");
+        for idx in 0..3 {
+            allowed[idx] += counts[idx];
+        }
+    }
+    for idx in 0..3 {
+        assert!(allowed[idx] <= limits[idx], "{allowed:?} over {limits:?}");
+        // Exactly the allowed requests stay counted: every denied one was
+        // given back.
+        let lone = std::slice::from_ref(&checks[idx]);
+        let verdict = backend.decide(lone).await.unwrap();
+        let left = limits[idx] - allowed[idx];
+        assert_eq!(
+            verdict.allowed,
+            left > 0,
+            "limit {idx}: {allowed:?} of {limits:?}"
+        );
+        if left > 0 {
+            assert_eq!(
+                verdict.outcomes[0].remaining,
+                left - 1,
+                "limit {idx}: {allowed:?}"
+            );
+        }
+    }
+    assert!(allowed.iter().sum::<u64>() > 0);
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+#[tokio::test]
+async fn a_slot_that_times_out_fails_the_request_and_the_others_are_refunded() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 300,
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    let checks = on_different_primaries(&cluster, &backend, SlidingWindowLog, "f", &[5, 5]).await;
+    let (alive, stuck) = (&checks[0], &checks[1]);
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    let stuck_node = cluster
+        .owner_of(slot_of(&cluster, &backend.key_of(&stuck.key)).await)
+        .await;
+    // Paused for less than the cluster's node timeout: the rest of the
+    // cluster stays ok while the stuck slot never answers.
+    cluster.node(stuck_node).pause();
+    let started = Instant::now();
+    let err = backend
+        .decide(&checks)
+        .await
+        .expect_err("a primary is stuck");
+    let took = started.elapsed();
+    cluster.node(stuck_node).resume();
+    assert!(matches!(err, Error::Timeout(300)), "{err:?}");
+    // The decision's deadline, then the refund's own.
+    assert!(took < Duration::from_millis(2 * 300 + 200), "{took:?}");
+    // Only the first, allowed request stays counted on the live primary.
+    assert_eq!(remaining_after_one(&backend, alive).await, 3);
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+#[tokio::test]
+async fn a_timed_out_call_is_never_sent_again() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 300,
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    let check = check_on(SlidingWindowLog, 3_600, &[("user", "slow")], 10, 1);
+    let one = std::slice::from_ref(&check);
+    assert!(backend.decide(one).await.unwrap().allowed);
+    let owner = cluster
+        .owner_of(slot_of(&cluster, &backend.key_of(&check.key)).await)
+        .await;
+    cluster.node(owner).pause();
+    let started = Instant::now();
+    let err = backend
+        .decide(one)
+        .await
+        .expect_err("the primary is paused");
+    let took = started.elapsed();
+    cluster.node(owner).resume();
+    assert!(matches!(err, Error::Timeout(300)), "{err:?}");
+    // The product's bound: --redis-timeout-ms, plus scheduling slack.
+    assert!(took < Duration::from_millis(300 + 200), "{took:?}");
+    // Whether the paused node ran the call when it woke or never got it,
+    // it ran at most once: the first request, maybe the timed-out one, and
+    // this one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let remaining = remaining_after_one(&backend, &check).await;
+    assert!((7..=8).contains(&remaining), "{remaining} left of 10");
+}
+
+#[tokio::test]
+async fn a_hash_tag_on_a_single_server_is_harmless() {
+    let server = RedisServer::start();
+    let backend = backend(&server, ClockSource::Redis)
+        .await
+        .with_hash_tag(HashTag::Domain);
+    let checks = [
+        check_on(SlidingWindowLog, 60, &[("ip", "1")], 2, 1),
+        check_on(TokenBucket, 60, &[("user", "{u}")], 5, 1),
+    ];
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    assert!(backend.decide(&checks).await.unwrap().allowed);
+    assert!(!backend.decide(&checks).await.unwrap().allowed);
+    let keys = server.keys("tg:*").await;
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert!(
+        keys.iter().all(|it| it.starts_with("tg:{test}:")),
+        "{keys:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_password_given_on_one_seed_reaches_every_node() {
+    let cluster = Cluster::start_with(3, 0, Some("s3cret")).await;
+    let seeds = cluster.seeds();
+    let with_password = ClusterBackend::connect(ClusterSettings {
+        nodes: vec![
+            seeds[0].clone(),
+            format!("redis://:s3cret@{}", seeds[1]),
+            seeds[2].clone(),
+        ],
+        ..cluster_settings(&cluster, HashTag::None)
+    })
+    .unwrap();
+    // Counters on every primary: every node was reached with the password.
+    let checks =
+        on_different_primaries(&cluster, &with_password, TokenBucket, "p", &[1, 1, 1]).await;
+    assert!(with_password.decide(&checks).await.unwrap().allowed);
+    assert!(!with_password.decide(&checks).await.unwrap().allowed);
+    with_password.probe().await.expect("healthy");
+
+    let without = ClusterBackend::connect(cluster_settings(&cluster, HashTag::None)).unwrap();
+    let err = without.decide(&checks).await.expect_err("no password");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
+    assert!(without.probe().await.is_err());
 }

@@ -17,6 +17,52 @@ use std::fmt::Write;
 
 use super::{CounterKey, KeyBytes, KeyValue};
 
+/// Which counters the service puts in one Redis Cluster hash slot by
+/// writing its own hash tag into their keys. Only the service writes a
+/// tag: user bytes are escaped, so the first `{...}` of a key is always the
+/// service's (or the operator's prefix).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashTag {
+    /// No tag: every counter hashes on its whole key, so a request's
+    /// counters spread over the cluster.
+    #[default]
+    None,
+    /// `{domain}`: every counter of a domain in one slot, so every request
+    /// is one script call (and one domain's load lands on one node).
+    Domain,
+    /// `{domain:entries}`: the limits of one descriptor share a slot, so a
+    /// request is one call per distinct descriptor.
+    Descriptor,
+}
+
+/// How counter keys are written: the operator's prefix and the hash tag.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KeyFormat {
+    pub prefix: String,
+    pub hash_tag: HashTag,
+}
+
+impl KeyFormat {
+    pub fn new(prefix: impl Into<String>, hash_tag: HashTag) -> KeyFormat {
+        KeyFormat {
+            prefix: prefix.into(),
+            hash_tag,
+        }
+    }
+
+    /// The Redis key of `key`. Injective over every field, and over the
+    /// three tag modes together (an untagged key never has `{` after the
+    /// prefix; a domain tag closes right after the domain, a descriptor
+    /// tag continues with `:`).
+    pub fn encode(&self, key: &CounterKey) -> String {
+        match self.hash_tag {
+            HashTag::None => encode(&self.prefix, key),
+            HashTag::Domain => encode_domain_tagged(&self.prefix, key),
+            HashTag::Descriptor => encode_descriptor_tagged(&self.prefix, key),
+        }
+    }
+}
+
 /// Encodes `key` under `prefix`. Injective over every field.
 pub fn encode(prefix: &str, key: &CounterKey) -> String {
     let mut out = String::with_capacity(prefix.len() + 64);
@@ -26,30 +72,72 @@ pub fn encode(prefix: &str, key: &CounterKey) -> String {
     out.push(':');
     escape_into(&mut out, &key.rule);
     out.push(':');
+    limit_into(&mut out, key);
+    out.push(':');
+    entries_into(&mut out, key);
+    out
+}
+
+/// `{prefix}:{{domain}}:{rule}:{algorithm}.{window}s[.override]:{entries}`.
+fn encode_domain_tagged(prefix: &str, key: &CounterKey) -> String {
+    let mut out = String::with_capacity(prefix.len() + 66);
+    out.push_str(prefix);
+    out.push_str(":{");
+    escape_into(&mut out, &key.domain);
+    out.push_str("}:");
+    escape_into(&mut out, &key.rule);
+    out.push(':');
+    limit_into(&mut out, key);
+    out.push(':');
+    entries_into(&mut out, key);
+    out
+}
+
+/// `{prefix}:{{domain}:{entries}}:{rule}:{algorithm}.{window}s[.override]`:
+/// the tag holds what identifies the descriptor whatever its position in
+/// the request and whichever of its rule or override counts it.
+fn encode_descriptor_tagged(prefix: &str, key: &CounterKey) -> String {
+    let mut out = String::with_capacity(prefix.len() + 66);
+    out.push_str(prefix);
+    out.push_str(":{");
+    escape_into(&mut out, &key.domain);
+    out.push(':');
+    entries_into(&mut out, key);
+    out.push_str("}:");
+    escape_into(&mut out, &key.rule);
+    out.push(':');
+    limit_into(&mut out, key);
+    out
+}
+
+/// `{algorithm}.{window}s[.override]`.
+fn limit_into(out: &mut String, key: &CounterKey) {
     out.push_str(key.algorithm.name());
     // Writing into a String cannot fail.
     let _ = write!(out, ".{}s", key.window_s);
     if key.is_override {
         out.push_str(".override");
     }
-    out.push(':');
+}
+
+/// The entries joined by `:`, each `key=value` or `key~pattern`.
+fn entries_into(out: &mut String, key: &CounterKey) {
     for (idx, entry) in key.entries.iter().enumerate() {
         if idx > 0 {
             out.push(':');
         }
-        key_bytes_into(&mut out, &entry.key);
+        key_bytes_into(out, &entry.key);
         match &entry.value {
             KeyValue::Value(value) => {
                 out.push('=');
-                key_bytes_into(&mut out, value);
+                key_bytes_into(out, value);
             }
             KeyValue::Shared(pattern) => {
                 out.push('~');
-                escape_into(&mut out, pattern);
+                escape_into(out, pattern);
             }
         }
     }
-    out
 }
 
 /// Appends an entry key or value: its escaped bytes, or `%#` and the hex
@@ -469,5 +557,85 @@ mod tests {
             let text = encode("tg", &key);
             prop_assert!(!text.contains(['{', '}']), "{}", text);
         }
+
+        #[test]
+        fn tagged_keys_never_collide_across_modes(
+            left in counter_key(),
+            right in counter_key(),
+            modes in (0..3usize, 0..3usize),
+        ) {
+            const MODES: [HashTag; 3] = [HashTag::None, HashTag::Domain, HashTag::Descriptor];
+            let (lm, rm) = (MODES[modes.0], MODES[modes.1]);
+            if left != right || lm != rm {
+                prop_assert_ne!(
+                    KeyFormat::new("tg", lm).encode(&left),
+                    KeyFormat::new("tg", rm).encode(&right)
+                );
+            }
+        }
+
+        #[test]
+        fn the_only_braces_are_the_service_tag(key in counter_key()) {
+            for tag in [HashTag::Domain, HashTag::Descriptor] {
+                let text = KeyFormat::new("tg", tag).encode(&key);
+                let rest = text.strip_prefix("tg:{").expect("the tag follows the prefix");
+                let close = rest.find('}').expect("the tag closes");
+                let after = &rest[close + 1..];
+                prop_assert!(!rest[..close].contains('{'), "{}", text);
+                prop_assert!(!after.contains(['{', '}']), "{}", text);
+                prop_assert!(after.starts_with(':'), "{}", text);
+            }
+        }
+
+        #[test]
+        fn one_descriptor_shares_its_tag(key in counter_key(), window_s in 1..100_000u64) {
+            let mut other = key.clone();
+            other.window_s = window_s;
+            other.algorithm = Algorithm::TokenBucket;
+            other.is_override = !key.is_override;
+            other.rule = Arc::from("another.rule");
+            let format = KeyFormat::new("tg", HashTag::Descriptor);
+            let (left, right) = (format.encode(&key), format.encode(&other));
+            prop_assert_eq!(tag_of(&left), tag_of(&right));
+        }
+    }
+
+    /// The hash tag Redis Cluster hashes on: the first `{...}` if not empty.
+    fn tag_of(key: &str) -> Option<&str> {
+        let open = key.find('{')?;
+        let close = key[open..].find('}')? + open;
+        (close > open + 1).then(|| &key[open + 1..close])
+    }
+
+    #[test]
+    fn tagged_formats_are_pinned() {
+        let key = key(&[("k", value("{v}:1"))]);
+        assert_eq!(
+            KeyFormat::new("tg", HashTag::Domain).encode(&key),
+            "tg:{api}:remote_address:sliding_window_log.60s:k=%7Bv%7D%3A1"
+        );
+        assert_eq!(
+            KeyFormat::new("tg", HashTag::Descriptor).encode(&key),
+            "tg:{api:k=%7Bv%7D%3A1}:remote_address:sliding_window_log.60s"
+        );
+        assert_eq!(
+            KeyFormat::new("tg", HashTag::None).encode(&key),
+            encode("tg", &key)
+        );
+    }
+
+    #[test]
+    fn descriptors_get_their_own_tags_and_domains_share_one() {
+        let a = key(&[("ip", value("1"))]);
+        let b = key(&[("ip", value("2"))]);
+        let descriptor = KeyFormat::new("tg", HashTag::Descriptor);
+        let domain = KeyFormat::new("tg", HashTag::Domain);
+        assert_ne!(
+            tag_of(&descriptor.encode(&a)),
+            tag_of(&descriptor.encode(&b))
+        );
+        assert_eq!(tag_of(&domain.encode(&a)), Some("api"));
+        assert_eq!(tag_of(&domain.encode(&a)), tag_of(&domain.encode(&b)));
+        assert_ne!(domain.encode(&a), domain.encode(&b));
     }
 }

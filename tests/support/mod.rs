@@ -2,6 +2,7 @@
 #![allow(dead_code, reason = "every test binary uses a different subset")]
 
 pub mod backend;
+pub mod cluster;
 pub mod config;
 pub mod keys;
 pub mod process;

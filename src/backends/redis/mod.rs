@@ -5,13 +5,16 @@
 //! a Redis agree exactly. `pool` holds the connections (multiplexed,
 //! broken ones retired, a circuit that fails calls at once while Redis
 //! cannot be reached); [`script`] the script's arguments and reply;
-//! `sentinel` how the master is found behind Sentinel; this module the
-//! backend itself and how Redis failures are classified.
+//! `sentinel` how the master is found behind Sentinel; [`cluster`] the
+//! Redis Cluster backend (a request grouped by hash slot); this module the
+//! single-server backend and how Redis failures are classified, for both.
 
+pub mod cluster;
 mod pool;
 pub mod script;
 mod sentinel;
 
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +24,11 @@ use tokio::time::{Instant, timeout_at};
 
 use self::pool::{Pool, Target};
 pub use self::script::DECIDE_LUA;
-use self::script::HeaderArgs;
+use self::script::{HeaderArgs, LimitArgs};
 use self::sentinel::Sentinel;
 pub use self::sentinel::SentinelSettings;
-use super::{Backend, Error, KeyedCheck, keys};
+use super::keys::{HashTag, KeyFormat};
+use super::{Backend, Error, KeyedCheck};
 use crate::algorithms::Verdict;
 use crate::clock::Clock;
 
@@ -64,7 +68,7 @@ pub struct RedisSettings {
 pub struct RedisBackend {
     pool: Pool,
     script: redis::Script,
-    key_prefix: String,
+    keys: KeyFormat,
     clock: ClockSource,
     timeout: Duration,
     timeout_ms: u64,
@@ -147,13 +151,20 @@ impl RedisBackend {
         Ok(RedisBackend {
             pool,
             script: redis::Script::new(DECIDE_LUA),
-            key_prefix: settings.key_prefix,
+            keys: KeyFormat::new(settings.key_prefix, HashTag::None),
             clock: settings.clock,
             timeout: Duration::from_millis(settings.timeout_ms),
             timeout_ms: settings.timeout_ms,
             expiry_grace_ms: settings.expiry_grace_ms,
             redacted_url,
         })
+    }
+
+    /// Writes the service's hash tag into every key (harmless on a single
+    /// server; keeps keys alike when moving to a cluster).
+    pub fn with_hash_tag(mut self, hash_tag: HashTag) -> RedisBackend {
+        self.keys.hash_tag = hash_tag;
+        self
     }
 
     /// Whether calls fail at once because Redis could not be connected to.
@@ -168,7 +179,7 @@ impl RedisBackend {
 
     /// The Redis key of a counter, as the script reads and writes it.
     pub fn key_of(&self, key: &super::CounterKey) -> String {
-        keys::encode(&self.key_prefix, key)
+        self.keys.encode(key)
     }
 
     fn header(&self) -> HeaderArgs {
@@ -188,7 +199,7 @@ impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
             .field("url", &self.redacted_url)
-            .field("key_prefix", &self.key_prefix)
+            .field("keys", &self.keys)
             .field("clock", &self.clock)
             .field("timeout_ms", &self.timeout_ms)
             .field("pool", &self.pool.state())
@@ -205,8 +216,11 @@ impl Backend for RedisBackend {
                 outcomes: Vec::new(),
             });
         }
-        let invocation =
-            script::invocation(&self.script, &self.key_prefix, &self.header(), checks)?;
+        let header = self.header();
+        let invocation = match self.keys.hash_tag {
+            HashTag::None => script::invocation(&self.script, &self.keys.prefix, &header, checks)?,
+            _ => tagged_invocation(&self.script, &self.keys, &header, checks)?,
+        };
         let deadline = Instant::now() + self.timeout;
         let mut conn = timeout_at(deadline, self.pool.connection())
             .await
@@ -234,6 +248,31 @@ impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         "redis"
     }
+}
+
+/// [`script::invocation`] with the keys in a tagged format. Refuses a
+/// request naming one counter twice, which the script would read and write
+/// twice.
+fn tagged_invocation<'a>(
+    script: &'a redis::Script,
+    keys: &KeyFormat,
+    header: &HeaderArgs,
+    checks: &[KeyedCheck],
+) -> Result<redis::ScriptInvocation<'a>, Error> {
+    let mut invocation = script.prepare_invoke();
+    let mut seen = HashSet::with_capacity(checks.len());
+    for it in checks {
+        let key = keys.encode(&it.key);
+        if !seen.insert(key.clone()) {
+            return Err(Error::Protocol(format!(
+                "counter {key} appears twice in one request"
+            )));
+        }
+        invocation.key(key);
+    }
+    let limits: Vec<LimitArgs> = checks.iter().map(|it| LimitArgs::of(&it.check)).collect();
+    invocation.arg(script::argv(header, &limits));
+    Ok(invocation)
 }
 
 // === error classification ===

@@ -1,0 +1,831 @@
+//! Redis Cluster backend: a request's counters grouped by hash slot, one
+//! call of the decision script per group, the groups sent concurrently and
+//! their verdicts merged in check order.
+//!
+//! The script touches only the keys it declares, and a script's keys must
+//! share a slot (CROSSSLOT otherwise), hence the grouping. With
+//! `--redis-hash-tag domain` every request is one group, so one call, and
+//! the decision is as atomic as on a single server. A request over several
+//! groups asks each for receipts; if any group denies or fails, the groups
+//! that allowed are refunded (`lua/refund.lua`, see `script`'s "Refunds"),
+//! so a denied request ends up consuming nothing. Between the decision and
+//! the refund the counters are only higher: a concurrent request may be
+//! denied that would have passed, never allowed over a limit.
+//!
+//! Routing is ours, not the client's: the cluster client is built with no
+//! retries, because it retries after I/O errors and timeouts, when the
+//! script may have run (counting a request twice). We follow only the
+//! answers that prove the script did not run: MOVED (to the named node),
+//! ASK (ASKING then the script, on the named node), NOSCRIPT (SCRIPT LOAD
+//! on that node, then again), and TRYAGAIN, CLUSTERDOWN, MASTERDOWN,
+//! READONLY, LOADING or a node not connected (again after a short pause,
+//! routed by slot on the refreshed map). All of it within one deadline.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
+    SlotAddr,
+};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use tokio::time::{Instant, sleep, timeout_at};
+
+use super::script::{self, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader};
+use super::{ClockSource, DECIDE_LUA, classify, redact};
+use crate::algorithms::{Outcome, Verdict};
+use crate::backends::keys::KeyFormat;
+use crate::backends::{Backend, Error, KeyedCheck};
+use crate::log_gate::LogGate;
+
+/// Most redirects (MOVED, ASK, NOSCRIPT) of one call in a row: each
+/// follows an answer that proves the script did not run, so the bound only
+/// stops a loop between nodes that disagree.
+const MAX_REDIRECTS: usize = 8;
+
+/// Pause before routing again after TRYAGAIN, CLUSTERDOWN and the like,
+/// while the client refreshes its slot map.
+const REROUTE_PAUSE: Duration = Duration::from_millis(20);
+
+/// Everything needed to reach a cluster, from the command line.
+#[derive(Clone)]
+pub struct ClusterSettings {
+    /// Seed nodes: `host:port`, `redis://` or `rediss://` URLs (with
+    /// user:password); any subset of the cluster.
+    pub nodes: Vec<String>,
+    /// Cluster connections kept (each multiplexed, one socket per node).
+    pub pool_size: u32,
+    /// Bound on every call, including its redirects; also the probe's.
+    pub timeout_ms: u64,
+    /// Prefix and hash tag of every key.
+    pub keys: KeyFormat,
+    pub clock: ClockSource,
+    /// As [`super::RedisSettings::expiry_grace_ms`].
+    pub expiry_grace_ms: u64,
+}
+
+/// Counters in a Redis Cluster, shared by every replica pointed at it.
+pub struct ClusterBackend {
+    client: ClusterClient,
+    /// Made on first use, so an unreachable cluster at start-up is not an
+    /// error; a failed attempt is tried again by the next call. Emptied
+    /// when the probe finds the client's slot map stale (see `probe`).
+    connections: Vec<Mutex<Option<ClusterConnection>>>,
+    next: AtomicUsize,
+    script: redis::Script,
+    refund: redis::Script,
+    refund_failures: AtomicU64,
+    refund_log: LogGate,
+    keys: KeyFormat,
+    clock: ClockSource,
+    timeout: Duration,
+    timeout_ms: u64,
+    expiry_grace_ms: u64,
+    redacted_nodes: String,
+}
+
+/// Where one attempt of a group's call goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// The primary serving the slot, as the client's map says.
+    Slot(Slot),
+    /// The node a MOVED named.
+    Moved(String, u16),
+    /// The node an ASK named: ASKING first.
+    Ask(String, u16),
+}
+
+/// The checks of one slot, by their positions in the request.
+struct Group {
+    slot: Slot,
+    positions: Vec<usize>,
+    keys: Vec<String>,
+}
+
+// === impl ClusterSettings ===
+
+impl ClusterSettings {
+    fn validate(&self) -> Result<(), Error> {
+        if self.nodes.is_empty() {
+            return Err(Error::Protocol("redis cluster needs a seed node".into()));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::Protocol("redis pool size must be at least 1".into()));
+        }
+        if self.timeout_ms == 0 {
+            return Err(Error::Protocol(
+                "redis timeout must be at least 1 ms".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The client; nothing is connected yet. No retries (see the module
+    /// doc); connect and response bounded by the timeout.
+    fn client(&self) -> Result<ClusterClient, Error> {
+        // rustls needs a process-wide crypto provider for `rediss://`.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let timeout = Duration::from_millis(self.timeout_ms);
+        let nodes = seed_urls(&self.nodes);
+        ClusterClientBuilder::new(nodes)
+            .retries(0)
+            .connection_timeout(timeout)
+            .response_timeout(timeout)
+            .build()
+            .map_err(|err| {
+                Error::Protocol(format!(
+                    "invalid redis cluster nodes {}: {err}",
+                    redact_nodes(&self.nodes)
+                ))
+            })
+    }
+}
+
+/// `host:port` as a URL; URLs as given.
+fn node_url(node: &str) -> String {
+    let node = node.trim();
+    if node.contains("://") {
+        node.to_owned()
+    } else {
+        format!("redis://{node}")
+    }
+}
+
+/// Every seed as a URL. The client needs the same credentials (and TLS)
+/// on every seed, so a bare `host:port` takes the scheme and user:password
+/// of the first URL that has them: credentials given once apply to all.
+fn seed_urls(nodes: &[String]) -> Vec<String> {
+    let urls: Vec<String> = nodes.iter().map(|it| node_url(it)).collect();
+    let with_credentials = urls.iter().find_map(|url| {
+        let (scheme, rest) = url.split_once("://")?;
+        let (userinfo, _) = rest.rsplit_once('@')?;
+        Some((scheme.to_owned(), userinfo.to_owned()))
+    });
+    let Some((scheme, userinfo)) = with_credentials else {
+        return urls;
+    };
+    nodes
+        .iter()
+        .zip(urls)
+        .map(|(node, url)| {
+            if node.trim().contains("://") {
+                url
+            } else {
+                format!("{scheme}://{userinfo}@{}", node.trim())
+            }
+        })
+        .collect()
+}
+
+fn redact_nodes(nodes: &[String]) -> String {
+    nodes
+        .iter()
+        .map(|it| redact(it))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl fmt::Debug for ClusterSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterSettings")
+            .field("nodes", &redact_nodes(&self.nodes))
+            .field("pool_size", &self.pool_size)
+            .field("timeout_ms", &self.timeout_ms)
+            .field("keys", &self.keys)
+            .field("clock", &self.clock)
+            .field("expiry_grace_ms", &self.expiry_grace_ms)
+            .finish()
+    }
+}
+
+// === impl ClusterBackend ===
+
+impl ClusterBackend {
+    /// Checks the settings; connects on first use.
+    pub fn connect(settings: ClusterSettings) -> Result<ClusterBackend, Error> {
+        settings.validate()?;
+        let client = settings.client()?;
+        let pool_size = usize::try_from(settings.pool_size).unwrap_or(1);
+        Ok(ClusterBackend {
+            client,
+            connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+            script: redis::Script::new(DECIDE_LUA),
+            refund: script::refund_script(),
+            refund_failures: AtomicU64::new(0),
+            refund_log: LogGate::new(),
+            keys: settings.keys,
+            clock: settings.clock,
+            timeout: Duration::from_millis(settings.timeout_ms),
+            timeout_ms: settings.timeout_ms,
+            expiry_grace_ms: settings.expiry_grace_ms,
+            redacted_nodes: redact_nodes(&settings.nodes),
+        })
+    }
+
+    /// The Redis key of a counter, as the script reads and writes it.
+    pub fn key_of(&self, key: &super::super::CounterKey) -> String {
+        self.keys.encode(key)
+    }
+
+    /// The SHA1 the script is invoked by (EVALSHA).
+    pub fn script_hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// A cluster connection, made now if this slot of the pool has none.
+    async fn connection(&self) -> Result<ClusterConnection, Error> {
+        let idx = self.next.fetch_add(1, Ordering::Relaxed) % self.connections.len();
+        let slot = &self.connections[idx];
+        if let Some(conn) = lock(slot).clone() {
+            return Ok(conn);
+        }
+        let conn = self
+            .client
+            .get_async_connection()
+            .await
+            .map_err(|err| classify(&err, self.timeout_ms))?;
+        *lock(slot) = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Drops every pooled connection: the next calls connect afresh and
+    /// read the current slot map. Calls in flight keep their clones.
+    fn forget_connections(&self) {
+        for slot in &self.connections {
+            *lock(slot) = None;
+        }
+    }
+
+    /// The decision's header; `receipts` when the request spans slots and
+    /// may have to be refunded.
+    fn header(&self, receipts: bool) -> HeaderArgs {
+        let now_us = match &self.clock {
+            ClockSource::Redis => None,
+            ClockSource::Local(clock) => Some(clock.now_us()),
+        };
+        HeaderArgs {
+            now_us,
+            grace_ms: self.expiry_grace_ms,
+            receipts,
+        }
+    }
+
+    /// Refunds that failed (timed out, or an error) since start-up.
+    pub fn refund_failures(&self) -> u64 {
+        self.refund_failures.load(Ordering::Relaxed)
+    }
+
+    /// The checks grouped by slot, groups in the order of their first check.
+    /// Refuses a request naming one counter twice.
+    fn groups(&self, checks: &[KeyedCheck]) -> Result<Vec<Group>, Error> {
+        let mut seen = HashSet::with_capacity(checks.len());
+        let mut groups: Vec<Group> = Vec::new();
+        for (position, check) in checks.iter().enumerate() {
+            let key = self.keys.encode(&check.key);
+            if !seen.insert(key.clone()) {
+                return Err(Error::Protocol(format!(
+                    "counter {key} appears twice in one request"
+                )));
+            }
+            let slot = Slot::for_key(key.as_bytes());
+            match groups.iter_mut().find(|it| it.slot == slot) {
+                Some(group) => {
+                    group.positions.push(position);
+                    group.keys.push(key);
+                }
+                None => groups.push(Group {
+                    slot,
+                    positions: vec![position],
+                    keys: vec![key],
+                }),
+            }
+        }
+        Ok(groups)
+    }
+
+    /// EVALSHA of the decision script over one group.
+    fn decide_cmd(&self, header: &HeaderArgs, group: &Group, checks: &[KeyedCheck]) -> Cmd {
+        let limits: Vec<LimitArgs> = group
+            .positions
+            .iter()
+            .map(|&at| LimitArgs::of(&checks[at].check))
+            .collect();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.script.get_hash())
+            .arg(group.keys.len())
+            .arg(&group.keys)
+            .arg(script::argv(header, &limits));
+        cmd
+    }
+
+    /// One group decided on its node: the verdict on the group's checks,
+    /// and their receipts when the header asks for them (else none).
+    async fn decide_group(
+        &self,
+        mut conn: ClusterConnection,
+        header: &HeaderArgs,
+        group: &Group,
+        checks: &[KeyedCheck],
+    ) -> Result<(Verdict, Vec<Receipt>), Error> {
+        let cmd = self.decide_cmd(header, group, checks);
+        let value = self.call(&mut conn, DECIDE_LUA, &cmd, group.slot).await?;
+        let reply = int_reply(value)?;
+        if header.receipts {
+            return script::decode_reply_with_receipts(&reply, group.keys.len());
+        }
+        Ok((script::parse_reply(&reply, group.keys.len())?, Vec::new()))
+    }
+
+    /// Gives back what an allowed group consumed, once, within its own
+    /// deadline; a failure is logged (at most once a second) and counted:
+    /// it only leaves the group's counters higher until their window
+    /// passes, never lets a request over a limit.
+    async fn refund_group(
+        &self,
+        mut conn: ClusterConnection,
+        group: &Group,
+        checks: &[KeyedCheck],
+        receipts: &[Receipt],
+    ) {
+        let Some(cmd) = self.refund_cmd(group, checks, receipts) else {
+            return;
+        };
+        let deadline = Instant::now() + self.timeout;
+        let refunded = timeout_at(deadline, self.call(&mut conn, REFUND_LUA, &cmd, group.slot));
+        let err = match refunded.await {
+            Ok(Ok(_)) => return,
+            Ok(Err(err)) => err,
+            Err(_) => Error::Timeout(self.timeout_ms),
+        };
+        self.refund_failures.fetch_add(1, Ordering::Relaxed);
+        if let Some(suppressed) = self.refund_log.admit() {
+            tracing::warn!(
+                suppressed,
+                "redis cluster refund failed, counters stay higher until their window passes: {err}"
+            );
+        }
+    }
+
+    /// EVALSHA of the refund script over the group's limits that consumed;
+    /// `None` when none did.
+    fn refund_cmd(
+        &self,
+        group: &Group,
+        checks: &[KeyedCheck],
+        receipts: &[Receipt],
+    ) -> Option<Cmd> {
+        let (keys, limits): (Vec<&String>, Vec<RefundArgs>) = group
+            .positions
+            .iter()
+            .zip(&group.keys)
+            .zip(receipts)
+            .filter(|(_, receipt)| !receipt.is_empty())
+            .map(|((&at, key), receipt)| (key, RefundArgs::of(&checks[at].check, *receipt)))
+            .unzip();
+        if keys.is_empty() {
+            return None;
+        }
+        let header = RefundHeader {
+            now_us: self.header(false).now_us,
+        };
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.refund.get_hash())
+            .arg(keys.len())
+            .arg(keys)
+            .arg(script::refund_argv(&header, &limits));
+        Some(cmd)
+    }
+
+    /// Decides every group concurrently; if all allowed, the merged
+    /// verdict. Otherwise the groups that allowed are refunded
+    /// (concurrently) and the request is denied, or failed when a group
+    /// failed (the failure mode decides).
+    ///
+    /// Each group's call ends by `deadline` (NEVER retried after a timeout:
+    /// its script may have run); refunds have deadlines of their own, so a
+    /// group that times out never keeps the others from being refunded.
+    async fn decide_groups(
+        &self,
+        conn: ClusterConnection,
+        groups: &[Group],
+        checks: &[KeyedCheck],
+        deadline: Instant,
+    ) -> Result<Verdict, Error> {
+        let header = self.header(groups.len() > 1);
+        let calls = groups.iter().map(|group| {
+            let call = self.decide_group(conn.clone(), &header, group, checks);
+            async move {
+                timeout_at(deadline, call)
+                    .await
+                    .unwrap_or(Err(Error::Timeout(self.timeout_ms)))
+            }
+        });
+        let results = join_all(calls).await;
+        let all_allowed = results
+            .iter()
+            .all(|it| matches!(it, Ok((verdict, _)) if verdict.allowed));
+        if !all_allowed {
+            let refunds = groups.iter().zip(&results).filter_map(|(group, result)| {
+                let (verdict, receipts) = result.as_ref().ok()?;
+                verdict
+                    .allowed
+                    .then(|| self.refund_group(conn.clone(), group, checks, receipts))
+            });
+            join_all(refunds).await;
+        }
+        let verdicts = results
+            .into_iter()
+            .map(|it| it.map(|(verdict, _)| verdict))
+            .collect::<Result<Vec<_>, Error>>()?;
+        merge(checks.len(), groups, verdicts)
+    }
+
+    /// Runs the script command, following only the answers that prove it
+    /// did not run (see the module doc). Bounded by the caller's deadline;
+    /// at most [`MAX_REDIRECTS`] redirects or loads in a row without a pause.
+    async fn call(
+        &self,
+        conn: &mut ClusterConnection,
+        lua: &'static str,
+        cmd: &Cmd,
+        slot: Slot,
+    ) -> Result<Value, Error> {
+        let mut target = Target::Slot(slot);
+        let mut redirects = 0;
+        loop {
+            let err = match attempt(conn, cmd, &target).await {
+                Ok(value) => return Ok(value),
+                Err(err) => err,
+            };
+            let step = next_step(&err);
+            if matches!(step, Next::Load | Next::Go(_)) {
+                redirects += 1;
+                if redirects > MAX_REDIRECTS {
+                    return Err(classify(&err, self.timeout_ms));
+                }
+            }
+            target = match step {
+                Next::Load => {
+                    self.load(conn, lua, &target).await?;
+                    target
+                }
+                Next::Go(next) => next,
+                Next::Pause => {
+                    redirects = 0;
+                    sleep(REROUTE_PAUSE).await;
+                    Target::Slot(slot)
+                }
+                Next::Fail => return Err(classify(&err, self.timeout_ms)),
+            };
+        }
+    }
+
+    /// SCRIPT LOAD of `lua` on the node `target` names.
+    async fn load(
+        &self,
+        conn: &mut ClusterConnection,
+        lua: &'static str,
+        target: &Target,
+    ) -> Result<(), Error> {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(lua);
+        let routing = match target {
+            Target::Slot(slot) => single(Route::with_slot(*slot, SlotAddr::Master)),
+            Target::Moved(host, port) | Target::Ask(host, port) => by_address(host, *port),
+        };
+        conn.route_command(cmd, routing)
+            .await
+            .and_then(Value::extract_error)
+            .map(|_| ())
+            .map_err(|err| classify(&err, self.timeout_ms))
+    }
+}
+
+/// A script's reply as integers.
+fn int_reply(value: Value) -> Result<Vec<i64>, Error> {
+    redis::from_redis_value(value)
+        .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))
+}
+
+/// A pool slot; a panic elsewhere cannot leave an `Option` half-written.
+fn lock(slot: &Mutex<Option<ClusterConnection>>) -> MutexGuard<'_, Option<ClusterConnection>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// What to do after a failed attempt.
+enum Next {
+    /// NOSCRIPT: load the script on that node, then the same target again.
+    Load,
+    /// MOVED or ASK: the node named.
+    Go(Target),
+    /// The script did not run and the slot's owner may be changing.
+    Pause,
+    /// The script may have run, or it can never succeed: no retry.
+    Fail,
+}
+
+fn next_step(err: &RedisError) -> Next {
+    let named = || {
+        err.redirect_node().and_then(|(addr, _)| {
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse::<u16>().ok()?))
+        })
+    };
+    match err.kind() {
+        ErrorKind::Server(ServerErrorKind::NoScript) => Next::Load,
+        ErrorKind::Server(ServerErrorKind::Moved) => named().map_or(Next::Pause, |(host, port)| {
+            Next::Go(Target::Moved(host, port))
+        }),
+        ErrorKind::Server(ServerErrorKind::Ask) => named().map_or(Next::Pause, |(host, port)| {
+            Next::Go(Target::Ask(host, port))
+        }),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
+            | ServerErrorKind::BusyLoading,
+        )
+        | ErrorKind::ClusterConnectionNotFound => Next::Pause,
+        _ => Next::Fail,
+    }
+}
+
+/// One attempt on one node; a server error reply is an `Err`.
+async fn attempt(conn: &mut ClusterConnection, cmd: &Cmd, target: &Target) -> RedisResult<Value> {
+    match target {
+        Target::Slot(slot) => {
+            let routing = single(Route::with_slot(*slot, SlotAddr::Master));
+            conn.route_command(cmd.clone(), routing)
+                .await
+                .and_then(Value::extract_error)
+        }
+        Target::Moved(host, port) => conn
+            .route_command(cmd.clone(), by_address(host, *port))
+            .await
+            .and_then(Value::extract_error),
+        Target::Ask(host, port) => {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").add_command(cmd.clone());
+            let routing = SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            };
+            let values = conn.route_pipeline(pipe, 1, 1, routing).await?;
+            values
+                .into_iter()
+                .next()
+                .ok_or_else(|| RedisError::from((ErrorKind::Parse, "empty reply to ASKING")))
+                .and_then(Value::extract_error)
+        }
+    }
+}
+
+fn single(route: Route) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))
+}
+
+fn by_address(host: &str, port: u16) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// The group verdicts as one, in check order: allowed iff every group
+/// allowed. A denied request consumed nothing (the groups that allowed
+/// were refunded), so no outcome says it did.
+fn merge(n_checks: usize, groups: &[Group], verdicts: Vec<Verdict>) -> Result<Verdict, Error> {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; n_checks];
+    let allowed = verdicts.iter().all(|it| it.allowed);
+    for (group, verdict) in groups.iter().zip(verdicts) {
+        for (&at, outcome) in group.positions.iter().zip(verdict.outcomes) {
+            outcomes[at] = Some(Outcome {
+                consumed: outcome.consumed && allowed,
+                ..outcome
+            });
+        }
+    }
+    let outcomes = outcomes
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Protocol("a check got no outcome".into()))?;
+    Ok(Verdict { allowed, outcomes })
+}
+
+impl fmt::Debug for ClusterBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterBackend")
+            .field("nodes", &self.redacted_nodes)
+            .field("keys", &self.keys)
+            .field("clock", &self.clock)
+            .field("timeout_ms", &self.timeout_ms)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for ClusterBackend {
+    async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
+        if checks.is_empty() {
+            return Ok(Verdict {
+                allowed: true,
+                outcomes: Vec::new(),
+            });
+        }
+        let groups = self.groups(checks)?;
+        let deadline = Instant::now() + self.timeout;
+        let conn = timeout_at(deadline, self.connection())
+            .await
+            .map_err(|_| Error::Timeout(self.timeout_ms))??;
+        self.decide_groups(conn, &groups, checks, deadline).await
+    }
+
+    /// The cluster reports `cluster_state:ok`, and for every primary the
+    /// cluster names, a command routed to one of its slots is answered by
+    /// that very node (CLUSTER MYID), within the timeout: a primary down
+    /// (the client falls back to another node) or a slot unserved is
+    /// unhealthy.
+    async fn probe(&self) -> Result<(), Error> {
+        let deadline = Instant::now() + self.timeout;
+        let probed = async {
+            let mut conn = self.connection().await?;
+            let fail = |err: RedisError| classify(&err, self.timeout_ms);
+            // The first primary that answers: a random node may be the dead one.
+            let any = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::OneSucceeded),
+            ));
+            let value = conn
+                .route_command(cluster_cmd("INFO"), any.clone())
+                .await
+                .map_err(fail)?;
+            cluster_ok(value)?;
+            let value = conn
+                .route_command(cluster_cmd("SLOTS"), any)
+                .await
+                .map_err(fail)?;
+            let checks = primaries(value)?.into_iter().map(|(slot, id)| {
+                let mut conn = conn.clone();
+                async move {
+                    let routing = single(Route::new(slot, SlotAddr::Master));
+                    let value = conn.route_command(cluster_cmd("MYID"), routing).await?;
+                    let answered: String = redis::from_redis_value(value.extract_error()?)?;
+                    Ok::<_, RedisError>((id, answered))
+                }
+            });
+            for result in join_all(checks).await {
+                let (id, answered) = result.map_err(fail)?;
+                if id != answered {
+                    // Down, or failed over while this client's map (which
+                    // only a MOVED refreshes) still names it.
+                    self.forget_connections();
+                    return Err(Error::Unavailable(format!(
+                        "redis cluster primary {id} does not answer for its slots"
+                    )));
+                }
+            }
+            Ok(())
+        };
+        timeout_at(deadline, probed)
+            .await
+            .map_err(|_| Error::Timeout(self.timeout_ms))?
+    }
+
+    fn name(&self) -> &'static str {
+        "redis-cluster"
+    }
+}
+
+fn cluster_cmd(sub: &str) -> Cmd {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg(sub);
+    cmd
+}
+
+/// One slot of each primary and its id, from a CLUSTER SLOTS answer:
+/// `[[start, end, [host, port, id, ...], replicas...], ...]`.
+fn primaries(value: Value) -> Result<Vec<(u16, String)>, Error> {
+    let bad =
+        |err: redis::ParsingError| Error::Protocol(format!("unexpected cluster slots: {err}"));
+    let ranges: Vec<Vec<Value>> = redis::from_redis_value(value).map_err(bad)?;
+    let mut out: Vec<(u16, String)> = Vec::new();
+    for range in ranges {
+        let mut fields = range.into_iter();
+        let (Some(start), Some(_), Some(node)) = (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let start: u16 = redis::from_redis_value(start).map_err(bad)?;
+        let node: Vec<Value> = redis::from_redis_value(node).map_err(bad)?;
+        let Some(id) = node.into_iter().nth(2) else {
+            continue;
+        };
+        let id: String = redis::from_redis_value(id).map_err(bad)?;
+        if !out.iter().any(|(_, it)| *it == id) {
+            out.push((start, id));
+        }
+    }
+    Ok(out)
+}
+
+/// Every CLUSTER INFO in `value` (one per primary) says the state is ok.
+fn cluster_ok(value: Value) -> Result<(), Error> {
+    let mut infos = Vec::new();
+    collect_texts(value, &mut infos)?;
+    if infos.is_empty() {
+        return Err(Error::Unavailable(
+            "redis cluster: no primary answered".into(),
+        ));
+    }
+    match infos.iter().find(|it| !it.contains("cluster_state:ok")) {
+        Some(_) => Err(Error::Unavailable("redis cluster state is not ok".into())),
+        None => Ok(()),
+    }
+}
+
+/// The text answers in `value`, however the client aggregated them; an
+/// error answer is an error.
+fn collect_texts(value: Value, out: &mut Vec<String>) -> Result<(), Error> {
+    match value {
+        Value::BulkString(bytes) => out.push(String::from_utf8_lossy(&bytes).into_owned()),
+        Value::VerbatimString { text, .. } | Value::SimpleString(text) => out.push(text),
+        Value::Array(items) | Value::Set(items) => {
+            for item in items {
+                collect_texts(item, out)?;
+            }
+        }
+        Value::Map(pairs) => {
+            for (_, item) in pairs {
+                collect_texts(item, out)?;
+            }
+        }
+        Value::ServerError(err) => {
+            return Err(Error::Unavailable(format!("redis cluster: {err:?}")));
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_may_be_addresses_or_urls_and_passwords_are_redacted() {
+        assert_eq!(node_url("10.0.0.1:7000"), "redis://10.0.0.1:7000");
+        assert_eq!(node_url(" h:1 "), "redis://h:1");
+        assert_eq!(node_url("rediss://u:pw@h:1"), "rediss://u:pw@h:1");
+        let nodes = ["redis://u:secret@h:1".to_owned(), "h:2".to_owned()];
+        assert_eq!(redact_nodes(&nodes), "redis://u:***@h:1,h:2");
+    }
+
+    #[test]
+    fn credentials_given_on_one_seed_apply_to_the_bare_ones() {
+        let nodes = ["h:1".to_owned(), "rediss://:pw@h:2/#insecure".to_owned()];
+        assert_eq!(
+            seed_urls(&nodes),
+            ["rediss://:pw@h:1", "rediss://:pw@h:2/#insecure"]
+        );
+        let plain = ["h:1".to_owned(), "redis://h:2".to_owned()];
+        assert_eq!(seed_urls(&plain), ["redis://h:1", "redis://h:2"]);
+    }
+
+    #[test]
+    fn settings_without_seeds_or_with_a_zero_bound_are_refused() {
+        let settings = ClusterSettings {
+            nodes: vec!["127.0.0.1:7000".to_owned()],
+            pool_size: 1,
+            timeout_ms: 100,
+            keys: KeyFormat::default(),
+            clock: ClockSource::Redis,
+            expiry_grace_ms: 0,
+        };
+        assert!(ClusterBackend::connect(settings.clone()).is_ok());
+        for bad in [
+            ClusterSettings {
+                nodes: Vec::new(),
+                ..settings.clone()
+            },
+            ClusterSettings {
+                pool_size: 0,
+                ..settings.clone()
+            },
+            ClusterSettings {
+                timeout_ms: 0,
+                ..settings.clone()
+            },
+        ] {
+            let err = ClusterBackend::connect(bad).expect_err("refused");
+            assert!(matches!(err, Error::Protocol(_)), "{err:?}");
+        }
+    }
+}
