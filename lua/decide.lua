@@ -36,38 +36,19 @@
 --   token_bucket, gcra, sliding_window_counter, fixed_window: a string of
 --                           integers joined by ':', the algorithm's `fields`
 --                           in order (bucket.fields and so on, below)
-
--- Globals read once: every call of the script runs this whole body.
-local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
-local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
+--
+-- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
+-- load_fields, wrap_sub, log_member, integer, named_args and now_of are
+-- there.
 
 -- The arguments, in order: the header's fields, then each limit's.
 local HEADER_FIELDS = { 'now_us', 'grace_ms', 'receipts' }
 local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
 
-local TWO53 = 9007199254740992
 -- Expired log members removed per limit and call (see log.advance).
 local LOG_EXPIRE_MAX = 32
 -- The header's grace_ms, read before any limit is looked at.
 local grace_ms = 0
-
-local function fmt(n)
-  return format('%d', n)
-end
-
--- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53. Checked with exact
--- products rather than trusting the rounded quotient: for these ranges a
--- correctly rounded a / b never crosses an integer, but the guard costs two
--- multiplications and keeps the result right if a caller strays.
-local function div(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
 
 -- ceil(a / b), same ranges.
 local function div_ceil(a, b)
@@ -115,39 +96,6 @@ local function mul_div(a, b, c)
     end
   end
   return q + hi
-end
-
-local function parts(raw, count)
-  local out = {}
-  for piece in gmatch(raw, '[^:]+') do
-    local n = tonumber(piece)
-    if n == nil then
-      return nil
-    end
-    out[#out + 1] = n
-  end
-  if #out ~= count then
-    return nil
-  end
-  return out
-end
-
--- A string state: its integers joined by ':', one per name of `fields`, in
--- order. nil when the key is absent.
-local function load_fields(key, fields)
-  local raw = call('GET', key)
-  if not raw then
-    return nil
-  end
-  local it = parts(raw, #fields)
-  if not it then
-    error('throttlegate: unreadable state at ' .. key)
-  end
-  local s = {}
-  for idx, name in ipairs(fields) do
-    s[name] = it[idx]
-  end
-  return s
 end
 
 local function store_fields(key, s, fields, ttl_ms)
@@ -208,23 +156,6 @@ local function wrap_add(a, b)
     return a - (TWO53 - b)
   end
   return a + b
-end
-
-local function wrap_sub(a, b)
-  if a >= b then
-    return a - b
-  end
-  return (TWO53 - b) + a
-end
-
--- The running total and the cost of a member, or nil for a member of the
--- older layout (one member "<µs>:<seq>" per unit of cost).
-local function log_member(member)
-  local e, cost = string.match(member, '^(%d+),(%d+)$')
-  if not e then
-    return nil
-  end
-  return tonumber(e), tonumber(cost)
 end
 
 -- A key of the older layout becomes one entry holding all its units at its
@@ -686,14 +617,6 @@ local function need_of(c)
   return c.cost
 end
 
-local function integer(raw)
-  local n = tonumber(raw)
-  if n == nil or n < 0 or n >= TWO53 or n ~= floor(n) then
-    return nil
-  end
-  return n
-end
-
 -- A cost is any non-negative integer (a uint64 from the wire arrives
 -- rounded to a double). Costs above the capacity can never pass and are
 -- all alike: they become capacity + 1 (<= 2^53, exact), so no arithmetic
@@ -707,15 +630,6 @@ local function cost_of(raw, capacity)
     return capacity + 1
   end
   return n
-end
-
--- The arguments from ARGV[first] on, by the names of `fields`.
-local function named_args(fields, first)
-  local out = {}
-  for idx, name in ipairs(fields) do
-    out[name] = ARGV[first + idx - 1]
-  end
-  return out
 end
 
 -- Validates every argument before anything is read or written.
@@ -763,19 +677,9 @@ if header.receipts ~= '0' and header.receipts ~= '1' then
 end
 local receipts = header.receipts == '1'
 
-local now
-if header.now_us == '' then
-  -- Effects replication lets writes follow TIME on Redis < 7 (a no-op on 7).
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local time = call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-else
-  now = integer(header.now_us)
-  if now == nil then
-    return redis.error_reply('ERR throttlegate: bad time')
-  end
+local now = now_of(header.now_us)
+if now == nil then
+  return redis.error_reply('ERR throttlegate: bad time')
 end
 
 -- Check every limit first.

@@ -30,68 +30,18 @@
 -- Returns: per limit, the units given back (in the receipt's units: scaled
 --          tokens for token_bucket and gcra)
 --
--- The helpers below are the ones of decide.lua this script needs, copied:
--- a script is one source text.
-
-local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
-local tonumber, ipairs, concat = tonumber, ipairs, table.concat
+-- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
+-- load_fields, wrap_sub, log_member, integer, named_args and now_of are
+-- there.
 
 local REFUND_HEADER_FIELDS = { 'now_us' }
 local REFUND_FIELDS = { 'algorithm', 'window_us', 'capacity', 'per_us', 'scale', 'at_us', 'units' }
-
-local TWO53 = 9007199254740992
-
-local function fmt(n)
-  return format('%d', n)
-end
-
--- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53 (as decide.lua).
-local function div(a, b)
-  local q = floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
 
 local function smaller(a, b)
   if a < b then
     return a
   end
   return b
-end
-
-local function parts(raw, count)
-  local out = {}
-  for piece in gmatch(raw, '[^:]+') do
-    local n = tonumber(piece)
-    if n == nil then
-      return nil
-    end
-    out[#out + 1] = n
-  end
-  if #out ~= count then
-    return nil
-  end
-  return out
-end
-
-local function load_fields(key, fields)
-  local raw = call('GET', key)
-  if not raw then
-    return nil
-  end
-  local it = parts(raw, #fields)
-  if not it then
-    error('throttlegate: unreadable state at ' .. key)
-  end
-  local s = {}
-  for idx, name in ipairs(fields) do
-    s[name] = it[idx]
-  end
-  return s
 end
 
 -- Writes a smaller state over an existing key with the expiry it has: the
@@ -108,14 +58,6 @@ local function rewrite_fields(key, s, fields)
   else
     call('SET', key, concat(out, ':'))
   end
-end
-
--- a - b modulo 2^53 (decide.lua's running totals wrap there).
-local function wrap_sub(a, b)
-  if a >= b then
-    return a - b
-  end
-  return (TWO53 - b) + a
 end
 
 -- === fixed_window ===
@@ -257,15 +199,6 @@ end
 
 local log = {}
 
--- The running total and the cost of a member; nil for any other layout.
-local function log_member(member)
-  local e, cost = string.match(member, '^(%d+),(%d+)$')
-  if not e then
-    return nil
-  end
-  return tonumber(e), tonumber(cost)
-end
-
 -- The member at the request's score holds its units (and those of other
 -- requests in the same µs): take them out of it, removing it when they were
 -- all of it, and lower the running totals of every later member by them,
@@ -321,22 +254,6 @@ local ALGORITHMS = {
   fixed_window = fixed,
 }
 
-local function integer(raw)
-  local n = tonumber(raw)
-  if n == nil or n < 0 or n >= TWO53 or n ~= floor(n) then
-    return nil
-  end
-  return n
-end
-
-local function named_args(fields, first)
-  local out = {}
-  for idx, name in ipairs(fields) do
-    out[name] = ARGV[first + idx - 1]
-  end
-  return out
-end
-
 -- Validates every argument before anything is read or written.
 local function parse_receipts()
   local n = #KEYS
@@ -369,18 +286,9 @@ if not receipts then
   return redis.error_reply(problem)
 end
 local header = named_args(REFUND_HEADER_FIELDS, 1)
-local now
-if header.now_us == '' then
-  if redis.replicate_commands then
-    redis.replicate_commands()
-  end
-  local time = call('TIME')
-  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-else
-  now = integer(header.now_us)
-  if now == nil then
-    return redis.error_reply('ERR throttlegate: bad time')
-  end
+local now = now_of(header.now_us)
+if now == nil then
+  return redis.error_reply('ERR throttlegate: bad time')
 end
 
 local reply = {}

@@ -12,6 +12,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use support::redis::RedisServer;
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, Outcome};
+use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::DECIDE_LUA;
 use throttlegate::backends::redis::script::{
     Arg, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, argv,
@@ -543,11 +544,16 @@ async fn a_group_decided_and_refunded_through_the_api_is_back_to_fresh() {
         receipts: true,
     };
     let decide_script = redis::Script::new(DECIDE_LUA);
-    let reply: Vec<i64> = invocation(&decide_script, "tg", &header, &checks)
-        .unwrap()
-        .invoke_async(&mut conn)
-        .await
-        .unwrap();
+    let reply: Vec<i64> = invocation(
+        &decide_script,
+        &KeyFormat::new("tg", HashTag::None),
+        &header,
+        &checks,
+    )
+    .unwrap()
+    .invoke_async(&mut conn)
+    .await
+    .unwrap();
     let (verdict, receipts) = decode_reply_with_receipts(&reply, checks.len()).unwrap();
     assert!(verdict.allowed);
     assert_eq!(server.keys("tg:*").await.len(), checks.len());

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::keys::check_on;
-use support::process::Serve;
+use support::process::{Serve, ServiceProcess};
 use support::redis::{RedisServer, backend};
 use support::sentinel::{DOWN_AFTER_MS, MASTER_NAME, Passwords, SentinelSetup};
 use throttlegate::algorithms::Algorithm::SlidingWindowLog;
@@ -326,20 +326,25 @@ async fn passwords_reach_the_sentinels_and_the_master() {
 
 const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2}\n";
 
-#[tokio::test]
-async fn serve_finds_the_master_through_sentinel() {
-    let setup = SentinelSetup::start().await;
+/// The binary serving [`CONFIG`] through `setup`'s sentinels, asking them
+/// for `master`.
+fn serve_through(setup: &SentinelSetup, master: &str, extra: &[&str]) -> ServiceProcess {
     let nodes = setup.nodes().join(",");
-    let mut server = Serve::yaml(CONFIG)
+    Serve::yaml(CONFIG)
         .args(&[
             "--redis-sentinel-nodes",
             &nodes,
             "--redis-sentinel-master",
-            MASTER_NAME,
-            "--redis-key-prefix",
-            "clisentinel",
+            master,
         ])
-        .spawn();
+        .args(extra)
+        .spawn()
+}
+
+#[tokio::test]
+async fn serve_finds_the_master_through_sentinel() {
+    let setup = SentinelSetup::start().await;
+    let mut server = serve_through(&setup, MASTER_NAME, &["--redis-key-prefix", "clisentinel"]);
     let mut client = server.client().await;
     let mut codes = Vec::new();
     for _ in 0..3 {
@@ -357,15 +362,7 @@ async fn serve_finds_the_master_through_sentinel() {
 #[tokio::test]
 async fn serve_refuses_an_unknown_sentinel_master_with_exit_2() {
     let setup = SentinelSetup::start().await;
-    let nodes = setup.nodes().join(",");
-    let mut server = Serve::yaml(CONFIG)
-        .args(&[
-            "--redis-sentinel-nodes",
-            &nodes,
-            "--redis-sentinel-master",
-            "nosuchmaster",
-        ])
-        .spawn();
+    let mut server = serve_through(&setup, "nosuchmaster", &[]);
     let (status, log) = server.exit(Duration::from_secs(15)).await;
     assert_eq!(status.code(), Some(2), "{log}");
     assert!(

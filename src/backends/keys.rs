@@ -57,7 +57,7 @@ impl KeyFormat {
     pub fn encode(&self, key: &CounterKey) -> String {
         match self.hash_tag {
             HashTag::None => encode(&self.prefix, key),
-            HashTag::Domain => encode_domain_tagged(&self.prefix, key),
+            HashTag::Domain => encode_by_domain(&self.prefix, key, true),
             HashTag::Descriptor => encode_descriptor_tagged(&self.prefix, key),
         }
     }
@@ -65,26 +65,23 @@ impl KeyFormat {
 
 /// Encodes `key` under `prefix`. Injective over every field.
 pub fn encode(prefix: &str, key: &CounterKey) -> String {
-    let mut out = String::with_capacity(prefix.len() + 64);
-    out.push_str(prefix);
-    out.push(':');
-    escape_into(&mut out, &key.domain);
-    out.push(':');
-    escape_into(&mut out, &key.rule);
-    out.push(':');
-    limit_into(&mut out, key);
-    out.push(':');
-    entries_into(&mut out, key);
-    out
+    encode_by_domain(prefix, key, false)
 }
 
-/// `{prefix}:{{domain}}:{rule}:{algorithm}.{window}s[.override]:{entries}`.
-fn encode_domain_tagged(prefix: &str, key: &CounterKey) -> String {
+/// `{prefix}:{domain}:{rule}:{algorithm}.{window}s[.override]:{entries}`,
+/// with the domain written as the hash tag `{{domain}}` when `tagged`.
+fn encode_by_domain(prefix: &str, key: &CounterKey, tagged: bool) -> String {
     let mut out = String::with_capacity(prefix.len() + 66);
     out.push_str(prefix);
-    out.push_str(":{");
+    out.push(':');
+    if tagged {
+        out.push('{');
+    }
     escape_into(&mut out, &key.domain);
-    out.push_str("}:");
+    if tagged {
+        out.push('}');
+    }
+    out.push(':');
     escape_into(&mut out, &key.rule);
     out.push(':');
     limit_into(&mut out, key);

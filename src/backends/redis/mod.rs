@@ -14,7 +14,6 @@ mod pool;
 pub mod script;
 mod sentinel;
 
-use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +23,7 @@ use tokio::time::{Instant, timeout_at};
 
 use self::pool::{Pool, Target};
 pub use self::script::DECIDE_LUA;
-use self::script::{HeaderArgs, LimitArgs};
+use self::script::HeaderArgs;
 use self::sentinel::Sentinel;
 pub use self::sentinel::SentinelSettings;
 use super::keys::{HashTag, KeyFormat};
@@ -217,10 +216,7 @@ impl Backend for RedisBackend {
             });
         }
         let header = self.header();
-        let invocation = match self.keys.hash_tag {
-            HashTag::None => script::invocation(&self.script, &self.keys.prefix, &header, checks)?,
-            _ => tagged_invocation(&self.script, &self.keys, &header, checks)?,
-        };
+        let invocation = script::invocation(&self.script, &self.keys, &header, checks)?;
         let deadline = Instant::now() + self.timeout;
         let mut conn = timeout_at(deadline, self.pool.connection())
             .await
@@ -248,31 +244,6 @@ impl Backend for RedisBackend {
     fn name(&self) -> &'static str {
         "redis"
     }
-}
-
-/// [`script::invocation`] with the keys in a tagged format. Refuses a
-/// request naming one counter twice, which the script would read and write
-/// twice.
-fn tagged_invocation<'a>(
-    script: &'a redis::Script,
-    keys: &KeyFormat,
-    header: &HeaderArgs,
-    checks: &[KeyedCheck],
-) -> Result<redis::ScriptInvocation<'a>, Error> {
-    let mut invocation = script.prepare_invoke();
-    let mut seen = HashSet::with_capacity(checks.len());
-    for it in checks {
-        let key = keys.encode(&it.key);
-        if !seen.insert(key.clone()) {
-            return Err(Error::Protocol(format!(
-                "counter {key} appears twice in one request"
-            )));
-        }
-        invocation.key(key);
-    }
-    let limits: Vec<LimitArgs> = checks.iter().map(|it| LimitArgs::of(&it.check)).collect();
-    invocation.arg(script::argv(header, &limits));
-    Ok(invocation)
 }
 
 // === error classification ===

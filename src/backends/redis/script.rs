@@ -35,14 +35,22 @@ use std::collections::HashSet;
 
 use redis::{RedisWrite, ToRedisArgs};
 
+use super::super::keys::KeyFormat;
 use super::super::{Error, KeyedCheck, keys};
 use crate::algorithms::{Check, Mode, Outcome, Verdict};
 
-/// The decision script, embedded at build time.
-pub const DECIDE_LUA: &str = include_str!("../../../lua/decide.lua");
+/// The decision script, embedded at build time after the helpers it
+/// shares with the refund (`lua/common.lua`).
+pub const DECIDE_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/decide.lua")
+);
 
 /// The refund script, embedded at build time (see the module's "Refunds").
-pub const REFUND_LUA: &str = include_str!("../../../lua/refund.lua");
+pub const REFUND_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/refund.lua")
+);
 
 /// The refund script, invoked by EVALSHA (with SCRIPT LOAD on NOSCRIPT).
 pub fn refund_script() -> redis::Script {
@@ -203,19 +211,19 @@ impl ToRedisArgs for Arg {
     }
 }
 
-/// The call of the script for `checks`: their keys under `prefix`, and
+/// The call of the script for `checks`: their keys written by `keys`, and
 /// ARGV. Refuses a request naming one counter twice, which the script would
 /// read and write twice.
 pub fn invocation<'a>(
     script: &'a redis::Script,
-    prefix: &str,
+    keys: &KeyFormat,
     header: &HeaderArgs,
     checks: &[KeyedCheck],
 ) -> Result<redis::ScriptInvocation<'a>, Error> {
     let mut invocation = script.prepare_invoke();
     let mut seen = HashSet::with_capacity(checks.len());
     for it in checks {
-        let key = keys::encode(prefix, &it.key);
+        let key = keys.encode(&it.key);
         if !seen.insert(key.clone()) {
             return Err(Error::Protocol(format!(
                 "counter {key} appears twice in one request"

@@ -1,0 +1,109 @@
+-- common.lua: the helpers lua/decide.lua and lua/refund.lua share. Not a
+-- script of its own: src/backends/redis/script.rs puts it in front of each
+-- when embedding them, so each script is still one self-contained body
+-- (EVALSHA cannot share code between scripts).
+
+-- Globals read once: every call of a script runs its whole body.
+local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
+local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
+
+local TWO53 = 9007199254740992
+
+local function fmt(n)
+  return format('%d', n)
+end
+
+-- floor(a / b) for integers 0 <= a < 2^53, 0 < b < 2^53. Checked with exact
+-- products rather than trusting the rounded quotient: for these ranges a
+-- correctly rounded a / b never crosses an integer, but the guard costs two
+-- multiplications and keeps the result right if a caller strays.
+local function div(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function parts(raw, count)
+  local out = {}
+  for piece in gmatch(raw, '[^:]+') do
+    local n = tonumber(piece)
+    if n == nil then
+      return nil
+    end
+    out[#out + 1] = n
+  end
+  if #out ~= count then
+    return nil
+  end
+  return out
+end
+
+-- A string state: its integers joined by ':', one per name of `fields`, in
+-- order. nil when the key is absent.
+local function load_fields(key, fields)
+  local raw = call('GET', key)
+  if not raw then
+    return nil
+  end
+  local it = parts(raw, #fields)
+  if not it then
+    error('throttlegate: unreadable state at ' .. key)
+  end
+  local s = {}
+  for idx, name in ipairs(fields) do
+    s[name] = it[idx]
+  end
+  return s
+end
+
+local function wrap_sub(a, b)
+  if a >= b then
+    return a - b
+  end
+  return (TWO53 - b) + a
+end
+
+-- The running total and the cost of a member, or nil for a member of the
+-- older layout (one member "<µs>:<seq>" per unit of cost).
+local function log_member(member)
+  local e, cost = string.match(member, '^(%d+),(%d+)$')
+  if not e then
+    return nil
+  end
+  return tonumber(e), tonumber(cost)
+end
+
+local function integer(raw)
+  local n = tonumber(raw)
+  if n == nil or n < 0 or n >= TWO53 or n ~= floor(n) then
+    return nil
+  end
+  return n
+end
+
+-- The arguments from ARGV[first] on, by the names of `fields`.
+local function named_args(fields, first)
+  local out = {}
+  for idx, name in ipairs(fields) do
+    out[name] = ARGV[first + idx - 1]
+  end
+  return out
+end
+
+-- The call's time in µs: the header's now_us, or Redis TIME when it is
+-- empty. nil when now_us is not an integer.
+local function now_of(now_us)
+  if now_us ~= '' then
+    return integer(now_us)
+  end
+  -- Effects replication lets writes follow TIME on Redis < 7 (a no-op on 7).
+  if redis.replicate_commands then
+    redis.replicate_commands()
+  end
+  local time = call('TIME')
+  return tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
