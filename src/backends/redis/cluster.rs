@@ -266,15 +266,7 @@ impl ClusterBackend {
     /// The decision's header; `receipts` when the request spans slots and
     /// may have to be refunded.
     fn header(&self, receipts: bool) -> HeaderArgs {
-        let now_us = match &self.clock {
-            ClockSource::Redis => None,
-            ClockSource::Local(clock) => Some(clock.now_us()),
-        };
-        HeaderArgs {
-            now_us,
-            grace_ms: self.expiry_grace_ms,
-            receipts,
-        }
+        HeaderArgs::now(&self.clock, self.expiry_grace_ms, receipts)
     }
 
     /// Refunds that failed (timed out, or an error) since start-up.

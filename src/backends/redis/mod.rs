@@ -182,15 +182,7 @@ impl RedisBackend {
     }
 
     fn header(&self) -> HeaderArgs {
-        let now_us = match &self.clock {
-            ClockSource::Redis => None,
-            ClockSource::Local(clock) => Some(clock.now_us()),
-        };
-        HeaderArgs {
-            now_us,
-            grace_ms: self.expiry_grace_ms,
-            receipts: false,
-        }
+        HeaderArgs::now(&self.clock, self.expiry_grace_ms, false)
     }
 }
 

@@ -37,6 +37,7 @@ use redis::{RedisWrite, ToRedisArgs};
 
 use super::super::keys::KeyFormat;
 use super::super::{Error, KeyedCheck, keys};
+use super::ClockSource;
 use crate::algorithms::{Check, Mode, Outcome, Verdict};
 
 /// The decision script, embedded at build time after the helpers it
@@ -87,6 +88,22 @@ pub struct HeaderArgs {
     /// Whether the reply carries each limit's [`Receipt`]: only a request
     /// that may have to be refunded (split over Cluster slots) asks.
     pub receipts: bool,
+}
+
+impl HeaderArgs {
+    /// The header of a call made now on `clock`: the service's time under
+    /// a local clock, none (the server's `TIME`) otherwise.
+    pub fn now(clock: &ClockSource, grace_ms: u64, receipts: bool) -> HeaderArgs {
+        let now_us = match clock {
+            ClockSource::Redis => None,
+            ClockSource::Local(clock) => Some(clock.now_us()),
+        };
+        HeaderArgs {
+            now_us,
+            grace_ms,
+            receipts,
+        }
+    }
 }
 
 /// One limit as the script receives it. Not validated here: the script
