@@ -18,6 +18,7 @@ use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use throttlegate::backends::{Backend, Error, KeyedCheck};
+use throttlegate::clock::{Clock, ManualClock, SystemClock};
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
 /// A one-node cluster serving every slot.
@@ -720,4 +721,86 @@ async fn a_password_given_on_one_seed_reaches_every_node() {
     let err = without.decide(&checks).await.expect_err("no password");
     assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
     assert!(without.probe().await.is_err());
+}
+
+// === time: each node's TIME is its own ===
+
+const HOUR_US: u64 = 3_600_000_000;
+
+/// A backend on `cluster` with every counter of domain `test` in one slot,
+/// deciding at `clock`'s time.
+fn tagged_backend(cluster: &Cluster, clock: ClockSource) -> Arc<ClusterBackend> {
+    Arc::new(
+        ClusterBackend::connect(ClusterSettings {
+            clock,
+            ..cluster_settings(cluster, HashTag::Domain)
+        })
+        .expect("settings"),
+    )
+}
+
+/// How many of `tries` lone requests on `check` are allowed.
+async fn allowed_of(backend: &ClusterBackend, check: &KeyedCheck, tries: usize) -> usize {
+    let mut allowed = 0;
+    for _ in 0..tries {
+        let verdict = backend.decide(std::slice::from_ref(check)).await.unwrap();
+        allowed += usize::from(verdict.allowed);
+    }
+    allowed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_moved_to_a_node_whose_clock_lags_never_admits_over_its_limit() {
+    let cluster = Cluster::start(3, 0).await;
+    // A decides 1 s into the next hour; B, 30 s behind A, is still in the
+    // hour before: another fixed or counter window, a bucket 30 s emptier.
+    // Redis TIME (now) is behind both.
+    let ahead_us = (SystemClock.now_us() / HOUR_US + 1) * HOUR_US + 1_000_000;
+    let ahead = tagged_backend(
+        &cluster,
+        ClockSource::Local(Arc::new(ManualClock::new(ahead_us))),
+    );
+    let behind_clock = ManualClock::new(ahead_us - 30_000_000);
+    let behind = tagged_backend(&cluster, ClockSource::Local(Arc::new(behind_clock)));
+    let redis_time = tagged_backend(&cluster, ClockSource::Redis);
+
+    // 10 per hour: nothing refills while the test runs.
+    let full = |algorithm| check_on(algorithm, 3_600, &[("user", "full")], 10, 1);
+    let part = |algorithm| check_on(algorithm, 3_600, &[("user", "part")], 10, 1);
+    for algorithm in Algorithm::ALL {
+        assert_eq!(
+            allowed_of(&ahead, &full(algorithm), 12).await,
+            10,
+            "{algorithm}"
+        );
+        assert_eq!(
+            allowed_of(&ahead, &part(algorithm), 4).await,
+            4,
+            "{algorithm}"
+        );
+    }
+    let slot = slot_of(&cluster, &ahead.key_of(&full(TokenBucket).key)).await;
+    let from = cluster.owner_of(slot).await;
+    let to = (from + 1) % cluster.primaries();
+    cluster.move_slot(slot, to, Duration::ZERO).await;
+    assert_eq!(cluster.owner_of(slot).await, to);
+    let moved = cluster.node(to).keys("tg:{test}:*").await;
+    assert_eq!(moved.len(), 2 * Algorithm::ALL.len(), "{moved:?}");
+
+    for algorithm in Algorithm::ALL {
+        // The lagging node's time is its own, but the stored time wins.
+        let on_full = allowed_of(&behind, &full(algorithm), 5).await;
+        assert_eq!(on_full, 0, "{algorithm}: the limit was used up on A");
+        let on_part = allowed_of(&behind, &part(algorithm), 10).await;
+        // GCRA keeps no time of its own but the arrival time: seen from
+        // 30 s earlier, A's 4 requests weigh 4 × 360 s + 30 s, which leaves
+        // room for 5 (fewer, never more); the others decide at A's time.
+        let expected = if algorithm == Algorithm::Gcra { 5 } else { 6 };
+        assert_eq!(on_part, expected, "{algorithm}: 4 taken on A of 10");
+        // Redis TIME, behind both local clocks: still exactly the limit.
+        for check in [full(algorithm), part(algorithm)] {
+            let verdict = redis_time.decide(std::slice::from_ref(&check)).await;
+            assert!(!verdict.unwrap().allowed, "{algorithm}: Redis TIME");
+        }
+    }
 }
