@@ -804,3 +804,167 @@ async fn a_key_moved_to_a_node_whose_clock_lags_never_admits_over_its_limit() {
         }
     }
 }
+
+// === refunds under contention: the one imprecision ===
+
+/// What one contended load left: the limit it ran against and how many
+/// requests of each kind were allowed.
+struct Contended {
+    limit: KeyedCheck,
+    normal_allowed: u64,
+    doomed_allowed: u64,
+}
+
+/// `normal + doomed` requests in an even mix, `true` for a doomed one.
+fn mixed_queue(normal: usize, doomed: usize) -> Vec<bool> {
+    let total = normal + doomed;
+    (0..total)
+        .map(|idx| (idx + 1) * doomed / total > idx * doomed / total)
+        .collect()
+}
+
+/// How many requests of each kind one contended load sends.
+#[derive(Clone, Copy)]
+struct Mix {
+    normal: usize,
+    doomed: usize,
+}
+
+/// 64 tasks take requests in turn from one queue: `mix.normal` requests on
+/// a limit L1 of `capacity` per hour, evenly mixed with `mix.doomed`
+/// requests on L1 and L2, a limit of 0 on another primary. A doomed request
+/// is always denied (by L2), and what it took on L1 is refunded. On one
+/// atomic limit exactly `capacity` normal requests would pass (all of them
+/// when there are no more), whatever the doomed ones.
+async fn contended_load(
+    cluster: &Cluster,
+    backend: &Arc<ClusterBackend>,
+    algorithm: Algorithm,
+    prefix: &str,
+    capacity: u64,
+    mix: Mix,
+) -> Contended {
+    let limits = on_different_primaries(cluster, backend, algorithm, prefix, &[capacity, 0]).await;
+    let normal_request = Arc::new(vec![limits[0].clone()]);
+    let doomed_request = Arc::new(limits.clone());
+    let queue = Arc::new(mixed_queue(mix.normal, mix.doomed));
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (backend, queue, next) = (backend.clone(), queue.clone(), next.clone());
+        let (normal_request, doomed_request) = (normal_request.clone(), doomed_request.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = [0u64; 2];
+            loop {
+                let idx = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&is_doomed) = queue.get(idx) else {
+                    return allowed;
+                };
+                let request = if is_doomed {
+                    &doomed_request
+                } else {
+                    &normal_request
+                };
+                let verdict = backend.decide(request).await.expect("decided");
+                allowed[usize::from(is_doomed)] += u64::from(verdict.allowed);
+            }
+        }));
+    }
+    let mut allowed = [0u64; 2];
+    for task in tasks {
+        let counts = task.await.expect("task");
+        allowed[0] += counts[0];
+        allowed[1] += counts[1];
+    }
+    Contended {
+        limit: limits[0].clone(),
+        normal_allowed: allowed[0],
+        doomed_allowed: allowed[1],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_under_contention_never_admit_over_the_limit_and_leave_nothing_behind() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    // The windows and the log give back exactly what was taken (a bucket
+    // gets back less by the refill since its decision: see "Refunds").
+    let exact = [
+        SlidingWindowLog,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowCounter,
+    ];
+    for algorithm in exact {
+        let mix = Mix {
+            normal: 200,
+            doomed: 200,
+        };
+        let run = contended_load(&cluster, &backend, algorithm, "inv", 200, mix).await;
+        eprintln!(
+            "{algorithm}: {} of 200 normal requests allowed",
+            run.normal_allowed
+        );
+        assert_eq!(run.doomed_allowed, 0, "{algorithm}");
+        assert!(
+            run.normal_allowed <= 200,
+            "{algorithm}: {}",
+            run.normal_allowed
+        );
+        assert!(run.normal_allowed > 0, "{algorithm}");
+        // Every doomed request's units came back: exactly the normal ones
+        // allowed stay counted.
+        let left = 200 - run.normal_allowed;
+        let verdict = backend
+            .decide(std::slice::from_ref(&run.limit))
+            .await
+            .unwrap();
+        assert_eq!(verdict.allowed, left > 0, "{algorithm}: {left} left");
+        if left > 0 {
+            assert_eq!(verdict.outcomes[0].remaining, left - 1, "{algorithm}");
+        }
+    }
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+/// The figure in docs/redis.md ("Refunds under contention"):
+/// `cargo test --test redis_cluster -- --ignored --nocapture refund_shortfall`.
+/// With as many normal requests as the limit, each one denied is a request
+/// denied only because a doomed one's units were not yet given back; with
+/// twice as many, the load goes on past the limit and the shortfall is the
+/// room left unused when it ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: prints the shortfall refunds cause under contention"]
+async fn refund_shortfall_under_contention() {
+    const CAPACITY: usize = 200;
+    const RUNS: usize = 10;
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    println!(
+        "algorithm | normal | doomed share | requests | shortfall per run | mean % of N | mean % of requests"
+    );
+    for algorithm in Algorithm::ALL {
+        for (normal, doomed_pct) in [(CAPACITY, 10), (CAPACITY, 50), (2 * CAPACITY, 50)] {
+            // Doomed requests make up doomed_pct of all requests.
+            let doomed = normal * doomed_pct / (100 - doomed_pct);
+            let requests = normal + doomed;
+            let mut shortfalls = Vec::new();
+            for run in 0..RUNS {
+                let prefix = format!("m{normal}-{doomed_pct}-{run}-");
+                let mix = Mix { normal, doomed };
+                let result =
+                    contended_load(&cluster, &backend, algorithm, &prefix, CAPACITY as u64, mix)
+                        .await;
+                assert_eq!(result.doomed_allowed, 0);
+                assert!(result.normal_allowed <= CAPACITY as u64);
+                shortfalls.push(CAPACITY as u64 - result.normal_allowed);
+            }
+            let mean = shortfalls.iter().sum::<u64>() as f64 / RUNS as f64;
+            println!(
+                "{algorithm} | {normal} | {doomed_pct}% | {requests} | {shortfalls:?} | {:.1}% | {:.1}%",
+                100.0 * mean / CAPACITY as f64,
+                100.0 * mean / requests as f64,
+            );
+        }
+    }
+    assert_eq!(backend.refund_failures(), 0);
+}
