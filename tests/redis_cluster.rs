@@ -935,36 +935,47 @@ async fn refunds_under_contention_never_admit_over_the_limit_and_leave_nothing_b
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement: prints the shortfall refunds cause under contention"]
 async fn refund_shortfall_under_contention() {
-    const CAPACITY: usize = 200;
-    const RUNS: usize = 10;
     let cluster = Cluster::start(3, 0).await;
     let backend = cluster_backend(&cluster, HashTag::None);
     println!(
-        "algorithm | normal | doomed share | requests | shortfall per run | mean % of N | mean % of requests"
+        "algorithm | N | normal | doomed share | requests | shortfall per run | mean % of N | mean % of requests"
     );
     for algorithm in Algorithm::ALL {
-        for (normal, doomed_pct) in [(CAPACITY, 10), (CAPACITY, 50), (2 * CAPACITY, 50)] {
-            // Doomed requests make up doomed_pct of all requests.
-            let doomed = normal * doomed_pct / (100 - doomed_pct);
-            let requests = normal + doomed;
-            let mut shortfalls = Vec::new();
-            for run in 0..RUNS {
-                let prefix = format!("m{normal}-{doomed_pct}-{run}-");
-                let mix = Mix { normal, doomed };
-                let result =
-                    contended_load(&cluster, &backend, algorithm, &prefix, CAPACITY as u64, mix)
-                        .await;
-                assert_eq!(result.doomed_allowed, 0);
-                assert!(result.normal_allowed <= CAPACITY as u64);
-                shortfalls.push(CAPACITY as u64 - result.normal_allowed);
-            }
-            let mean = shortfalls.iter().sum::<u64>() as f64 / RUNS as f64;
-            println!(
-                "{algorithm} | {normal} | {doomed_pct}% | {requests} | {shortfalls:?} | {:.1}% | {:.1}%",
-                100.0 * mean / CAPACITY as f64,
-                100.0 * mean / requests as f64,
-            );
+        // (N, normal requests, doomed share of all requests in %, runs)
+        for row in [
+            (200, 200, 10, 10),
+            (200, 200, 50, 10),
+            (200, 400, 50, 10),
+            (2_000, 2_000, 50, 3),
+        ] {
+            shortfall_row(&cluster, &backend, algorithm, row).await;
         }
     }
     assert_eq!(backend.refund_failures(), 0);
+}
+
+/// Runs one row of [`refund_shortfall_under_contention`] and prints it.
+async fn shortfall_row(
+    cluster: &Cluster,
+    backend: &Arc<ClusterBackend>,
+    algorithm: Algorithm,
+    (capacity, normal, doomed_pct, runs): (u64, usize, usize, usize),
+) {
+    let doomed = normal * doomed_pct / (100 - doomed_pct);
+    let requests = normal + doomed;
+    let mut shortfalls = Vec::new();
+    for run in 0..runs {
+        let prefix = format!("m{capacity}-{normal}-{doomed_pct}-{run}-");
+        let mix = Mix { normal, doomed };
+        let result = contended_load(cluster, backend, algorithm, &prefix, capacity, mix).await;
+        assert_eq!(result.doomed_allowed, 0);
+        assert!(result.normal_allowed <= capacity);
+        shortfalls.push(capacity - result.normal_allowed);
+    }
+    let mean = shortfalls.iter().sum::<u64>() as f64 / runs as f64;
+    println!(
+        "{algorithm} | {capacity} | {normal} | {doomed_pct}% | {requests} | {shortfalls:?} | {:.1}% | {:.1}%",
+        100.0 * mean / capacity as f64,
+        100.0 * mean / requests as f64,
+    );
 }
