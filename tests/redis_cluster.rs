@@ -979,3 +979,21 @@ async fn shortfall_row(
         100.0 * mean / requests as f64,
     );
 }
+
+// === descriptors ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_backend_holds_one_socket_per_pooled_connection_and_primary() {
+    let cluster = Cluster::start(3, 1).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    // 64 tasks over counters on every primary use all 4 pooled
+    // connections on every primary; the probe reuses them.
+    hammer(vec![backend.clone()], spread_checks(12), 640).await;
+    backend.probe().await.expect("healthy");
+    let primaries = cluster.current_primaries().await;
+    assert_eq!(primaries.len(), 3);
+    for idx in 0..6 {
+        let expected = if primaries.contains(&idx) { 4 } else { 0 };
+        assert_eq!(cluster.clients_of(idx).await, expected, "node {idx}");
+    }
+}
