@@ -300,6 +300,26 @@ impl Cluster {
         }
     }
 
+    /// How many clients `nodes[idx]` serves, leaving out replication
+    /// links and the connection asking.
+    pub async fn clients_of(&self, idx: usize) -> usize {
+        let mut conn = self.nodes[idx].connection().await;
+        let own: u64 = ::redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT ID");
+        let list: String = ::redis::cmd("CLIENT")
+            .arg("LIST")
+            .arg("TYPE")
+            .arg("normal")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT LIST");
+        let own = format!("id={own} ");
+        list.lines().filter(|line| !line.starts_with(&own)).count()
+    }
+
     /// SCRIPT FLUSH on `nodes[idx]`.
     pub async fn script_flush(&self, idx: usize) {
         let mut conn = self.nodes[idx].connection().await;
