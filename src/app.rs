@@ -195,7 +195,7 @@ async fn start(
     hangups: Option<Signal>,
     stop: &mut StopSignals,
 ) -> Result<Serving, Aborted> {
-    let (grpc_limits, http_limits) = limits(&settings.limits, settings.redis.pool_size);
+    let (grpc_limits, http_limits) = limits(&settings.limits, redis_sockets(&settings.redis));
     let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
     let status = Arc::new(ConfigStatus::new(
         settings.config.clone(),
@@ -511,8 +511,8 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, Aborted> {
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit, logs both, and
 /// returns the descriptor budget the connection caps come from.
-fn descriptor_budget(redis_pool_size: u32) -> DescriptorBudget {
-    let reserve = DESCRIPTOR_RESERVE + u64::from(redis_pool_size);
+fn descriptor_budget(redis_sockets: u64) -> DescriptorBudget {
+    let reserve = DESCRIPTOR_RESERVE + redis_sockets;
     let limit = match rlimit::getrlimit(rlimit::Resource::NOFILE) {
         Ok((soft, hard)) => match rlimit::increase_nofile_limit(hard) {
             Ok(raised) => {
@@ -537,10 +537,23 @@ fn descriptor_budget(redis_pool_size: u32) -> DescriptorBudget {
     DescriptorBudget { limit, reserve }
 }
 
+/// The most sockets the Redis backend holds: its pool, once per node on a
+/// cluster. The primaries are not known before connecting, so the seeds
+/// count, and never fewer than the three primaries a cluster has at least
+/// (an operator listing a few seeds of a larger cluster sets the caps).
+/// Without Redis the reserve for it is kept all the same: it is small.
+fn redis_sockets(flags: &RedisFlags) -> u64 {
+    let pool = u64::from(flags.pool_size);
+    if flags.cluster_nodes.is_empty() {
+        return pool;
+    }
+    pool * (flags.cluster_nodes.len() as u64).max(3)
+}
+
 /// Both servers' limits, with the connection caps not given derived from
 /// the descriptor budget (warned about when the given ones exceed it).
-fn limits(limits: &Limits, redis_pool_size: u32) -> (GrpcLimits, HttpLimits) {
-    let budget = descriptor_budget(redis_pool_size);
+fn limits(limits: &Limits, redis_sockets: u64) -> (GrpcLimits, HttpLimits) {
+    let budget = descriptor_budget(redis_sockets);
     let (grpc_default, http_default) = budget.default_caps();
     let grpc_max_connections = limits.grpc_max_connections.unwrap_or(grpc_default);
     let http_max_connections = limits.http_max_connections.unwrap_or(http_default);
@@ -726,5 +739,35 @@ impl StopSignals {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags(pool_size: u32, cluster_nodes: &[&str]) -> RedisFlags {
+        RedisFlags {
+            url: None,
+            pool_size,
+            timeout_ms: 250,
+            key_prefix: "tg".to_owned(),
+            expiry_grace_ms: 0,
+            clock: ClockSource::Redis,
+            hash_tag: HashTag::None,
+            cluster_nodes: cluster_nodes.iter().map(|it| (*it).to_owned()).collect(),
+            sentinel_nodes: Vec::new(),
+            sentinel_master: None,
+            sentinel_password: None,
+        }
+    }
+
+    #[test]
+    fn a_cluster_reserves_its_pool_once_per_node() {
+        assert_eq!(redis_sockets(&flags(8, &[])), 8);
+        // One seed of a cluster that has at least three primaries.
+        assert_eq!(redis_sockets(&flags(8, &["a:1"])), 24);
+        let six = ["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"];
+        assert_eq!(redis_sockets(&flags(4, &six)), 24);
     }
 }
