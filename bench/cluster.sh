@@ -55,16 +55,17 @@ trap cleanup EXIT
 
 # A port no socket uses, with its cluster bus port (+10000) free too; both
 # below the usual ephemeral range (32768 and up), so no outgoing connection
-# takes one between this check and the bind.
+# takes one between this check and the bind. Sets the variable named $1
+# (not printed: a command substitution's subshell would forget TAKEN).
 TAKEN=" "
 free_port() {
-    local port
+    local candidate
     while :; do
-        port=$((12000 + RANDOM % 10000))
-        [[ $TAKEN == *" $port "* || $TAKEN == *" $((port + 10000)) "* ]] && continue
-        [[ -z $(ss -Htan "sport = :$port or sport = :$((port + 10000))") ]] || continue
-        TAKEN+="$port $((port + 10000)) "
-        echo "$port"
+        candidate=$((12000 + RANDOM % 10000))
+        [[ $TAKEN == *" $candidate "* || $TAKEN == *" $((candidate + 10000)) "* ]] && continue
+        [[ -z $(ss -Htan "sport = :$candidate or sport = :$((candidate + 10000))") ]] || continue
+        TAKEN+="$candidate $((candidate + 10000)) "
+        printf -v "$1" %s "$candidate"
         return
     done
 }
@@ -97,14 +98,14 @@ per_decision_us() { # ticks, decisions
     awk -v t="$1" -v n="$2" -v hz="$TICKS" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }'
 }
 
-STANDALONE_PORT=$(free_port)
+free_port STANDALONE_PORT
 start_redis "$STANDALONE_PORT"
 STANDALONE_PIDS=("${PIDS[-1]}")
 
 CLUSTER_PORTS=()
 CLUSTER_PIDS=()
 for _ in 1 2 3; do
-    port=$(free_port)
+    free_port port
     start_redis "$port" --cluster-enabled yes --cluster-config-file "$WORK/nodes-$port.conf" \
         --cluster-node-timeout 5000
     CLUSTER_PORTS+=("$port")
@@ -139,8 +140,8 @@ run_case() {
         redis-cli -p "$port" config resetstat >/dev/null
     done
     local grpc http
-    grpc=$(free_port)
-    http=$(free_port)
+    free_port grpc
+    free_port http
     RUST_LOG=warn "$BIN/throttlegate" serve --config "$CONFIG" --watch-config off \
         --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" \
         --redis-hash-tag "${tag:-none}" "${redis_args[@]}" 2>>"$WORK/service.log" &
