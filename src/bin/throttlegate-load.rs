@@ -43,7 +43,10 @@ struct Args {
     /// Distinct values cycled through (1 = one hot key).
     #[arg(long, default_value_t = 1)]
     distinct_values: u64,
-    /// Descriptors per request (the first with key `<key>`, then `<key>1`, ...).
+    /// Descriptors per request: the first with key `<key>`, then
+    /// `<key>_1`, `<key>_2`, ..., all with the same value. Each key needs a
+    /// rule of its own; each descriptor is then a counter of its own, which
+    /// on a Redis Cluster without a hash tag lands in a slot of its own.
     #[arg(long, default_value_t = 1)]
     descriptors: usize,
 }
@@ -102,7 +105,7 @@ struct Load {
 
 impl Load {
     /// The `seq`-th request of `worker`: the first descriptor has key
-    /// `<key>`, then `<key>1`, ..., all with the same cycled value.
+    /// `<key>`, then `<key>_1`, ..., all with the same cycled value.
     fn request(&self, worker: usize, seq: u64) -> RateLimitRequest {
         let value = (seq * 7919 + worker as u64) % self.distinct;
         let descriptors = (0..self.descriptors)
@@ -111,7 +114,7 @@ impl Load {
                     key: if idx == 0 {
                         self.key.clone().into_bytes()
                     } else {
-                        format!("{}{idx}", self.key).into_bytes()
+                        format!("{}_{idx}", self.key).into_bytes()
                     },
                     value: value.to_string().into_bytes(),
                 }],
