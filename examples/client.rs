@@ -36,8 +36,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .split_once('=')
                 .ok_or_else(|| format!("'{pair}' is not key=value"))?;
             Ok(Entry {
-                key: key.as_bytes().to_vec().into(),
-                value: value.as_bytes().to_vec().into(),
+                key: key.as_bytes().to_vec(),
+                value: value.as_bytes().to_vec(),
             })
         })
         .collect::<Result<Vec<_>, String>>()?;
