@@ -21,7 +21,11 @@ const RATELIMIT_TYPE: &str =
 const HCM_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
 const HTTP_OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
 /// The service names `grpc.health.v1.Health` answers for.
-const HEALTH_SERVICES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "ratelimit",
+    "envoy.service.ratelimit.v3.RateLimitService",
+];
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -110,7 +114,10 @@ fn route_rate_limits(envoy: &Value) -> Vec<&Value> {
             }
         }
     }
-    assert!(!found.is_empty(), "no route-level rate_limits in envoy.yaml");
+    assert!(
+        !found.is_empty(),
+        "no route-level rate_limits in envoy.yaml"
+    );
     found
 }
 
@@ -137,7 +144,12 @@ fn rules() -> Vec<(String, BTreeSet<String>)> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(deploy("config"))
         .expect("deploy/config")
         .map(|it| it.unwrap().path())
-        .filter(|it| matches!(it.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")))
+        .filter(|it| {
+            matches!(
+                it.extension().and_then(|e| e.to_str()),
+                Some("yaml" | "yml")
+            )
+        })
         .collect();
     files.sort();
     assert!(!files.is_empty(), "no rules in deploy/config");
@@ -224,22 +236,16 @@ fn squeeze(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
-/// The `cargo build ...` command of the Dockerfile, line continuations
-/// joined.
+/// The `cargo build ...` command of the Dockerfile's RUN instruction,
+/// line continuations joined.
 fn dockerfile_build_command(dockerfile: &str) -> String {
-    let joined = squeeze(&dockerfile.replace("\\\n", " "));
-    let start = joined.find("cargo build").expect("cargo build in the Dockerfile");
-    let rest = &joined[start..];
-    let end = rest
-        .find(|c: char| c == '&' || c == ';' || c == '\n')
-        .unwrap_or(rest.len());
-    let command = rest[..end].trim();
-    // The RUN line ends where the next instruction begins.
-    let end = command
-        .find(" FROM ")
-        .or_else(|| command.find(" COPY "))
-        .unwrap_or(command.len());
-    command[..end].trim().to_owned()
+    let joined = dockerfile.replace("\\\n", " ");
+    let line = joined
+        .lines()
+        .find(|it| it.starts_with("RUN ") && it.contains("cargo build"))
+        .expect("a RUN cargo build in the Dockerfile");
+    let command = &line[line.find("cargo build").unwrap()..];
+    squeeze(command.split("&&").next().unwrap())
 }
 
 #[test]
@@ -254,7 +260,15 @@ fn envoy_yaml_has_the_ratelimit_filter_for_the_rules_domain() {
         "filter domain {domain} has no rules file in deploy/config ({domains:?})"
     );
     assert_eq!(
-        str_at(filter, &["rate_limit_service", "grpc_service", "envoy_grpc", "cluster_name"]),
+        str_at(
+            filter,
+            &[
+                "rate_limit_service",
+                "grpc_service",
+                "envoy_grpc",
+                "cluster_name"
+            ]
+        ),
         "throttlegate"
     );
     assert_eq!(
@@ -276,7 +290,11 @@ fn envoy_yaml_has_the_ratelimit_filter_for_the_rules_domain() {
             .iter()
             .map(|it| str_at(it, &["name"]))
             .collect();
-        assert_eq!(names.last(), Some(&"envoy.filters.http.router"), "{names:?}");
+        assert_eq!(
+            names.last(),
+            Some(&"envoy.filters.http.router"),
+            "{names:?}"
+        );
     }
 }
 
@@ -306,7 +324,10 @@ fn throttlegate_cluster_is_http2_on_the_grpc_port_compose_serves() {
     assert!(compose["services"]["throttlegate"].is_mapping());
     let port = address["port_value"].as_u64().expect("port_value") as u16;
     let grpc = compose_grpc_port(&compose);
-    assert_eq!(port, grpc, "envoy's cluster port vs throttlegate's gRPC port");
+    assert_eq!(
+        port, grpc,
+        "envoy's cluster port vs throttlegate's gRPC port"
+    );
     assert_eq!(grpc, 8081, "the documented gRPC port");
     assert!(published_ports(&compose, "throttlegate").contains(&grpc));
     // Envoy's active health check asks a service name throttlegate answers.
@@ -342,7 +363,10 @@ fn every_descriptor_key_the_route_actions_produce_has_a_rule() {
         assert!(produced.iter().any(|it| it == key), "{key} in {produced:?}");
     }
     for key in &produced {
-        assert!(keys.contains(key), "no rule for {key} in domain {domain}: {keys:?}");
+        assert!(
+            keys.contains(key),
+            "no rule for {key} in domain {domain}: {keys:?}"
+        );
     }
 }
 
@@ -426,7 +450,10 @@ async fn the_served_rules_allow_five_requests_from_an_address_then_deny() {
     assert_eq!(answer.overall_code, ok);
     let api_key_status = &answer.statuses[2];
     assert_eq!(
-        api_key_status.current_limit.as_ref().map(|it| it.requests_per_unit),
+        api_key_status
+            .current_limit
+            .as_ref()
+            .map(|it| it.requests_per_unit),
         Some(1000)
     );
 }
@@ -463,13 +490,13 @@ fn compose_flags_are_flags_of_serve() {
     // Envoy's mount is envoy.yaml at the image's default config path.
     let mounted = volumes(&compose, "envoy");
     assert!(
-        mounted.iter().any(|(source, target)| target == "/etc/envoy/envoy.yaml"
-            && source.canonicalize().ok() == deploy("envoy/envoy.yaml").canonicalize().ok()),
+        mounted
+            .iter()
+            .any(|(source, target)| target == "/etc/envoy/envoy.yaml"
+                && source.canonicalize().ok() == deploy("envoy/envoy.yaml").canonicalize().ok()),
         "{mounted:?}"
     );
-    assert!(
-        str_at(&compose, &["services", "envoy", "image"]).starts_with("envoyproxy/envoy:")
-    );
+    assert!(str_at(&compose, &["services", "envoy", "image"]).starts_with("envoyproxy/envoy:"));
 
     // The build is deploy/Dockerfile from the repository root.
     let build = &compose["services"]["throttlegate"]["build"];
@@ -479,7 +506,10 @@ fn compose_flags_are_flags_of_serve() {
         dockerfile.canonicalize().unwrap(),
         deploy("Dockerfile").canonicalize().unwrap()
     );
-    assert_eq!(context.canonicalize().unwrap(), root().canonicalize().unwrap());
+    assert_eq!(
+        context.canonicalize().unwrap(),
+        root().canonicalize().unwrap()
+    );
 
     // Every service has a health check.
     for (name, service) in compose["services"].as_mapping().unwrap() {
@@ -513,7 +543,10 @@ async fn the_health_checks_ask_an_endpoint_the_service_answers() {
         .skip_while(|it| !it.starts_with("HEALTHCHECK"))
         .take(2)
         .collect::<String>();
-    assert!(healthcheck.contains(&format!("{prefix}{path}")), "{healthcheck}");
+    assert!(
+        healthcheck.contains(&format!("{prefix}{path}")),
+        "{healthcheck}"
+    );
 
     let mut service = Serve::config(deploy("config")).spawn();
     service.connect().await;
@@ -527,7 +560,10 @@ fn dockerfile_builds_like_the_readme_and_runs_as_non_root() {
     let readme = squeeze(&read(&root().join("README.md")));
     let build = dockerfile_build_command(&dockerfile);
     assert_eq!(build, "cargo build --release --locked --bin throttlegate");
-    assert!(readme.contains(&format!("`{build}`")), "README lacks `{build}`");
+    assert!(
+        readme.contains(&format!("`{build}`")),
+        "README lacks `{build}`"
+    );
 
     let instructions: Vec<&str> = dockerfile
         .lines()
