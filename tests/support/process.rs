@@ -319,3 +319,25 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
         .expect("read http response");
     String::from_utf8(response).expect("utf-8 response")
 }
+
+/// The binary with no flags and only `vars` in its environment, as a
+/// deployment configured by environment variables alone starts it; `grpc`
+/// and `http` are where `vars` make it listen.
+pub fn spawn_with_env(vars: &[(&str, &str)], grpc: SocketAddr, http: SocketAddr) -> ServiceProcess {
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs(vars.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the binary");
+    let (log, reader) = collect(&mut child);
+    ServiceProcess {
+        child,
+        grpc,
+        http,
+        log,
+        reader: Some(reader),
+        _dir: None,
+    }
+}
