@@ -561,3 +561,97 @@ fn limits(args: &LimitArgs) -> Limits {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn serve_args(pairs: &[(&str, &str)], argv: &[&str]) -> ServeArgs {
+        let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
+        let (flags, warnings) = compat_flags(&vars(pairs), &argv);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let matches = with_defaults(Cli::command(), &flags, true)
+            .try_get_matches_from(argv)
+            .expect("parses");
+        let cli = Cli::from_arg_matches(&matches).expect("arguments");
+        match cli.command {
+            Some(Command::Serve(args)) => *args,
+            None => cli.serve,
+            Some(Command::CheckConfig(_)) => panic!("not serve"),
+        }
+    }
+
+    /// Every flag the translation can name exists and takes its value,
+    /// with or without the `serve` subcommand.
+    #[test]
+    fn translated_variables_become_serve_defaults() {
+        let env = [
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:7000,b:7001"),
+            ("REDIS_POOL_SIZE", "20"),
+            ("GRPC_PORT", "9081"),
+            ("HOST", "127.0.0.1"),
+            ("LOG_FORMAT", "json"),
+            ("SHADOW_MODE", "true"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+            ("NEAR_LIMIT_RATIO", "0.5"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "false"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+        ];
+        for argv in [&["throttlegate"][..], &["throttlegate", "serve"]] {
+            let args = serve_args(&env, argv);
+            assert_eq!(args.redis_cluster_nodes, ["a:7000", "b:7001"]);
+            assert_eq!(args.redis_url, None);
+            assert_eq!(args.redis_pool_size, 20);
+            assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:9081");
+            assert_eq!(args.http_addr.to_string(), "127.0.0.1:8080");
+            assert_eq!(args.log_format, LogFormat::Json);
+            assert!(args.shadow_mode);
+            assert!(args.config_options.merge_domains);
+            assert_eq!(args.redis_key_prefix, "rl_");
+            assert_eq!(args.near_limit_ratio, NearLimitRatio::new(0.5).unwrap());
+            assert_eq!(args.response_headers, Switch::Off);
+            assert_eq!(args.remaining_header, "X-Left");
+            assert_eq!(args.config, Some(PathBuf::from("/data/rl/config")));
+        }
+    }
+
+    #[test]
+    fn flags_on_the_command_line_win() {
+        let args = serve_args(
+            &[
+                ("REDIS_URL", "r:6379"),
+                ("GRPC_PORT", "9081"),
+                ("REDIS_POOL_SIZE", "20"),
+            ],
+            &[
+                "throttlegate",
+                "--redis-cluster-nodes=a:1",
+                "--grpc-addr",
+                "127.0.0.1:7000",
+            ],
+        );
+        assert_eq!(args.redis_url, None, "REDIS_URL yields to cluster nodes");
+        assert_eq!(args.redis_cluster_nodes, ["a:1"]);
+        assert_eq!(args.grpc_addr.to_string(), "127.0.0.1:7000");
+        assert_eq!(args.redis_pool_size, 20);
+    }
+
+    #[test]
+    fn without_their_variables_our_defaults_stand() {
+        let args = serve_args(&[], &["throttlegate"]);
+        assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.redis_key_prefix, "throttlegate");
+        assert!(!args.shadow_mode);
+    }
+}
