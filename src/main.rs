@@ -446,20 +446,26 @@ fn with_defaults(
             None => grouped.push((flag, vec![value])),
         }
     }
-    let mut changes: Vec<(String, Box<dyn Fn(Arg) -> Arg>)> = Vec::new();
+    if takes_redis_url && !grouped.iter().any(|(flag, _)| *flag == "redis-url") {
+        grouped.push(("redis-url", Vec::new()));
+    }
     for (flag, values) in grouped {
-        changes.push((
-            flag.replace('-', "_"),
-            Box::new(move |arg: Arg| arg.default_values(values.clone())),
-        ));
-    }
-    if takes_redis_url {
-        changes.push(("redis_url".to_owned(), Box::new(|arg: Arg| arg.env(None))));
-    }
-    for (id, change) in &changes {
+        let id = flag.replace('-', "_");
+        let change = |arg: Arg| {
+            let arg = if values.is_empty() {
+                arg
+            } else {
+                arg.default_values(values.clone())
+            };
+            if takes_redis_url && flag == "redis-url" {
+                arg.env(None)
+            } else {
+                arg
+            }
+        };
         command = command
-            .mut_arg(id, change)
-            .mut_subcommand("serve", |serve| serve.mut_arg(id, change));
+            .mut_arg(&id, change)
+            .mut_subcommand("serve", |serve| serve.mut_arg(&id, change));
     }
     command
 }
