@@ -12,6 +12,33 @@ use std::collections::HashMap;
 /// dashes) and its value. A flag taking a list appears once per value.
 pub type FlagValue = (&'static str, String);
 
+/// envoyproxy/ratelimit variables read by [`from_envoyproxy_env`].
+pub const TRANSLATED: &[&str] = &[
+    "CACHE_KEY_PREFIX",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "HOST",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LOG_FORMAT",
+    "LOG_LEVEL",
+    "MERGE_DOMAIN_CONFIG",
+    "NEAR_LIMIT_RATIO",
+    "PORT",
+    "REDIS_AUTH",
+    "REDIS_POOL_SIZE",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TLS",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "SHADOW_MODE",
+];
+
 /// envoyproxy/ratelimit variables with no counterpart here: named in the
 /// start-up warning when set, whatever their value.
 pub const UNSUPPORTED: &[&str] = &[

@@ -168,3 +168,26 @@ async fn redis_host_and_port_keep_decisions_in_redis() {
     let log = second.stop().await;
     assert!(log.contains("USE_STATSD"), "{log}");
 }
+
+/// docs/migrating.md names every variable the service translates and every
+/// one it warns about.
+#[test]
+fn the_migration_guide_names_every_variable() {
+    use throttlegate::compat::{TRANSLATED, UNSUPPORTED, UNSUPPORTED_PREFIXES};
+    let guide = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/migrating.md"),
+    )
+    .expect("read docs/migrating.md");
+    for name in TRANSLATED.iter().chain(UNSUPPORTED) {
+        assert!(
+            guide.contains(&format!("`{name}")),
+            "{name} is not in the guide"
+        );
+    }
+    for prefix in UNSUPPORTED_PREFIXES {
+        assert!(
+            guide.contains(&format!("`{prefix}")),
+            "{prefix} is not in the guide"
+        );
+    }
+}
