@@ -13,12 +13,14 @@
 //! - `metrics`: Prometheus metrics;
 //! - `log_gate`: rate-limited log lines;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
-//! - `proto`: generated Envoy wire types.
+//! - `proto`: generated Envoy wire types;
+//! - `compat`: envoyproxy/ratelimit's environment variables as `serve` flags.
 
 pub mod algorithms;
 pub mod app;
 pub mod backends;
 pub mod clock;
+pub mod compat;
 pub mod config;
 pub mod decision;
 pub mod log_gate;
@@ -87,6 +89,7 @@ mod tests {
             ("rules", &["algorithms"]),
             ("algorithms", &[]),
             ("clock", &[]),
+            ("compat", &[]),
             ("log_gate", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

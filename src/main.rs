@@ -1,14 +1,17 @@
 //! The `throttlegate` binary: its flags (and their environment variables),
 //! parsed into [`app::Settings`] for [`app::run`]; `check-config` loads and
-//! summarises a config.
+//! summarises a config. envoyproxy/ratelimit's environment variables
+//! ([`compat`]) become flag defaults, below our flags and variables.
 
+use std::collections::HashMap;
+use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Arg, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use throttlegate::algorithms::Algorithm;
 use throttlegate::app::{self, Limits, RedisFlags, Settings};
@@ -16,6 +19,7 @@ use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::SystemClock;
+use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::decision::{FailureMode, HeaderNames, NearLimitRatio};
 use throttlegate::transport::grpc::GrpcLimits;
@@ -327,12 +331,143 @@ fn parse_algorithm(name: &str) -> Result<Algorithm, String> {
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let vars: HashMap<String, String> = std::env::vars_os()
+        .filter_map(|(key, value)| Some((key.into_string().ok()?, value.into_string().ok()?)))
+        .collect();
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let (flags, mut warnings) = compat_flags(&vars, &args);
+    if let Some(warning) = apply_log_level(&vars, &args) {
+        warnings.push(warning);
+    }
+    let takes_redis_url = vars.get("REDIS_URL").is_some_and(|it| !it.contains("://"));
+    let matches = with_defaults(Cli::command(), &flags, takes_redis_url).get_matches_from(args);
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
     match cli.command {
         Some(Command::CheckConfig(args)) => check_config(&args),
-        Some(Command::Serve(args)) => app::run(settings(*args)),
-        None => app::run(settings(cli.serve)),
+        Some(Command::Serve(args)) => serve(*args, &warnings),
+        None => serve(cli.serve, &warnings),
     }
+}
+
+fn serve(args: ServeArgs, warnings: &[String]) -> ExitCode {
+    for warning in warnings {
+        if args.log_format == LogFormat::Json {
+            let line = serde_json::json!({
+                "level": "WARN",
+                "fields": { "message": warning },
+                "target": "throttlegate::compat",
+            });
+            eprintln!("{line}");
+        } else {
+            eprintln!("warning: {warning}");
+        }
+    }
+    app::run(settings(args))
+}
+
+/// Flags whose presence on the command line says where Redis is: then
+/// envoyproxy/ratelimit's `REDIS_URL` is not translated.
+const REDIS_TARGET_FLAGS: &[&str] = &[
+    "redis-url",
+    "redis-cluster-nodes",
+    "redis-sentinel-nodes",
+    "redis-sentinel-master",
+];
+
+/// [`compat::from_envoyproxy_env`], less the Redis target when the
+/// command line names one.
+fn compat_flags(
+    vars: &HashMap<String, String>,
+    args: &[OsString],
+) -> (Vec<FlagValue>, Vec<String>) {
+    let (mut flags, warnings) = compat::from_envoyproxy_env(vars);
+    let named_on_command_line = |flag: &str| {
+        let long = format!("--{flag}");
+        args.iter().filter_map(|it| it.to_str()).any(|it| {
+            it == long
+                || it
+                    .strip_prefix(long.as_str())
+                    .is_some_and(|rest| rest.starts_with('='))
+        })
+    };
+    if REDIS_TARGET_FLAGS
+        .iter()
+        .any(|it| named_on_command_line(it))
+    {
+        flags.retain(|(flag, _)| !REDIS_TARGET_FLAGS.contains(flag));
+    }
+    (flags, warnings)
+}
+
+/// envoyproxy/ratelimit's `LOG_LEVEL` as the `RUST_LOG` default: without
+/// `RUST_LOG`, the process runs itself again with it set (same process id,
+/// same arguments). A warning when the level is unknown or that fails.
+fn apply_log_level(vars: &HashMap<String, String>, args: &[OsString]) -> Option<String> {
+    use std::os::unix::process::CommandExt;
+    let level = vars.get("LOG_LEVEL")?;
+    if vars.contains_key("RUST_LOG") {
+        return None;
+    }
+    let Some(filter) = compat::log_filter(level) else {
+        return Some(format!(
+            "LOG_LEVEL={level} is not a log level; RUST_LOG applies"
+        ));
+    };
+    let exe = match std::env::current_exe() {
+        Ok(it) => it,
+        Err(err) => return Some(format!("LOG_LEVEL not applied: {err}")),
+    };
+    let mut command = std::process::Command::new(exe);
+    if let Some(arg0) = args.first() {
+        command.arg0(arg0);
+    }
+    let err = command
+        .args(args.iter().skip(1))
+        .env("RUST_LOG", filter)
+        .exec();
+    Some(format!("LOG_LEVEL not applied: {err}"))
+}
+
+/// `command` with `flags` as the defaults of its `serve` flags (both at the
+/// top level and under `serve`), so that a flag given or one of our
+/// variables still wins. With `takes_redis_url`, `REDIS_URL` is not read
+/// as `--redis-url`: it is envoyproxy/ratelimit's, translated in `flags`.
+fn with_defaults(
+    mut command: clap::Command,
+    flags: &[FlagValue],
+    takes_redis_url: bool,
+) -> clap::Command {
+    let mut grouped: Vec<(&str, Vec<&'static str>)> = Vec::new();
+    for (flag, value) in flags {
+        // Leaked once at start-up: clap keeps defaults as 'static strings.
+        let value: &'static str = Box::leak(value.clone().into_boxed_str());
+        match grouped.iter_mut().find(|(it, _)| it == flag) {
+            Some((_, values)) => values.push(value),
+            None => grouped.push((flag, vec![value])),
+        }
+    }
+    if takes_redis_url && !grouped.iter().any(|(flag, _)| *flag == "redis-url") {
+        grouped.push(("redis-url", Vec::new()));
+    }
+    for (flag, values) in grouped {
+        let id = flag.replace('-', "_");
+        let change = |arg: Arg| {
+            let arg = if values.is_empty() {
+                arg
+            } else {
+                arg.default_values(values.clone())
+            };
+            if takes_redis_url && flag == "redis-url" {
+                arg.env(None)
+            } else {
+                arg
+            }
+        };
+        command = command
+            .mut_arg(&id, change)
+            .mut_subcommand("serve", |serve| serve.mut_arg(&id, change));
+    }
+    command
 }
 
 fn load_options(args: &ConfigArgs) -> LoadOptions {
@@ -430,5 +565,99 @@ fn limits(args: &LimitArgs) -> Limits {
             idle_timeout: Duration::from_millis(args.http_idle_timeout_ms),
             ..HttpLimits::standard()
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn serve_args(pairs: &[(&str, &str)], argv: &[&str]) -> ServeArgs {
+        let argv: Vec<OsString> = argv.iter().map(OsString::from).collect();
+        let (flags, warnings) = compat_flags(&vars(pairs), &argv);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        let matches = with_defaults(Cli::command(), &flags, true)
+            .try_get_matches_from(argv)
+            .expect("parses");
+        let cli = Cli::from_arg_matches(&matches).expect("arguments");
+        match cli.command {
+            Some(Command::Serve(args)) => *args,
+            None => cli.serve,
+            Some(Command::CheckConfig(_)) => panic!("not serve"),
+        }
+    }
+
+    /// Every flag the translation can name exists and takes its value,
+    /// with or without the `serve` subcommand.
+    #[test]
+    fn translated_variables_become_serve_defaults() {
+        let env = [
+            ("REDIS_TYPE", "cluster"),
+            ("REDIS_URL", "a:7000,b:7001"),
+            ("REDIS_POOL_SIZE", "20"),
+            ("GRPC_PORT", "9081"),
+            ("HOST", "127.0.0.1"),
+            ("LOG_FORMAT", "json"),
+            ("SHADOW_MODE", "true"),
+            ("MERGE_DOMAIN_CONFIG", "true"),
+            ("CACHE_KEY_PREFIX", "rl_"),
+            ("NEAR_LIMIT_RATIO", "0.5"),
+            ("LIMIT_RESPONSE_HEADERS_ENABLED", "false"),
+            ("LIMIT_REMAINING_HEADER", "X-Left"),
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "rl"),
+        ];
+        for argv in [&["throttlegate"][..], &["throttlegate", "serve"]] {
+            let args = serve_args(&env, argv);
+            assert_eq!(args.redis_cluster_nodes, ["a:7000", "b:7001"]);
+            assert_eq!(args.redis_url, None);
+            assert_eq!(args.redis_pool_size, 20);
+            assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:9081");
+            assert_eq!(args.http_addr.to_string(), "127.0.0.1:8080");
+            assert_eq!(args.log_format, LogFormat::Json);
+            assert!(args.shadow_mode);
+            assert!(args.config_options.merge_domains);
+            assert_eq!(args.redis_key_prefix, "rl_");
+            assert_eq!(args.near_limit_ratio, NearLimitRatio::new(0.5).unwrap());
+            assert_eq!(args.response_headers, Switch::Off);
+            assert_eq!(args.remaining_header, "X-Left");
+            assert_eq!(args.config, Some(PathBuf::from("/data/rl/config")));
+        }
+    }
+
+    #[test]
+    fn flags_on_the_command_line_win() {
+        let args = serve_args(
+            &[
+                ("REDIS_URL", "r:6379"),
+                ("GRPC_PORT", "9081"),
+                ("REDIS_POOL_SIZE", "20"),
+            ],
+            &[
+                "throttlegate",
+                "--redis-cluster-nodes=a:1",
+                "--grpc-addr",
+                "127.0.0.1:7000",
+            ],
+        );
+        assert_eq!(args.redis_url, None, "REDIS_URL yields to cluster nodes");
+        assert_eq!(args.redis_cluster_nodes, ["a:1"]);
+        assert_eq!(args.grpc_addr.to_string(), "127.0.0.1:7000");
+        assert_eq!(args.redis_pool_size, 20);
+    }
+
+    #[test]
+    fn without_their_variables_our_defaults_stand() {
+        let args = serve_args(&[], &["throttlegate"]);
+        assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
+        assert_eq!(args.redis_key_prefix, "throttlegate");
+        assert!(!args.shadow_mode);
     }
 }

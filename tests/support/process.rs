@@ -20,8 +20,8 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_throttlegate");
 /// How long the binary may take to bind its gRPC port.
 const START_UP: Duration = Duration::from_secs(20);
 
-/// The binary without the variables it reads from the environment, so
-/// that only what a test passes applies.
+/// The binary without the variables it reads from the environment (ours
+/// and envoyproxy/ratelimit's), so that only what a test passes applies.
 pub fn command() -> Command {
     let mut command = Command::new(BIN);
     clear_env(&mut command);
@@ -29,8 +29,12 @@ pub fn command() -> Command {
 }
 
 fn clear_env(command: &mut Command) {
+    use throttlegate::compat::{TRANSLATED, UNSUPPORTED, UNSUPPORTED_PREFIXES};
     for (key, _) in std::env::vars() {
-        if key.starts_with("THROTTLEGATE_") || key == "REDIS_URL" || key == "RUST_LOG" {
+        let envoyproxy = TRANSLATED.contains(&key.as_str())
+            || UNSUPPORTED.contains(&key.as_str())
+            || UNSUPPORTED_PREFIXES.iter().any(|it| key.starts_with(it));
+        if key.starts_with("THROTTLEGATE_") || key == "RUST_LOG" || envoyproxy {
             command.env_remove(key);
         }
     }
@@ -318,4 +322,26 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
         .expect("http response within 10 s")
         .expect("read http response");
     String::from_utf8(response).expect("utf-8 response")
+}
+
+/// The binary with no flags and only `vars` in its environment, as a
+/// deployment configured by environment variables alone starts it; `grpc`
+/// and `http` are where `vars` make it listen.
+pub fn spawn_with_env(vars: &[(&str, &str)], grpc: SocketAddr, http: SocketAddr) -> ServiceProcess {
+    let mut child = Command::new(BIN)
+        .env_clear()
+        .envs(vars.iter().copied())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the binary");
+    let (log, reader) = collect(&mut child);
+    ServiceProcess {
+        child,
+        grpc,
+        http,
+        log,
+        reader: Some(reader),
+        _dir: None,
+    }
 }

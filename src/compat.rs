@@ -1,0 +1,592 @@
+//! envoyproxy/ratelimit's environment variables, for the settings both
+//! services share: translated into `serve` flags that apply only where our
+//! own flags and `THROTTLEGATE_*` variables are absent.
+//!
+//! [`from_envoyproxy_env`] is a pure function of the variables; the binary
+//! installs its answer as flag defaults before parsing, so a flag on the
+//! command line or one of our variables still wins.
+
+use std::collections::HashMap;
+
+/// One translated setting: the long name of a `serve` flag (without the
+/// dashes) and its value. A flag taking a list appears once per value.
+pub type FlagValue = (&'static str, String);
+
+/// envoyproxy/ratelimit variables read by [`from_envoyproxy_env`].
+pub const TRANSLATED: &[&str] = &[
+    "CACHE_KEY_PREFIX",
+    "GRPC_HOST",
+    "GRPC_PORT",
+    "HOST",
+    "LIMIT_LIMIT_HEADER",
+    "LIMIT_REMAINING_HEADER",
+    "LIMIT_RESET_HEADER",
+    "LIMIT_RESPONSE_HEADERS_ENABLED",
+    "LOG_FORMAT",
+    "LOG_LEVEL",
+    "MERGE_DOMAIN_CONFIG",
+    "NEAR_LIMIT_RATIO",
+    "PORT",
+    "REDIS_AUTH",
+    "REDIS_POOL_SIZE",
+    "REDIS_SOCKET_TYPE",
+    "REDIS_TLS",
+    "REDIS_TYPE",
+    "REDIS_URL",
+    "RUNTIME_APPDIRECTORY",
+    "RUNTIME_ROOT",
+    "RUNTIME_SUBDIRECTORY",
+    "SHADOW_MODE",
+];
+
+/// envoyproxy/ratelimit variables with no counterpart here: named in the
+/// start-up warning when set, whatever their value.
+pub const UNSUPPORTED: &[&str] = &[
+    "BACKEND_TYPE",
+    "CONFIG_TYPE",
+    "DEBUG_HOST",
+    "DEBUG_PORT",
+    "DISABLE_STATS",
+    "EXPIRATION_JITTER_MAX_SECONDS",
+    "EXTRA_TAGS",
+    "FORCE_START_WITHOUT_INITIAL_CONFIG",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
+    "GRPC_MAX_CONNECTION_AGE",
+    "GRPC_MAX_CONNECTION_AGE_GRACE",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_SERVER_USE_TLS",
+    "GRPC_UDS",
+    "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+    "LOCAL_CACHE_SIZE_IN_BYTES",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_PATH",
+    "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
+    "REDIS_PIPELINE_LIMIT",
+    "REDIS_PIPELINE_WINDOW",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
+    "RUNTIME_IGNOREDOTFILES",
+    "RUNTIME_WATCH_ROOT",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "STATS_FLUSH_INTERVAL",
+    "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+    "USE_DOG_STATSD",
+    "USE_DOG_STATSD_MOGRIFIERS",
+    "USE_PROMETHEUS",
+    "USE_STATSD",
+];
+
+/// Prefixes of whole families of unsupported variables.
+pub const UNSUPPORTED_PREFIXES: &[&str] = &[
+    "CONFIG_GRPC_XDS_",
+    "MEMCACHE_",
+    "REDIS_PERSECOND",
+    "TRACING_",
+    "XDS_CLIENT_BACKOFF_",
+];
+
+/// Their default runtime root, used when only `RUNTIME_SUBDIRECTORY` is set.
+pub const DEFAULT_RUNTIME_ROOT: &str = "/srv/runtime_data/current";
+
+/// Our variables that say where Redis is: when one is set, theirs are left
+/// alone.
+const OUR_REDIS_TARGETS: &[&str] = &[
+    "THROTTLEGATE_REDIS_CLUSTER_NODES",
+    "THROTTLEGATE_REDIS_SENTINEL_NODES",
+    "THROTTLEGATE_REDIS_SENTINEL_MASTER",
+];
+
+/// The `serve` flags that envoyproxy/ratelimit's variables in `vars` stand
+/// for, and warnings: at most one naming every unsupported variable that
+/// is set, then one per value that could not be used.
+pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, Vec<String>) {
+    let mut flags = Vec::new();
+    let mut problems = Vec::new();
+    let get = |name: &str| {
+        vars.get(name)
+            .map(|it| it.trim())
+            .filter(|it| !it.is_empty())
+    };
+
+    redis(vars, &mut flags, &mut problems);
+    if let Some(size) = get("REDIS_POOL_SIZE") {
+        match size.parse::<u32>() {
+            Ok(size) if size > 0 => flags.push(("redis-pool-size", size.to_string())),
+            _ => problems.push(format!("REDIS_POOL_SIZE={size} is not a positive number")),
+        }
+    }
+    if let Some(addr) = listen_addr(get("GRPC_HOST"), get("GRPC_PORT"), 8081) {
+        flags.push(("grpc-addr", addr));
+    }
+    if let Some(addr) = listen_addr(get("HOST"), get("PORT"), 8080) {
+        flags.push(("http-addr", addr));
+    }
+    if let Some(format) = get("LOG_FORMAT") {
+        match format.to_ascii_lowercase().as_str() {
+            it @ ("json" | "text") => flags.push(("log-format", it.to_owned())),
+            _ => problems.push(format!("LOG_FORMAT={format} is neither json nor text")),
+        }
+    }
+    for (name, flag) in [
+        ("SHADOW_MODE", "shadow-mode"),
+        ("MERGE_DOMAIN_CONFIG", "merge-domains"),
+    ] {
+        if let Some(value) = get(name) {
+            match parse_bool(value) {
+                Some(on) => flags.push((flag, on.to_string())),
+                None => problems.push(format!("{name}={value} is not a boolean")),
+            }
+        }
+    }
+    if let Some(value) = get("LIMIT_RESPONSE_HEADERS_ENABLED") {
+        match parse_bool(value) {
+            Some(on) => flags.push(("response-headers", if on { "on" } else { "off" }.into())),
+            None => problems.push(format!(
+                "LIMIT_RESPONSE_HEADERS_ENABLED={value} is not a boolean"
+            )),
+        }
+    }
+    for (name, flag) in [
+        ("LIMIT_LIMIT_HEADER", "limit-header"),
+        ("LIMIT_REMAINING_HEADER", "remaining-header"),
+        ("LIMIT_RESET_HEADER", "reset-header"),
+        ("CACHE_KEY_PREFIX", "redis-key-prefix"),
+        ("NEAR_LIMIT_RATIO", "near-limit-ratio"),
+    ] {
+        if let Some(value) = get(name) {
+            flags.push((flag, value.to_owned()));
+        }
+    }
+    if get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some() {
+        let mut path =
+            std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
+        if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
+            path.push(sub);
+        }
+        path.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
+        flags.push(("config", path.display().to_string()));
+    }
+
+    let mut unsupported: Vec<&str> = vars
+        .iter()
+        .filter(|(name, value)| is_unsupported(name, value))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    unsupported.sort_unstable();
+    let mut warnings = Vec::new();
+    if !unsupported.is_empty() {
+        warnings.push(format!(
+            "envoyproxy/ratelimit variables not supported, ignored: {}",
+            unsupported.join(", ")
+        ));
+    }
+    warnings.extend(problems);
+    (flags, warnings)
+}
+
+/// `BACKEND_TYPE=redis` and `CONFIG_TYPE=FILE` name what this service does
+/// anyway; any other value, and every other listed variable, is unsupported.
+fn is_unsupported(name: &str, value: &str) -> bool {
+    match name {
+        "BACKEND_TYPE" => !value.trim().eq_ignore_ascii_case("redis"),
+        "CONFIG_TYPE" => !value.trim().eq_ignore_ascii_case("file"),
+        _ => {
+            UNSUPPORTED.contains(&name)
+                || UNSUPPORTED_PREFIXES.iter().any(|it| name.starts_with(it))
+        }
+    }
+}
+
+/// `REDIS_URL` in envoyproxy/ratelimit's forms (`host:port`, a socket
+/// path, a comma list for a cluster, `master,host:port,...` for Sentinel),
+/// with `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_AUTH` and `REDIS_TLS`. A
+/// `REDIS_URL` that is a URL is ours and read as such.
+fn redis(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &mut Vec<String>) {
+    let get = |name: &str| {
+        vars.get(name)
+            .map(|it| it.trim())
+            .filter(|it| !it.is_empty())
+    };
+    let Some(url) = get("REDIS_URL") else { return };
+    if url.contains("://") || OUR_REDIS_TARGETS.iter().any(|it| get(it).is_some()) {
+        return;
+    }
+    let tls = match get("REDIS_TLS").map(|it| (it, parse_bool(it))) {
+        None => false,
+        Some((_, Some(on))) => on,
+        Some((value, None)) => {
+            problems.push(format!("REDIS_TLS={value} is not a boolean"));
+            false
+        }
+    };
+    let scheme = if tls { "rediss" } else { "redis" };
+    let userinfo = get("REDIS_AUTH").map(|auth| match auth.split_once(':') {
+        Some((user, password)) => format!("{}:{}@", encode(user), encode(password)),
+        None => format!(":{}@", encode(auth)),
+    });
+    let userinfo = userinfo.as_deref().unwrap_or("");
+    let list = || url.split(',').map(str::trim).filter(|it| !it.is_empty());
+    match get("REDIS_TYPE").map(str::to_ascii_lowercase).as_deref() {
+        None | Some("single") => {
+            let unix = match get("REDIS_SOCKET_TYPE")
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
+                Some("unix") => true,
+                Some("tcp") => false,
+                None => url.starts_with('/'),
+                Some(other) => {
+                    problems.push(format!("REDIS_SOCKET_TYPE={other} is neither tcp nor unix"));
+                    return;
+                }
+            };
+            let url = if unix {
+                let mut query = Vec::new();
+                if let Some(auth) = get("REDIS_AUTH") {
+                    match auth.split_once(':') {
+                        Some((user, password)) => {
+                            query.push(format!("user={}", encode(user)));
+                            query.push(format!("pass={}", encode(password)));
+                        }
+                        None => query.push(format!("pass={}", encode(auth))),
+                    }
+                }
+                let query = if query.is_empty() {
+                    String::new()
+                } else {
+                    format!("?{}", query.join("&"))
+                };
+                format!("redis+unix://{url}{query}")
+            } else {
+                format!("{scheme}://{userinfo}{url}")
+            };
+            flags.push(("redis-url", url));
+        }
+        Some("cluster") => {
+            for node in list() {
+                let node = if userinfo.is_empty() && !tls {
+                    node.to_owned()
+                } else {
+                    format!("{scheme}://{userinfo}{node}")
+                };
+                flags.push(("redis-cluster-nodes", node));
+            }
+        }
+        Some("sentinel") => {
+            let mut parts = list();
+            let (Some(master), Some(first)) = (parts.next(), parts.next()) else {
+                problems.push(format!(
+                    "REDIS_URL={url} with REDIS_TYPE=sentinel needs master_name,host:port,..."
+                ));
+                return;
+            };
+            flags.push(("redis-sentinel-master", master.to_owned()));
+            for node in std::iter::once(first).chain(parts) {
+                flags.push(("redis-sentinel-nodes", node.to_owned()));
+            }
+            if tls || !userinfo.is_empty() {
+                flags.push(("redis-url", format!("{scheme}://{userinfo}{master}")));
+            }
+        }
+        Some(other) => problems.push(format!(
+            "REDIS_TYPE={other} is not single, cluster or sentinel; REDIS_URL ignored"
+        )),
+    }
+}
+
+/// `host:port` to listen on, from either or both parts (the other one
+/// defaulting like envoyproxy/ratelimit's); an IPv6 host gets brackets.
+fn listen_addr(host: Option<&str>, port: Option<&str>, default_port: u16) -> Option<String> {
+    if host.is_none() && port.is_none() {
+        return None;
+    }
+    let host = host.unwrap_or("0.0.0.0");
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else if host.eq_ignore_ascii_case("localhost") {
+        "127.0.0.1".to_owned()
+    } else {
+        host.to_owned()
+    };
+    let port = port.map_or_else(|| default_port.to_string(), str::to_owned);
+    Some(format!("{host}:{port}"))
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it.
+fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// Percent-encodes everything but RFC 3986's unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// `LOG_LEVEL` (logrus level names, any case) as a `RUST_LOG` filter.
+pub fn log_filter(level: &str) -> Option<&'static str> {
+    Some(match level.trim().to_ascii_lowercase().as_str() {
+        "trace" => "trace",
+        "debug" => "debug",
+        "info" => "info",
+        "warn" | "warning" => "warn",
+        "error" | "fatal" | "panic" => "error",
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn translate(pairs: &[(&str, &str)]) -> (Vec<FlagValue>, Vec<String>) {
+        let vars = pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        from_envoyproxy_env(&vars)
+    }
+
+    fn flags(pairs: &[(&str, &str)]) -> Vec<(&'static str, String)> {
+        let (flags, warnings) = translate(pairs);
+        assert!(warnings.is_empty(), "{warnings:?}");
+        flags
+    }
+
+    fn one(flag: &'static str, value: &str) -> Vec<FlagValue> {
+        vec![(flag, value.to_owned())]
+    }
+
+    #[test]
+    fn nothing_set_translates_to_nothing() {
+        assert_eq!(translate(&[]), (vec![], vec![]));
+    }
+
+    #[test]
+    fn tcp_host_port_becomes_a_redis_url() {
+        assert_eq!(
+            flags(&[("REDIS_SOCKET_TYPE", "tcp"), ("REDIS_URL", "redis:6379")]),
+            one("redis-url", "redis://redis:6379")
+        );
+    }
+
+    #[test]
+    fn auth_and_tls_go_into_the_url() {
+        assert_eq!(
+            flags(&[
+                ("REDIS_SOCKET_TYPE", "tcp"),
+                ("REDIS_URL", "redis:6379"),
+                ("REDIS_AUTH", "p@ss/word"),
+                ("REDIS_TLS", "true"),
+            ]),
+            one("redis-url", "rediss://:p%40ss%2Fword@redis:6379")
+        );
+        assert_eq!(
+            flags(&[("REDIS_URL", "redis:6379"), ("REDIS_AUTH", "user:secret")]),
+            one("redis-url", "redis://user:secret@redis:6379")
+        );
+    }
+
+    #[test]
+    fn a_unix_socket_path_becomes_a_redis_unix_url() {
+        assert_eq!(
+            flags(&[("REDIS_SOCKET_TYPE", "unix"), ("REDIS_URL", "/run/r.sock")]),
+            one("redis-url", "redis+unix:///run/r.sock")
+        );
+        assert_eq!(
+            flags(&[("REDIS_URL", "/run/r.sock"), ("REDIS_AUTH", "s")]),
+            one("redis-url", "redis+unix:///run/r.sock?pass=s")
+        );
+    }
+
+    #[test]
+    fn a_url_in_redis_url_is_left_to_our_flag() {
+        assert_eq!(
+            flags(&[("REDIS_URL", "redis://r:6379"), ("REDIS_AUTH", "x")]),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn our_cluster_or_sentinel_variables_leave_redis_url_alone() {
+        assert_eq!(
+            flags(&[
+                ("REDIS_URL", "r:6379"),
+                ("THROTTLEGATE_REDIS_CLUSTER_NODES", "a:1"),
+            ]),
+            vec![]
+        );
+    }
+
+    #[test]
+    fn cluster_lists_its_nodes() {
+        assert_eq!(
+            flags(&[("REDIS_TYPE", "CLUSTER"), ("REDIS_URL", "a:7000, b:7001")]),
+            vec![
+                ("redis-cluster-nodes", "a:7000".to_owned()),
+                ("redis-cluster-nodes", "b:7001".to_owned()),
+            ]
+        );
+        assert_eq!(
+            flags(&[
+                ("REDIS_TYPE", "cluster"),
+                ("REDIS_URL", "a:7000"),
+                ("REDIS_AUTH", "pw"),
+            ]),
+            one("redis-cluster-nodes", "redis://:pw@a:7000")
+        );
+    }
+
+    #[test]
+    fn sentinel_splits_master_from_nodes() {
+        assert_eq!(
+            flags(&[
+                ("REDIS_TYPE", "sentinel"),
+                ("REDIS_URL", "mymaster,s1:26379,s2:26379"),
+                ("REDIS_AUTH", "pw"),
+            ]),
+            vec![
+                ("redis-sentinel-master", "mymaster".to_owned()),
+                ("redis-sentinel-nodes", "s1:26379".to_owned()),
+                ("redis-sentinel-nodes", "s2:26379".to_owned()),
+                ("redis-url", "redis://:pw@mymaster".to_owned()),
+            ]
+        );
+        let (flags, warnings) = translate(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m")]);
+        assert!(flags.is_empty());
+        assert!(
+            warnings[0].contains("master_name,host:port"),
+            "{warnings:?}"
+        );
+    }
+
+    #[test]
+    fn listen_addresses_default_the_missing_part() {
+        assert_eq!(
+            flags(&[
+                ("GRPC_PORT", "9081"),
+                ("HOST", "127.0.0.1"),
+                ("PORT", "9080")
+            ]),
+            vec![
+                ("grpc-addr", "0.0.0.0:9081".to_owned()),
+                ("http-addr", "127.0.0.1:9080".to_owned()),
+            ]
+        );
+        assert_eq!(
+            flags(&[("GRPC_HOST", "::1")]),
+            one("grpc-addr", "[::1]:8081")
+        );
+    }
+
+    #[test]
+    fn runtime_directories_make_the_config_path() {
+        assert_eq!(
+            flags(&[
+                ("RUNTIME_ROOT", "/data"),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit")
+            ]),
+            one("config", "/data/ratelimit/config")
+        );
+        assert_eq!(
+            flags(&[
+                ("RUNTIME_SUBDIRECTORY", "rl"),
+                ("RUNTIME_APPDIRECTORY", "rules"),
+            ]),
+            one("config", "/srv/runtime_data/current/rl/rules")
+        );
+    }
+
+    #[test]
+    fn switches_and_values_carry_over() {
+        assert_eq!(
+            flags(&[
+                ("SHADOW_MODE", "True"),
+                ("LIMIT_RESPONSE_HEADERS_ENABLED", "false"),
+                ("LOG_FORMAT", "JSON"),
+                ("CACHE_KEY_PREFIX", "rl_"),
+                ("NEAR_LIMIT_RATIO", "0.9"),
+                ("REDIS_POOL_SIZE", "20"),
+            ])
+            .into_iter()
+            .collect::<std::collections::BTreeSet<_>>(),
+            [
+                ("shadow-mode", "true"),
+                ("response-headers", "off"),
+                ("log-format", "json"),
+                ("redis-key-prefix", "rl_"),
+                ("near-limit-ratio", "0.9"),
+                ("redis-pool-size", "20"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k, v.to_owned()))
+            .collect()
+        );
+    }
+
+    #[test]
+    fn unsupported_variables_are_named_in_one_warning() {
+        let (flags, warnings) = translate(&[
+            ("USE_STATSD", "false"),
+            ("STATSD_HOST", "statsd"),
+            ("REDIS_PERSECOND_URL", "x:1"),
+            ("MEMCACHE_HOST_PORT", "m:11211"),
+            ("BACKEND_TYPE", "memcache"),
+            ("PATH", "/usr/bin"),
+        ]);
+        assert!(flags.is_empty());
+        assert_eq!(
+            warnings,
+            vec![
+                "envoyproxy/ratelimit variables not supported, ignored: BACKEND_TYPE, \
+                 MEMCACHE_HOST_PORT, REDIS_PERSECOND_URL, STATSD_HOST, USE_STATSD"
+                    .to_owned()
+            ]
+        );
+    }
+
+    #[test]
+    fn what_we_do_anyway_is_not_warned_about() {
+        assert_eq!(
+            translate(&[("BACKEND_TYPE", "redis"), ("CONFIG_TYPE", "FILE")]),
+            (vec![], vec![])
+        );
+    }
+
+    #[test]
+    fn values_that_cannot_be_used_are_warned_about() {
+        let (flags, warnings) = translate(&[
+            ("REDIS_TYPE", "ring"),
+            ("REDIS_URL", "r:1"),
+            ("LOG_FORMAT", "xml"),
+            ("SHADOW_MODE", "yes"),
+        ]);
+        assert!(flags.is_empty());
+        assert_eq!(warnings.len(), 3, "{warnings:?}");
+    }
+
+    #[test]
+    fn log_levels_map_to_filters() {
+        assert_eq!(log_filter("DEBUG"), Some("debug"));
+        assert_eq!(log_filter("warning"), Some("warn"));
+        assert_eq!(log_filter("fatal"), Some("error"));
+        assert_eq!(log_filter("loud"), None);
+    }
+}
