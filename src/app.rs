@@ -79,6 +79,8 @@ pub struct Settings {
     pub limits: Limits,
     /// JSON log lines instead of text.
     pub json_logs: bool,
+    /// The log filter when `RUST_LOG` is not set (`info` without one).
+    pub log_filter: Option<String>,
 }
 
 /// The Redis flags; without a URL the in-memory backend is used.
@@ -121,7 +123,7 @@ enum Aborted {
 /// Sets up logging and the runtime, serves until a stop signal, and
 /// returns the process's exit code.
 pub fn run(settings: Settings) -> ExitCode {
-    init_logging(settings.json_logs);
+    init_logging(settings.json_logs, settings.log_filter.as_deref());
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -139,8 +141,9 @@ pub fn run(settings: Settings) -> ExitCode {
     code
 }
 
-fn init_logging(json: bool) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+fn init_logging(json: bool, default_filter: Option<&str>) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(default_filter.unwrap_or("info")));
     // Colour only on a terminal: a log file or journald gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -336,20 +336,21 @@ fn main() -> ExitCode {
         .collect();
     let args: Vec<OsString> = std::env::args_os().collect();
     let (flags, mut warnings) = compat_flags(&vars, &args);
-    if let Some(warning) = apply_log_level(&vars, &args) {
+    let log_filter = log_level_filter(&vars).unwrap_or_else(|warning| {
         warnings.push(warning);
-    }
+        None
+    });
     let takes_redis_url = vars.get("REDIS_URL").is_some_and(|it| !it.contains("://"));
     let matches = with_defaults(Cli::command(), &flags, takes_redis_url).get_matches_from(args);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
     match cli.command {
         Some(Command::CheckConfig(args)) => check_config(&args),
-        Some(Command::Serve(args)) => serve(*args, &warnings),
-        None => serve(cli.serve, &warnings),
+        Some(Command::Serve(args)) => serve(*args, log_filter, &warnings),
+        None => serve(cli.serve, log_filter, &warnings),
     }
 }
 
-fn serve(args: ServeArgs, warnings: &[String]) -> ExitCode {
+fn serve(args: ServeArgs, log_filter: Option<String>, warnings: &[String]) -> ExitCode {
     for warning in warnings {
         if args.log_format == LogFormat::Json {
             let line = serde_json::json!({
@@ -362,7 +363,9 @@ fn serve(args: ServeArgs, warnings: &[String]) -> ExitCode {
             eprintln!("warning: {warning}");
         }
     }
-    app::run(settings(args))
+    let mut settings = settings(args);
+    settings.log_filter = log_filter;
+    app::run(settings)
 }
 
 /// Flags whose presence on the command line says where Redis is: then
@@ -399,33 +402,21 @@ fn compat_flags(
     (flags, warnings)
 }
 
-/// envoyproxy/ratelimit's `LOG_LEVEL` as the `RUST_LOG` default: without
-/// `RUST_LOG`, the process runs itself again with it set (same process id,
-/// same arguments). A warning when the level is unknown or that fails.
-fn apply_log_level(vars: &HashMap<String, String>, args: &[OsString]) -> Option<String> {
-    use std::os::unix::process::CommandExt;
-    let level = vars.get("LOG_LEVEL")?;
+/// envoyproxy/ratelimit's `LOG_LEVEL` as the log filter used when
+/// `RUST_LOG` is not set, or a warning when the level is unknown.
+fn log_level_filter(vars: &HashMap<String, String>) -> Result<Option<String>, String> {
+    let Some(level) = vars.get("LOG_LEVEL") else {
+        return Ok(None);
+    };
     if vars.contains_key("RUST_LOG") {
-        return None;
+        return Ok(None);
     }
-    let Some(filter) = compat::log_filter(level) else {
-        return Some(format!(
+    match compat::log_filter(level) {
+        Some(filter) => Ok(Some(filter.to_owned())),
+        None => Err(format!(
             "LOG_LEVEL={level} is not a log level; RUST_LOG applies"
-        ));
-    };
-    let exe = match std::env::current_exe() {
-        Ok(it) => it,
-        Err(err) => return Some(format!("LOG_LEVEL not applied: {err}")),
-    };
-    let mut command = std::process::Command::new(exe);
-    if let Some(arg0) = args.first() {
-        command.arg0(arg0);
+        )),
     }
-    let err = command
-        .args(args.iter().skip(1))
-        .env("RUST_LOG", filter)
-        .exec();
-    Some(format!("LOG_LEVEL not applied: {err}"))
 }
 
 /// `command` with `flags` as the defaults of its `serve` flags (both at the
@@ -542,6 +533,7 @@ fn settings(args: ServeArgs) -> Settings {
         shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
         limits: limits(&args.limits),
         json_logs: args.log_format == LogFormat::Json,
+        log_filter: None,
     }
 }
 
