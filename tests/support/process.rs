@@ -115,13 +115,27 @@ impl Serve {
         if let Some(filter) = &self.rust_log {
             command.env("RUST_LOG", filter);
         }
-        let mut child = command
+        command
             .arg("serve")
             .arg("--config")
             .arg(&self.config)
             .args(["--grpc-addr", &grpc.to_string()])
             .args(["--http-addr", &http.to_string()])
-            .args(&self.args)
+            .args(&self.args);
+        ServiceProcess::start(command, grpc, http, self.dir)
+    }
+}
+
+impl ServiceProcess {
+    /// Runs `command` with its stderr collected; `grpc` and `http` are
+    /// where it listens, `dir` what it reads that must live as long.
+    fn start(
+        mut command: Command,
+        grpc: SocketAddr,
+        http: SocketAddr,
+        dir: Option<tempfile::TempDir>,
+    ) -> ServiceProcess {
+        let mut child = command
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -133,7 +147,7 @@ impl Serve {
             http,
             log,
             reader: Some(reader),
-            _dir: self.dir,
+            _dir: dir,
         }
     }
 }
@@ -328,20 +342,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
 /// deployment configured by environment variables alone starts it; `grpc`
 /// and `http` are where `vars` make it listen.
 pub fn spawn_with_env(vars: &[(&str, &str)], grpc: SocketAddr, http: SocketAddr) -> ServiceProcess {
-    let mut child = Command::new(BIN)
-        .env_clear()
-        .envs(vars.iter().copied())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn the binary");
-    let (log, reader) = collect(&mut child);
-    ServiceProcess {
-        child,
-        grpc,
-        http,
-        log,
-        reader: Some(reader),
-        _dir: None,
-    }
+    let mut command = Command::new(BIN);
+    command.env_clear().envs(vars.iter().copied());
+    ServiceProcess::start(command, grpc, http, None)
 }
