@@ -85,11 +85,15 @@ async fn keys_in_different_slots_are_refused_whole() {
 
 // === the cluster backend on a 3-primary cluster ===
 
-/// Settings for a backend on `cluster`: pool of 4, 5 s timeout, prefix `tg`.
+/// The pool size of [`cluster_settings`].
+const POOL: usize = 4;
+
+/// Settings for a backend on `cluster`: pool of [`POOL`], 5 s timeout,
+/// prefix `tg`.
 fn cluster_settings(cluster: &Cluster, hash_tag: HashTag) -> ClusterSettings {
     ClusterSettings {
         nodes: cluster.seeds(),
-        pool_size: 4,
+        pool_size: POOL as u32,
         timeout_ms: 5_000,
         keys: KeyFormat::new("tg", hash_tag),
         clock: ClockSource::Redis,
@@ -983,18 +987,24 @@ async fn shortfall_row(
 // === descriptors ===
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_backend_holds_one_socket_per_pooled_connection_and_primary() {
+async fn a_cluster_backend_holds_at_most_its_pool_on_each_node() {
     let cluster = Cluster::start(3, 1).await;
     let backend = cluster_backend(&cluster, HashTag::None);
-    // 64 tasks over counters on every primary use all 4 pooled
-    // connections on every primary; the probe reuses them.
+    // 64 tasks over counters on every primary use the pooled connections
+    // on every primary; the probe reuses them.
     hammer(vec![backend.clone()], spread_checks(12), 640).await;
     backend.probe().await.expect("healthy");
     let primaries = cluster.current_primaries().await;
     assert_eq!(primaries.len(), 3);
-    let expected: Vec<usize> = (0..6)
-        .map(|idx| if primaries.contains(&idx) { 4 } else { 0 })
-        .collect();
+    let seeds = cluster.seeds().len();
+    // What the descriptor reserve counts: the pool once per seed node. The
+    // client may also open connections to replicas (topology discovery),
+    // never more than the pool on any node.
+    let within_the_reserve = |clients: &[usize]| {
+        clients.iter().all(|&it| it <= POOL)
+            && clients.iter().sum::<usize>() <= POOL * seeds
+            && primaries.iter().all(|&idx| clients[idx] >= 1)
+    };
     // The test's own dropped connections close when their driver tasks
     // next run, which on a loaded machine may take a moment.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -1003,12 +1013,13 @@ async fn a_cluster_backend_holds_one_socket_per_pooled_connection_and_primary() 
         for idx in 0..6 {
             clients.push(cluster.clients_of(idx).await);
         }
-        if clients == expected {
+        if within_the_reserve(&clients) {
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "clients per node {clients:?}, expected {expected:?}"
+            "clients per node {clients:?}: over {POOL} on a node, over {POOL} x {seeds} seeds \
+             in all, or a primary {primaries:?} unused"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
