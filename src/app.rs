@@ -208,6 +208,9 @@ async fn start(
         settings.max_metric_values_per_rule,
     ));
     // Right after the load: the reloader records the files as loaded.
+    if settings.config.is_some() {
+        metrics.record_config_loaded(status.loaded_at());
+    }
     let reloader = reloader(&settings, &rules, &metrics, &status);
     let reloads = reload_triggers(reloader.as_ref(), settings.watch_config, hangups);
     let options = limiter_options(&settings)?;

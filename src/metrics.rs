@@ -17,7 +17,7 @@ use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, NoLabelSet};
@@ -309,6 +309,7 @@ pub struct Metrics {
     backend_errors: Family<BackendErrorLabels, Counter>,
     in_flight: Gauge<i64, AtomicI64>,
     reloads: Family<ReloadLabels, Counter>,
+    config_loaded_at: Gauge<i64, AtomicI64>,
     stored_counters: Gauge<i64, AtomicI64>,
     open_connections: Family<ListenerLabels, Gauge>,
     accept_errors: Family<AcceptErrorLabels, Counter>,
@@ -431,6 +432,12 @@ impl Metrics {
         for result in ["ok", "error"] {
             reloads.get_or_create_owned(&ReloadLabels { result });
         }
+        let config_loaded_at = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "config_last_success_timestamp_seconds",
+            "When the config last loaded without error (start-up or reload), in seconds since the epoch; 0 before",
+            config_loaded_at.clone(),
+        );
         let open_connections = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "open_connections",
@@ -453,6 +460,7 @@ impl Metrics {
             backend_errors,
             in_flight,
             reloads,
+            config_loaded_at,
             stored_counters: Gauge::default(),
             open_connections,
             accept_errors,
@@ -603,10 +611,21 @@ impl Metrics {
         }
     }
 
-    /// Counts one configuration reload, successful or refused.
+    /// Counts one configuration reload, successful or refused; a
+    /// successful one is also the config's last good load.
     pub fn record_reload(&self, ok: bool) {
         let result = if ok { "ok" } else { "error" };
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
+        if ok {
+            self.record_config_loaded(SystemTime::now());
+        }
+    }
+
+    /// The config loaded without error at `at` (at start-up, or a reload).
+    pub fn record_config_loaded(&self, at: SystemTime) {
+        let seconds = at.duration_since(UNIX_EPOCH).map_or(0, |it| it.as_secs());
+        self.config_loaded_at
+            .set(i64::try_from(seconds).unwrap_or(i64::MAX));
     }
 
     /// Exposes `throttlegate_memory_counters`, read from `source` at each
@@ -655,7 +674,7 @@ fn latency_histogram() -> Histogram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::metrics_text::assert_samples;
+    use crate::testing::metrics_text::{assert_samples, sample};
 
     #[test]
     fn outcome_slots_follow_all() {
@@ -673,9 +692,31 @@ mod tests {
             &[("throttlegate_config_reloads_total{result=\"ok\"}", 0.0)],
         );
         assert!(!text.contains("throttlegate_memory_counters"), "{text}");
+        assert_samples(
+            &text,
+            &[("throttlegate_config_last_success_timestamp_seconds", 0.0)],
+        );
+        let before = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
         metrics.record_reload(true);
         metrics.record_reload(false);
         metrics.record_reload(false);
+        let loaded_at = sample(
+            &metrics.encode(),
+            "throttlegate_config_last_success_timestamp_seconds",
+        )
+        .expect("the gauge");
+        assert!(loaded_at >= before as f64, "{loaded_at} < {before}");
+        metrics.record_config_loaded(UNIX_EPOCH + std::time::Duration::from_secs(1_796_310_000));
+        assert_samples(
+            &metrics.encode(),
+            &[(
+                "throttlegate_config_last_success_timestamp_seconds",
+                1_796_310_000.0,
+            )],
+        );
         let stored = Arc::new(std::sync::atomic::AtomicU64::new(7));
         let source = stored.clone();
         metrics.observe_stored_counters(move || source.load(std::sync::atomic::Ordering::Relaxed));

@@ -340,6 +340,12 @@ async fn rlconfig_names_the_source_the_load_time_and_a_refused_reload() {
     let (_dir, path) = blocked_file();
     let mut server = ServiceProcess::spawn(&path, &["--watch-config", "off"]);
     let mut client = server.client().await;
+    const LAST_GOOD: &str = "throttlegate_config_last_success_timestamp_seconds";
+    let started = server.metric(LAST_GOOD).await;
+    assert!(
+        started > 1.7e9,
+        "the start-up load is the first good one: {started}"
+    );
     let shown = http_get(server.http, "/rlconfig").await;
     assert!(
         shown.contains(&format!("\r\n\r\nsource: {}\nloaded: ", path.display())),
@@ -367,8 +373,17 @@ async fn rlconfig_names_the_source_the_load_time_and_a_refused_reload() {
         Code::OverLimit,
         "the last good rules"
     );
+    assert_eq!(
+        server.metric(LAST_GOOD).await,
+        started,
+        "a refused load is not good"
+    );
 
     // A good reload clears it.
+    let before_reload = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as f64;
     std::fs::write(&path, OPEN).unwrap();
     server.signal("HUP");
     wait_for(&mut client, Code::Ok, Instant::now()).await;
@@ -377,5 +392,10 @@ async fn rlconfig_names_the_source_the_load_time_and_a_refused_reload() {
     assert!(
         shown.contains("  user  1000/minute sliding_window_log\n"),
         "{shown}"
+    );
+    let reloaded = server.metric(LAST_GOOD).await;
+    assert!(
+        reloaded >= before_reload,
+        "the good reload: {reloaded} < {before_reload}"
     );
 }
