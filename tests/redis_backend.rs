@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use support::keys::{check_on, check_with_burst, counter_key};
 use support::redis::{
-    RedisServer, backend, backend_with, command_stat, command_stats, reset_stats, settings,
+    RedisServer, backend, backend_with, command_stat, command_stats, hammer, reset_stats, settings,
 };
 use support::service::T0;
 use throttlegate::algorithms::Algorithm::{FixedWindow, Gcra, SlidingWindowLog, TokenBucket};
@@ -36,35 +36,6 @@ async fn allowed(backend: &dyn Backend, checks: &[KeyedCheck]) -> bool {
 async fn dbsize(server: &RedisServer) -> u64 {
     let mut conn = server.connection().await;
     redis::cmd("DBSIZE").query_async(&mut conn).await.unwrap()
-}
-
-/// 64 tasks hammer one key through `backends` (round robin); returns how
-/// many of `requests` were allowed.
-async fn hammer(
-    backends: Vec<Arc<RedisBackend>>,
-    checks: Vec<KeyedCheck>,
-    requests: usize,
-) -> usize {
-    let checks = Arc::new(checks);
-    let mut tasks = Vec::new();
-    for task in 0..64 {
-        let backend = backends[task % backends.len()].clone();
-        let checks = checks.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut allowed = 0;
-            for _ in 0..requests / 64 {
-                if backend.decide(&checks).await.expect("decide").allowed {
-                    allowed += 1;
-                }
-            }
-            allowed
-        }));
-    }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await.expect("task");
-    }
-    total
 }
 
 /// A limit of 50 that cannot refill while the test runs.

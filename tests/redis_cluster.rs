@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use support::cluster::Cluster;
 use support::keys::{check, check_on, counter_key};
 use support::process::{Serve, command};
-use support::redis::{RedisServer, backend, backend_with};
+use support::redis::{RedisServer, backend, backend_with, hammer};
 use support::request::{descriptor, request};
 use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog, TokenBucket};
 use throttlegate::backends::keys::{HashTag, KeyFormat};
@@ -103,35 +103,6 @@ fn cluster_settings(cluster: &Cluster, hash_tag: HashTag) -> ClusterSettings {
 
 fn cluster_backend(cluster: &Cluster, hash_tag: HashTag) -> Arc<ClusterBackend> {
     Arc::new(ClusterBackend::connect(cluster_settings(cluster, hash_tag)).expect("settings"))
-}
-
-/// 64 tasks send `requests` requests of `checks` through `backends`
-/// (round robin); returns how many were allowed.
-async fn hammer(
-    backends: Vec<Arc<ClusterBackend>>,
-    checks: Vec<KeyedCheck>,
-    requests: usize,
-) -> usize {
-    let checks = Arc::new(checks);
-    let mut tasks = Vec::new();
-    for task in 0..64 {
-        let backend = backends[task % backends.len()].clone();
-        let checks = checks.clone();
-        tasks.push(tokio::spawn(async move {
-            let mut allowed = 0;
-            for _ in 0..requests / 64 {
-                if backend.decide(&checks).await.expect("decide").allowed {
-                    allowed += 1;
-                }
-            }
-            allowed
-        }));
-    }
-    let mut total = 0;
-    for task in tasks {
-        total += task.await.expect("task");
-    }
-    total
 }
 
 /// A limit of 50 that cannot refill while the test runs.

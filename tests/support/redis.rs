@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use throttlegate::backends::Backend;
 use throttlegate::backends::redis::{ClockSource, DECIDE_LUA, RedisBackend, RedisSettings};
+use throttlegate::backends::{Backend, KeyedCheck};
 
 use super::service::{TestService, default_options, start_with_config};
 
@@ -398,4 +398,33 @@ pub fn command_stat(stats: &str, command: &str, field: &str) -> Option<f64> {
         .find_map(|it| it.strip_prefix(&field))?
         .parse()
         .ok()
+}
+
+/// 64 tasks send `requests` requests of `checks` through `backends`
+/// (round robin); returns how many were allowed.
+pub async fn hammer<B: Backend + 'static>(
+    backends: Vec<Arc<B>>,
+    checks: Vec<KeyedCheck>,
+    requests: usize,
+) -> usize {
+    let checks = Arc::new(checks);
+    let mut tasks = Vec::new();
+    for task in 0..64 {
+        let backend = backends[task % backends.len()].clone();
+        let checks = checks.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut allowed = 0;
+            for _ in 0..requests / 64 {
+                if backend.decide(&checks).await.expect("decide").allowed {
+                    allowed += 1;
+                }
+            }
+            allowed
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.expect("task");
+    }
+    total
 }
