@@ -301,6 +301,22 @@ fn serve_refuses_a_url_and_cluster_nodes_together() {
 // === resharding and failover ===
 
 /// The slot Redis puts `key` in (CLUSTER KEYSLOT).
+/// A backend on `cluster` whose calls time out after 300 ms.
+fn impatient_backend(cluster: &Cluster) -> ClusterBackend {
+    ClusterBackend::connect(ClusterSettings {
+        timeout_ms: 300,
+        ..cluster_settings(cluster, HashTag::None)
+    })
+    .unwrap()
+}
+
+/// The node serving `check`'s counter.
+async fn primary_of(cluster: &Cluster, backend: &ClusterBackend, check: &KeyedCheck) -> usize {
+    cluster
+        .owner_of(slot_of(cluster, &backend.key_of(&check.key)).await)
+        .await
+}
+
 async fn slot_of(cluster: &Cluster, key: &str) -> u16 {
     let mut conn = cluster.any_connection().await;
     redis::cmd("CLUSTER")
@@ -589,17 +605,11 @@ async fn concurrent_requests_over_three_primaries_never_exceed_a_limit() {
 #[tokio::test]
 async fn a_slot_that_times_out_fails_the_request_and_the_others_are_refunded() {
     let cluster = Cluster::start(3, 0).await;
-    let backend = ClusterBackend::connect(ClusterSettings {
-        timeout_ms: 300,
-        ..cluster_settings(&cluster, HashTag::None)
-    })
-    .unwrap();
+    let backend = impatient_backend(&cluster);
     let checks = on_different_primaries(&cluster, &backend, SlidingWindowLog, "f", &[5, 5]).await;
     let (alive, stuck) = (&checks[0], &checks[1]);
     assert!(backend.decide(&checks).await.unwrap().allowed);
-    let stuck_node = cluster
-        .owner_of(slot_of(&cluster, &backend.key_of(&stuck.key)).await)
-        .await;
+    let stuck_node = primary_of(&cluster, &backend, stuck).await;
     // Paused for less than the cluster's node timeout: the rest of the
     // cluster stays ok while the stuck slot never answers.
     cluster.node(stuck_node).pause();
@@ -621,17 +631,11 @@ async fn a_slot_that_times_out_fails_the_request_and_the_others_are_refunded() {
 #[tokio::test]
 async fn a_timed_out_call_is_never_sent_again() {
     let cluster = Cluster::start(3, 0).await;
-    let backend = ClusterBackend::connect(ClusterSettings {
-        timeout_ms: 300,
-        ..cluster_settings(&cluster, HashTag::None)
-    })
-    .unwrap();
+    let backend = impatient_backend(&cluster);
     let check = check_on(SlidingWindowLog, 3_600, &[("user", "slow")], 10, 1);
     let one = std::slice::from_ref(&check);
     assert!(backend.decide(one).await.unwrap().allowed);
-    let owner = cluster
-        .owner_of(slot_of(&cluster, &backend.key_of(&check.key)).await)
-        .await;
+    let owner = primary_of(&cluster, &backend, &check).await;
     cluster.node(owner).pause();
     let started = Instant::now();
     let err = backend
