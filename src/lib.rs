@@ -10,6 +10,8 @@
 //! - `backends`: where counters live (memory, Redis through a Lua script);
 //! - `algorithms`: the rate-limit math, pure integer functions of time;
 //! - `config`: YAML files to a validated `rules::RuleSet`, and hot reload;
+//! - `simulate`: `throttlegate simulate`, a traffic pattern replayed
+//!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
 //! - `log_gate`: rate-limited log lines;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
@@ -27,6 +29,7 @@ pub mod log_gate;
 pub mod metrics;
 pub mod proto;
 pub mod rules;
+pub mod simulate;
 pub mod transport;
 
 #[cfg(test)]
@@ -90,6 +93,18 @@ mod tests {
             ("algorithms", &[]),
             ("clock", &[]),
             ("compat", &[]),
+            (
+                "simulate",
+                &[
+                    "config",
+                    "rules",
+                    "algorithms",
+                    "decision",
+                    "backends",
+                    "metrics",
+                    "clock",
+                ],
+            ),
             ("log_gate", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");

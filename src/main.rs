@@ -22,6 +22,7 @@ use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::decision::{FailureMode, HeaderNames, NearLimitRatio};
+use throttlegate::simulate;
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
 
@@ -47,6 +48,42 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Load and validate a config file or directory, print a summary.
     CheckConfig(CheckConfigArgs),
+    /// Replay a traffic pattern through one rule with each algorithm (on the
+    /// memory backend and a simulated clock); print the counts, draw an SVG.
+    Simulate(SimulateArgs),
+}
+
+#[derive(Debug, Args)]
+struct SimulateArgs {
+    /// A YAML file, or a directory of `*.yaml`/`*.yml` files.
+    #[arg(long)]
+    config: PathBuf,
+    #[command(flatten)]
+    config_options: ConfigArgs,
+    /// The request's domain.
+    #[arg(long)]
+    domain: String,
+    /// One entry of the request's descriptor, `key=value`; repeat for
+    /// nested entries, outermost first.
+    #[arg(long = "descriptor", value_name = "KEY=VALUE", required = true)]
+    descriptors: Vec<String>,
+    /// burst: 2x the limit at once at the start, then 2x just before and 2x
+    /// just after the window boundary nearest the middle of the run.
+    /// steady: 1.5x the limit, evenly spaced. ramp: a rate rising from 0 to
+    /// 3x the limit over the run. trace FILE: one request per line, `<offset
+    /// ms> [cost]`. Scaled to the rule's first limit.
+    #[arg(long, num_args = 1..=2, value_names = ["NAME", "FILE"], default_value = "burst")]
+    pattern: Vec<String>,
+    /// Length of the run in seconds [default: four windows; a trace: up to
+    /// its last request, rounded up to a window].
+    #[arg(long, value_name = "SECONDS")]
+    duration: Option<String>,
+    /// Only the rule's own algorithm, instead of one lane per algorithm.
+    #[arg(long)]
+    only_configured: bool,
+    /// Where to write the picture (SVG), one lane per algorithm.
+    #[arg(long, value_name = "OUT")]
+    svg: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -345,6 +382,7 @@ fn main() -> ExitCode {
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
     match cli.command {
         Some(Command::CheckConfig(args)) => check_config(&args),
+        Some(Command::Simulate(args)) => simulate(args),
         Some(Command::Serve(args)) => serve(*args, log_filter, &warnings),
         None => serve(cli.serve, log_filter, &warnings),
     }
@@ -485,6 +523,37 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
     }
 }
 
+/// `simulate`: the summary on stdout, the picture in `--svg`; exit code 2
+/// when nothing could be simulated.
+fn simulate(args: SimulateArgs) -> ExitCode {
+    let options = simulate::Options {
+        load: load_options(&args.config_options),
+        config: args.config,
+        domain: args.domain,
+        descriptor: args.descriptors,
+        pattern: args.pattern,
+        duration: args.duration,
+        only_configured: args.only_configured,
+    };
+    let written = simulate::run(&options).and_then(|report| {
+        for warning in &report.warnings {
+            eprintln!("warning: {warning}");
+        }
+        if let Some(path) = &args.svg {
+            simulate::write_svg(&report, path)?;
+        }
+        print!("{report}");
+        Ok(())
+    });
+    match written {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::from(2)
+        }
+    }
+}
+
 /// The flags as [`app::run`] takes them.
 fn settings(args: ServeArgs) -> Settings {
     let response_headers = (args.response_headers == Switch::On).then_some(HeaderNames {
@@ -582,7 +651,7 @@ mod tests {
         match cli.command {
             Some(Command::Serve(args)) => *args,
             None => cli.serve,
-            Some(Command::CheckConfig(_)) => panic!("not serve"),
+            Some(Command::CheckConfig(_) | Command::Simulate(_)) => panic!("not serve"),
         }
     }
 
