@@ -68,18 +68,10 @@ fn title(report: &Report) -> String {
 }
 
 fn legend(out: &mut String) {
-    let y = 58.0;
+    let (top, bottom) = (48.0, 58.0);
     let _ = writeln!(
         out,
-        r#"<g class="legend"><path d="M10 {} V{}" stroke="{ALLOWED}" stroke-width="2"/><text x="16" y="{y}">allowed</text><path d="M80 {} V{}" stroke="{DENIED}" stroke-width="2"/><text x="86" y="{y}">denied</text><path d="M146 {} H166" stroke="{QUOTA}" stroke-width="1.5"/><text x="170" y="{y}">remaining quota (0 to capacity)</text><path d="M370 {} V{}" stroke="{}" stroke-dasharray="2,3"/><text x="376" y="{y}">window boundary</text></g>"#,
-        y - 10.0,
-        y,
-        y - 10.0,
-        y,
-        y - 4.0,
-        y - 10.0,
-        y,
-        "#999999"
+        r##"<g class="legend"><path d="M10 {top} V{bottom}" stroke="{ALLOWED}" stroke-width="2"/><text x="16" y="{bottom}">allowed</text><path d="M80 {top} V{bottom}" stroke="{DENIED}" stroke-width="2"/><text x="86" y="{bottom}">denied</text><path d="M146 54 H166" stroke="{QUOTA}" stroke-width="1.5"/><text x="170" y="{bottom}">remaining quota (0 to capacity)</text><path d="M370 {top} V{bottom}" stroke="#999999" stroke-dasharray="2,3"/><text x="376" y="{bottom}">window boundary</text></g>"##
     );
 }
 

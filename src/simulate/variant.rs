@@ -109,11 +109,14 @@ impl Target<'_> {
 
 fn describe_limit(limit: &RateLimit) -> String {
     let params = limit.params();
-    let mut text = format!("{}/", limit.requests_per_unit());
-    if limit.unit_multiplier() > 1 {
-        text.push_str(&format!("{} ", limit.unit_multiplier()));
-    }
-    text.push_str(limit.unit().name());
+    let mut text = match limit.unit_multiplier() {
+        1 => format!("{}/{}", limit.requests_per_unit(), limit.unit().name()),
+        many => format!(
+            "{}/{many} {}s",
+            limit.requests_per_unit(),
+            limit.unit().name()
+        ),
+    };
     if limit.algorithm().has_burst() && params.capacity() != params.limit() {
         text.push_str(&format!(" burst {}", params.capacity()));
     }
