@@ -98,8 +98,15 @@ impl Target<'_> {
     /// `domain api, descriptor user=alice: 10 per 1 s (sliding_window_log)`.
     pub fn describe(&self, request: &Request) -> String {
         let limits: Vec<String> = self.limits.iter().map(describe_limit).collect();
+        // The service lets every request of a shadow rule through, and so
+        // does the simulation: say why nothing is denied.
+        let shadow = if self.node.shadow_mode() {
+            "; shadow_mode: never denies"
+        } else {
+            ""
+        };
         format!(
-            "domain {}, descriptor {}: {}",
+            "domain {}, descriptor {}: {}{shadow}",
             self.domain.name(),
             describe_entries(request),
             limits.join(" and ")
@@ -233,6 +240,9 @@ descriptors:
   - key: open
     rate_limit: {unlimited: true}
   - key: bare
+  - key: quiet
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 5}
 ";
 
     fn rules() -> RuleSet {
@@ -326,6 +336,12 @@ descriptors:
                 NodeLimits::Unlimited { .. }
             ));
         }
+        let quiet = self::request("api", &[("quiet", "q")]);
+        let shadow = find(&rules, &quiet).unwrap().describe(&quiet);
+        assert_eq!(
+            shadow,
+            "domain api, descriptor quiet=q: 5/minute (sliding_window_log); shadow_mode: never denies"
+        );
         let configured = super::variants(&rules, &target, true).unwrap();
         assert_eq!(configured[0].label, "token_bucket");
         assert_eq!(configured[0].rules, rules);
