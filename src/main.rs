@@ -67,8 +67,9 @@ struct SimulateArgs {
     /// nested entries, outermost first.
     #[arg(long = "descriptor", value_name = "KEY=VALUE", required = true)]
     descriptors: Vec<String>,
-    /// burst: 2x the limit at once at the start, then 2x just before and 2x
-    /// just after the window boundary nearest the middle of the run.
+    /// burst: 2x the limit within the first fiftieth of a window, then 2x in
+    /// the fiftieth before and 2x in the fiftieth after the window boundary
+    /// nearest the middle of the run.
     /// steady: 1.5x the limit, evenly spaced. ramp: a rate rising from 0 to
     /// 3x the limit over the run. trace FILE: one request per line, `<offset
     /// ms> [cost]`. Scaled to the rule's first limit.

@@ -14,8 +14,8 @@ pub const MAX_ARRIVALS: usize = 200_000;
 /// A traffic pattern, as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Pattern {
-    /// Twice the limit at once at the start, then twice the limit just
-    /// before a window boundary and twice again just after it.
+    /// Twice the limit within the first fiftieth of a window, then twice
+    /// the limit just before a window boundary and twice again just after.
     Burst,
     /// A constant rate of 1.5 times the limit.
     Steady,
@@ -101,7 +101,7 @@ impl Pattern {
 impl fmt::Display for Pattern {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Pattern::Burst => f.write_str("burst (2x the limit at once, then around a boundary)"),
+            Pattern::Burst => f.write_str("burst (2x the limit, then around a boundary)"),
             Pattern::Steady => f.write_str("steady (1.5x the limit)"),
             Pattern::Ramp => f.write_str("ramp (0 to 3x the limit)"),
             Pattern::Trace(arrivals) => write!(f, "trace ({} requests)", arrivals.len()),
