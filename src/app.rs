@@ -70,6 +70,8 @@ pub struct Settings {
     pub max_metric_values_per_rule: usize,
     /// When a decision counts as near its limit.
     pub near_limit_ratio: NearLimitRatio,
+    /// Most counters the over-limit cache holds (Redis backends only); 0: off.
+    pub over_limit_cache: usize,
     /// How long in-flight requests of both servers together may run once
     /// the listeners have closed.
     pub drain_timeout: Duration,
@@ -384,6 +386,7 @@ fn limiter_options(settings: &Settings) -> Result<Options, Aborted> {
         response_headers: settings.response_headers.clone(),
         failure_mode: settings.failure_mode,
         near_limit_ratio: settings.near_limit_ratio,
+        over_limit_cache: settings.over_limit_cache,
     })
 }
 

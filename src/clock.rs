@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Microseconds since the Unix epoch.
 pub type Micros = u64;
@@ -24,6 +24,34 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|elapsed| elapsed.as_micros() as Micros)
             .unwrap_or(0)
+    }
+}
+
+/// Microseconds since it was made, on the operating system's monotonic
+/// clock: for measuring durations, which a wall clock stepped by NTP would
+/// stretch or shrink.
+#[derive(Debug, Clone, Copy)]
+pub struct MonotonicClock {
+    start: Instant,
+}
+
+impl MonotonicClock {
+    pub fn new() -> Self {
+        Self {
+            start: Instant::now(),
+        }
+    }
+}
+
+impl Default for MonotonicClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for MonotonicClock {
+    fn now_us(&self) -> Micros {
+        u64::try_from(self.start.elapsed().as_micros()).unwrap_or(u64::MAX)
     }
 }
 

@@ -84,7 +84,14 @@ mod tests {
             ),
             (
                 "decision",
-                &["rules", "backends", "algorithms", "metrics", "log_gate"],
+                &[
+                    "rules",
+                    "backends",
+                    "algorithms",
+                    "metrics",
+                    "log_gate",
+                    "clock",
+                ],
             ),
             ("config", &["rules", "algorithms"]),
             ("backends", &["algorithms", "clock", "log_gate"]),

@@ -21,7 +21,7 @@ use throttlegate::backends::redis::ClockSource;
 use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::decision::{FailureMode, HeaderNames, NearLimitRatio};
+use throttlegate::decision::{DEFAULT_OVER_LIMIT_CACHE, FailureMode, HeaderNames, NearLimitRatio};
 use throttlegate::simulate;
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
@@ -229,6 +229,11 @@ struct ServeArgs {
         value_parser = parse_near_limit_ratio
     )]
     near_limit_ratio: NearLimitRatio,
+    /// With Redis: most counters remembered as full (no room until a time
+    /// Redis gave), whose requests are answered OVER_LIMIT without a Redis
+    /// call until then. Exact: nothing frees room earlier. 0 turns it off.
+    #[arg(long, env = "THROTTLEGATE_OVER_LIMIT_CACHE", default_value_t = DEFAULT_OVER_LIMIT_CACHE)]
+    over_limit_cache: usize,
     /// Log format; verbosity comes from RUST_LOG (default `info`).
     #[arg(long, env = "THROTTLEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -599,6 +604,7 @@ fn settings(args: ServeArgs) -> Settings {
         response_headers,
         max_metric_values_per_rule: args.max_metric_values_per_rule,
         near_limit_ratio: args.near_limit_ratio,
+        over_limit_cache: args.over_limit_cache,
         drain_timeout: Duration::from_millis(args.drain_timeout_ms),
         shutdown_delay: Duration::from_millis(args.shutdown_delay_ms),
         limits: limits(&args.limits),

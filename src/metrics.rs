@@ -311,6 +311,8 @@ pub struct Metrics {
     reloads: Family<ReloadLabels, Counter>,
     config_loaded_at: Gauge<i64, AtomicI64>,
     stored_counters: Gauge<i64, AtomicI64>,
+    over_limit_cache_hits: Counter,
+    over_limit_cache_entries: Gauge<i64, AtomicI64>,
     open_connections: Family<ListenerLabels, Gauge>,
     accept_errors: Family<AcceptErrorLabels, Counter>,
     stored_source: Mutex<Option<CounterSource>>,
@@ -438,6 +440,18 @@ impl Metrics {
             "When the config last loaded without error (start-up or reload), in seconds since the epoch; 0 before",
             config_loaded_at.clone(),
         );
+        let over_limit_cache_hits = Counter::default();
+        registry.register(
+            "over_limit_cache_hits",
+            "Requests answered OVER_LIMIT from the over-limit cache, without a backend call",
+            over_limit_cache_hits.clone(),
+        );
+        let over_limit_cache_entries = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "over_limit_cache_entries",
+            "Counters the over-limit cache holds as full, expired ones not yet dropped included",
+            over_limit_cache_entries.clone(),
+        );
         let open_connections = Family::<ListenerLabels, Gauge>::default();
         registry.register(
             "open_connections",
@@ -462,6 +476,8 @@ impl Metrics {
             reloads,
             config_loaded_at,
             stored_counters: Gauge::default(),
+            over_limit_cache_hits,
+            over_limit_cache_entries,
             open_connections,
             accept_errors,
             stored_source: Mutex::new(None),
@@ -601,6 +617,17 @@ impl Metrics {
             accept_errors_descriptors: error("descriptors"),
             accept_errors_other: error("other"),
         }
+    }
+
+    /// Counts one request answered from the over-limit cache.
+    pub fn record_over_limit_cache_hit(&self) {
+        self.over_limit_cache_hits.inc();
+    }
+
+    /// The over-limit cache holds `entries` counters.
+    pub fn set_over_limit_cache_entries(&self, entries: usize) {
+        self.over_limit_cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
     }
 
     /// Counts a request as in flight until the guard is dropped.

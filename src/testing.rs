@@ -11,9 +11,11 @@ use arc_swap::ArcSwap;
 use crate::algorithms::{Algorithm, Verdict};
 use crate::backends::memory::MemoryBackend;
 use crate::backends::{self, Backend, KeyedCheck};
-use crate::clock::ManualClock;
+use crate::clock::{Clock, ManualClock};
 use crate::config::{self, LoadOptions};
-use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
+use crate::decision::{
+    DEFAULT_OVER_LIMIT_CACHE, FailureMode, HeaderNames, Limiter, NearLimitRatio, Options,
+};
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 
@@ -57,6 +59,7 @@ pub(crate) fn default_options() -> Options {
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
         near_limit_ratio: NearLimitRatio::DEFAULT,
+        over_limit_cache: DEFAULT_OVER_LIMIT_CACHE,
     }
 }
 

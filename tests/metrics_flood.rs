@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use support::service::{default_options, memory_backend, rules_from, start_service_with_metrics};
+use support::service::{
+    default_options, memory_backend, rules_from, sample, start_service_with_metrics,
+};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -69,12 +71,6 @@ fn flood_request(first_value: usize) -> RateLimitRequest {
         "client",
         (first_value..first_value + DESCRIPTORS_PER_REQUEST).map(|value| format!("c{value}")),
     )
-}
-
-fn sample(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .map(|value| value.parse().expect("a number"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

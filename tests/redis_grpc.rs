@@ -78,6 +78,48 @@ async fn two_servers_on_one_redis_admit_exactly_the_limit_in_total() {
     assert_eq!(hammer(&[&first, &second], "bucket", 256).await, 50);
 }
 
+/// Script calls Redis ran to the end since the last `CONFIG RESETSTAT`,
+/// whichever way the decision script is invoked (a call refused because
+/// the script was not loaded yet is a failed call).
+async fn script_calls(server: &RedisServer) -> f64 {
+    let stats = support::redis::command_stats(&mut server.connection().await).await;
+    let stat = |command: &str, field: &str| {
+        support::redis::command_stat(&stats, command, field).unwrap_or(0.0)
+    };
+    ["evalsha", "eval", "fcall"]
+        .iter()
+        .map(|command| stat(command, "calls") - stat(command, "failed_calls"))
+        .sum()
+}
+
+fn cache_hits(service: &TestService) -> f64 {
+    let text = service.limiter.metrics().encode();
+    support::service::sample(&text, "throttlegate_over_limit_cache_hits_total").unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_far_over_its_limit_is_denied_without_redis_calls() {
+    let server = RedisServer::start();
+    let first = redis_service(&server).await;
+    let second = redis_service(&server).await;
+    support::redis::reset_stats(&mut server.connection().await).await;
+    // 64 tasks over two instances, 4,096 requests on a limit of 50 an
+    // hour: exactly 50 allowed, and once each instance has seen the key
+    // full, it answers without Redis until the hour has passed.
+    for key in ["user", "bucket"] {
+        assert_eq!(hammer(&[&first, &second], key, 4_096).await, 50, "{key}");
+    }
+    let calls = script_calls(&server).await;
+    let hits = cache_hits(&first) + cache_hits(&second);
+    assert_eq!(calls + hits, 2.0 * 4_096.0, "every request decided once");
+    // At most 64 requests in flight per instance and key can miss the
+    // cache before the first denial comes back.
+    assert!(
+        calls <= 2.0 * (50.0 + 2.0 * 64.0),
+        "{calls} script calls for 8,192 requests"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_follows_redis_down_and_back_without_a_restart() {
     let mut server = RedisServer::start();

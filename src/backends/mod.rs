@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use sha2::{Digest, Sha256};
 
 use crate::algorithms::{Algorithm, Check, Verdict};
+use crate::clock::Clock;
 
 /// Identity of one counter. Two checks with equal keys share state.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -170,4 +171,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
 
     /// `memory` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
+
+    /// A clock of this process on which the durations in this backend's
+    /// outcomes run from the moment a call is made (for a Redis backend
+    /// deciding on the server's clock, a local monotonic one), so that a
+    /// counter reported full can be answered locally until it has room
+    /// again. `None` (the default) when answering locally would save
+    /// nothing, as for the in-memory backend.
+    fn local_clock(&self) -> Option<Arc<dyn Clock>> {
+        None
+    }
 }

@@ -9,7 +9,8 @@
 //! - `request`: the request types and their bounds;
 //! - `plan`: each descriptor matched against the rules, `replaces` applied,
 //!   overrides turned into limits (`overrides`), checks on one counter merged;
-//! - the backend call, here in [`Limiter::decide`];
+//! - the backend call, here in [`Limiter::decide`], unless `over_limit`
+//!   already knows every counter the request reaches is full;
 //! - `answer`: the most restrictive limit of each descriptor, its status and
 //!   its metric; `headers`: the `RateLimit-*` headers of the request.
 //!
@@ -29,6 +30,7 @@ use crate::rules::RuleSet;
 mod answer;
 mod headers;
 mod labels;
+mod over_limit;
 mod overrides;
 mod plan;
 mod request;
@@ -40,6 +42,7 @@ pub use request::{
     Descriptor, EnforcedOverride, Entry, LimitOverride, MAX_DESCRIPTORS, MAX_ENTRIES, Request,
 };
 
+pub use over_limit::OverLimitCache;
 use plan::Plan;
 
 /// What to answer when the backend fails.
@@ -98,6 +101,10 @@ impl Default for NearLimitRatio {
     }
 }
 
+/// Counters the over-limit cache holds by default: each costs its counter
+/// key (about 100 to 300 bytes), so a few MB at most.
+pub const DEFAULT_OVER_LIMIT_CACHE: usize = 16_384;
+
 /// Service-wide behaviour of the limiter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Options {
@@ -108,6 +115,9 @@ pub struct Options {
     pub failure_mode: FailureMode,
     /// Where `ok` ends and `near_limit` begins in the decision metrics.
     pub near_limit_ratio: NearLimitRatio,
+    /// Most counters the over-limit cache holds; 0 turns it off. Used only
+    /// with a backend that has a [`Backend::local_clock`].
+    pub over_limit_cache: usize,
 }
 
 /// Why a request got no decision.
@@ -131,6 +141,8 @@ pub struct Limiter {
     metrics: Arc<Metrics>,
     /// `metrics`' series for `backend`, resolved once.
     backend_metrics: BackendMetrics,
+    /// Counters the backend reported full, answered without it.
+    over_limit: Option<OverLimitCache>,
 }
 
 // === impl Limiter ===
@@ -144,6 +156,9 @@ impl Limiter {
         metrics: Arc<Metrics>,
     ) -> Self {
         let backend_metrics = metrics.backend(backend.name());
+        let over_limit = backend
+            .local_clock()
+            .and_then(|clock| OverLimitCache::new(options.over_limit_cache, clock));
         Self {
             rules,
             backend,
@@ -152,6 +167,7 @@ impl Limiter {
             never_pass: LogGate::new(),
             metrics,
             backend_metrics,
+            over_limit,
         }
     }
 
@@ -179,7 +195,10 @@ impl Limiter {
             return Ok(self.answer(domain, &plan, None));
         }
         self.warn_never_pass(request, &plan);
-        match self.call_backend(&plan).await {
+        if let Some(verdict) = self.known_over_limit(&rules, &plan) {
+            return Ok(self.answer(domain, &plan, Some(&verdict)));
+        }
+        match self.call_backend(&rules, &plan).await {
             Ok(verdict) => Ok(self.answer(domain, &plan, Some(&verdict))),
             Err(error) => self.on_backend_error(&plan, error),
         }
@@ -223,9 +242,21 @@ impl Limiter {
         }
     }
 
+    /// The denial of a request whose every counter is known full.
+    fn known_over_limit(&self, rules: &Arc<RuleSet>, plan: &Plan) -> Option<Verdict> {
+        let verdict = self.over_limit.as_ref()?.lookup(rules, &plan.checks)?;
+        self.metrics.record_over_limit_cache_hit();
+        Some(verdict)
+    }
+
     /// The backend's verdict on the plan's checks, timed; one outcome per
-    /// check, or a protocol error.
-    async fn call_backend(&self, plan: &Plan) -> Result<Verdict, backends::Error> {
+    /// check, or a protocol error. Full counters are remembered.
+    async fn call_backend(
+        &self,
+        rules: &Arc<RuleSet>,
+        plan: &Plan,
+    ) -> Result<Verdict, backends::Error> {
+        let sent_us = self.over_limit.as_ref().map(OverLimitCache::now_us);
         let started = Instant::now();
         let res = self.backend.decide(&plan.checks).await;
         self.backend_metrics.observe_latency(started.elapsed());
@@ -236,6 +267,12 @@ impl Limiter {
                 verdict.outcomes.len(),
                 plan.checks.len()
             )));
+        }
+        if let (Some(cache), Some(sent_us)) = (&self.over_limit, sent_us)
+            && !verdict.allowed
+        {
+            cache.record(rules, &plan.checks, &verdict, sent_us);
+            self.metrics.set_over_limit_cache_entries(cache.len());
         }
         Ok(verdict)
     }
@@ -278,3 +315,7 @@ mod tests;
 #[cfg(test)]
 #[path = "tests/metrics.rs"]
 mod metrics_tests;
+
+#[cfg(test)]
+#[path = "tests/over_limit.rs"]
+mod over_limit_tests;

@@ -1,15 +1,15 @@
 //! A backend whose answers a test decides: down, switchable, slow or scripted.
 //!
 //! Included by both the unit tests and the integration tests; the including
-//! module brings `Arc`, `Backend`, `KeyedCheck`, `Verdict` and `backends`
+//! module brings `Arc`, `Backend`, `Clock`, `KeyedCheck`, `Verdict` and `backends`
 //! into scope, as this file cannot name the crate the same way from both.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use super::{Arc, Backend, KeyedCheck, Verdict, backends};
+use super::{Arc, Backend, Clock, KeyedCheck, Verdict, backends};
 
 /// A configurable fake: answers scripted results first, then passes
 /// decisions to an inner backend if it has one, else fails them as a
@@ -23,6 +23,10 @@ pub struct FakeBackend {
     inner: Option<Arc<dyn Backend>>,
     delay: Duration,
     down: AtomicBool,
+    /// What [`Backend::local_clock`] answers: `None` unless set.
+    local_clock: Option<Arc<dyn Clock>>,
+    /// Decisions asked for so far.
+    calls: AtomicUsize,
 }
 
 impl FakeBackend {
@@ -57,6 +61,18 @@ impl FakeBackend {
         }
     }
 
+    /// Reports `clock` as the clock its answers' durations run on, as a
+    /// Redis backend does, so that the limiter caches its denials.
+    pub fn with_local_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.local_clock = Some(clock);
+        self
+    }
+
+    /// Decisions asked for so far.
+    pub fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
     /// Makes probes fail (`true`) or answer again (`false`).
     pub fn set_down(&self, down: bool) {
         self.down.store(down, Ordering::SeqCst);
@@ -70,6 +86,7 @@ fn refused() -> backends::Error {
 #[async_trait::async_trait]
 impl Backend for FakeBackend {
     async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, backends::Error> {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
         }
@@ -94,5 +111,9 @@ impl Backend for FakeBackend {
 
     fn name(&self) -> &'static str {
         "fake"
+    }
+
+    fn local_clock(&self) -> Option<Arc<dyn Clock>> {
+        self.local_clock.clone()
     }
 }

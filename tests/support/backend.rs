@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use throttlegate::algorithms::Verdict;
 use throttlegate::backends::{self, Backend, KeyedCheck};
+use throttlegate::clock::Clock;
 
 // One file serves both kinds of test; it names what it uses through `super`.
 #[path = "../../src/testing/fake_backend.rs"]

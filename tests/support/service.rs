@@ -53,6 +53,7 @@ pub fn default_options() -> Options {
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
         near_limit_ratio: Default::default(),
+        over_limit_cache: throttlegate::decision::DEFAULT_OVER_LIMIT_CACHE,
     }
 }
 
@@ -123,6 +124,13 @@ pub async fn start_service_with_metrics(
         shutdown: Some(shutdown_tx),
         task: Some(task),
     }
+}
+
+/// The value of `series` (name and labels) in a metrics exposition.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().expect("a number"))
 }
 
 /// Sends `request` to `service`, panicking if the answer is an error

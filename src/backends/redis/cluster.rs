@@ -24,7 +24,7 @@
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -42,6 +42,7 @@ use super::{ClockSource, DECIDE_LUA, classify, redact};
 use crate::algorithms::{Outcome, Verdict};
 use crate::backends::keys::KeyFormat;
 use crate::backends::{Backend, Error, KeyedCheck};
+use crate::clock::Clock;
 use crate::log_gate::LogGate;
 
 /// Most redirects (MOVED, ASK, NOSCRIPT) of one call in a row: each
@@ -693,6 +694,10 @@ impl Backend for ClusterBackend {
 
     fn name(&self) -> &'static str {
         "redis-cluster"
+    }
+
+    fn local_clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(self.clock.local_clock())
     }
 }
 

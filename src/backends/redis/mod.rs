@@ -29,7 +29,7 @@ pub use self::sentinel::SentinelSettings;
 use super::keys::{HashTag, KeyFormat};
 use super::{Backend, Error, KeyedCheck};
 use crate::algorithms::Verdict;
-use crate::clock::Clock;
+use crate::clock::{Clock, MonotonicClock};
 
 /// Which clock the script uses.
 #[derive(Debug, Clone)]
@@ -38,6 +38,19 @@ pub enum ClockSource {
     Redis,
     /// The service's clock, sent as an argument (also how tests pin time).
     Local(Arc<dyn Clock>),
+}
+
+impl ClockSource {
+    /// The local clock the script's durations can be counted on: the
+    /// service's own when it sends the time, else a monotonic one (the
+    /// server's clock runs at the same rate; its offset does not matter,
+    /// only durations are counted). Each call may make a new clock.
+    pub fn local_clock(&self) -> Arc<dyn Clock> {
+        match self {
+            ClockSource::Redis => Arc::new(MonotonicClock::new()),
+            ClockSource::Local(clock) => clock.clone(),
+        }
+    }
 }
 
 /// Everything needed to connect, from the command line.
@@ -235,6 +248,10 @@ impl Backend for RedisBackend {
 
     fn name(&self) -> &'static str {
         "redis"
+    }
+
+    fn local_clock(&self) -> Option<Arc<dyn Clock>> {
+        Some(self.clock.local_clock())
     }
 }
 
