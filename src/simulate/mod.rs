@@ -263,6 +263,8 @@ fn simulate_lane(
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
         near_limit_ratio: NearLimitRatio::DEFAULT,
+        // The memory backend has no local clock: nothing would be cached.
+        over_limit_cache: 0,
     };
     let rules = Arc::new(ArcSwap::from_pointee(variant.rules));
     let limiter = Limiter::new(rules, backend, options, Arc::new(Metrics::new()));
