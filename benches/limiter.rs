@@ -5,7 +5,7 @@ mod support;
 use std::hint::black_box;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use throttlegate::decision::{Code, Request};
+use throttlegate::decision::{Code, Limiter, Request};
 use throttlegate::transport::wire::from_wire;
 
 const DESCRIPTORS: [usize; 3] = [1, 4, 16];
@@ -52,7 +52,7 @@ fn many_keys(c: &mut Criterion) {
 
 /// The request reaches a limit per descriptor and passes: the benchmark
 /// measures the path it claims to.
-fn check_allowed(limiter: &throttlegate::decision::Limiter, request: &Request, count: usize) {
+fn check_allowed(limiter: &Limiter, request: &Request, count: usize) {
     let decision = support::decide(limiter, request);
     assert_eq!(decision.overall, Code::Ok);
     assert_eq!(decision.statuses.len(), count);
