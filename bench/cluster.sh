@@ -15,7 +15,8 @@
 #              (default ${CARGO_TARGET_DIR:-target}/release; build them with
 #              `cargo build --release --bins`)
 #   REQUESTS   requests per run (default 100000)
-#   CONCURRENCY, CONNECTIONS   load generator settings (default 64, 4)
+#   CONNECTIONS, STREAMS   load generator settings: connections, and
+#              requests in flight on each (default 4, 16)
 #   CASES      space-separated cases, each BACKEND:DESCRIPTORS[:HASH_TAG]
 #              (default "standalone:1 cluster:1:none standalone:4
 #              cluster:4:none cluster:4:domain")
@@ -31,8 +32,8 @@ ROUNDS=${1:-2}
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-${CARGO_TARGET_DIR:-$HERE/../target}/release}
 REQUESTS=${REQUESTS:-100000}
-CONCURRENCY=${CONCURRENCY:-64}
 CONNECTIONS=${CONNECTIONS:-4}
+STREAMS=${STREAMS:-16}
 CASES=${CASES:-"standalone:1 cluster:1:none standalone:4 cluster:4:none cluster:4:domain"}
 CONFIG=$HERE/cluster.yaml
 TICKS=$(getconf CLK_TCK)
@@ -119,7 +120,7 @@ done
 SEEDS=$(printf '127.0.0.1:%s,' "${CLUSTER_PORTS[@]}")
 SEEDS=${SEEDS%,}
 echo "standalone redis on $STANDALONE_PORT; cluster primaries on ${CLUSTER_PORTS[*]}"
-echo "load: $REQUESTS requests, $CONCURRENCY in flight over $CONNECTIONS connections, 100000 distinct values"
+echo "load: $REQUESTS requests, $STREAMS in flight on each of $CONNECTIONS connections, 100000 values"
 
 # One case: a fresh service, one load run, the service stopped; one line.
 run_case() {
@@ -156,8 +157,8 @@ run_case() {
     redis_before=$(cpu_ticks "${redis_pids[@]}")
     /usr/bin/time -f '%U %S' -o "$WORK/load.time" "$BIN/throttlegate-load" \
         --addr "http://127.0.0.1:$grpc" --domain bench --key client \
-        --descriptors "$descriptors" --distinct-values 100000 --requests "$REQUESTS" \
-        --concurrency "$CONCURRENCY" --connections "$CONNECTIONS" >"$WORK/load.out"
+        --descriptors "$descriptors" --keys 100000 --requests "$REQUESTS" \
+        --connections "$CONNECTIONS" --streams "$STREAMS" >"$WORK/load.out"
     local service_ticks redis_ticks load_ticks
     service_ticks=$(($(cpu_ticks "$service") - service_before))
     redis_ticks=$(($(cpu_ticks "${redis_pids[@]}") - redis_before))
@@ -165,11 +166,9 @@ run_case() {
     kill "$service"
     wait "$service" || true
     local sent rate p50 p99 answers
-    sent=$(awk 'NR == 1 {print $2}' "$WORK/load.out")
-    rate=$(awk 'NR == 1 {sub("/s;", "", $5); print $5}' "$WORK/load.out")
-    answers=$(awk 'NR == 1 {print $7, $9, $11}' "$WORK/load.out")
-    p50=$(awk 'NR == 2 {print $4}' "$WORK/load.out")
-    p99=$(awk 'NR == 2 {print $8}' "$WORK/load.out")
+    read -r sent rate p50 p99 answers < <(sed -n 's/^summary //p' "$WORK/load.out" |
+        python3 -c 'import json, sys; s = json.load(sys.stdin)
+print(s["requests"], round(s["rate"]), s["p50_us"], s["p99_us"], s["ok"], s["over_limit"], s["errors"])')
     printf '%-5s %-18s %11s %8s %8s %8s %8s %8s  %-16s %s\n' "$round" "$2" "$rate" "$p50" "$p99" \
         "$(per_decision_us "$service_ticks" "$sent")" "$(per_decision_us "$redis_ticks" "$sent")" \
         "$(per_decision_us "$load_ticks" "$sent")" "$answers" "$(script_calls "$sent" "${ports[@]}")"

@@ -1,0 +1,311 @@
+//! Counting answers and latencies, and the report: lines for people and one
+//! `summary {json}` line for scripts.
+
+use std::collections::BTreeMap;
+
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use tonic::Status;
+
+/// The answers of one stream, or of the whole run once merged.
+#[derive(Debug)]
+pub struct Tally {
+    pub ok: u64,
+    pub over_limit: u64,
+    /// Failed calls by gRPC code name (`Unavailable`, `DeadlineExceeded`).
+    pub errors: BTreeMap<String, u64>,
+    pub latency_us: Histogram<u64>,
+}
+
+impl Tally {
+    pub fn new() -> Tally {
+        Tally {
+            ok: 0,
+            over_limit: 0,
+            errors: BTreeMap::new(),
+            // 1 µs .. 60 s at 3 significant digits: valid bounds, cannot
+            // fail; a slower answer is saturated to 60 s.
+            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+        }
+    }
+
+    /// Counts one answer and its latency. An answer whose overall code is
+    /// neither OK nor OVER_LIMIT (UNKNOWN) counts as an error.
+    pub fn record(&mut self, res: &Result<tonic::Response<RateLimitResponse>, Status>, us: u64) {
+        self.latency_us.saturating_record(us.max(1));
+        match res {
+            Ok(response) => match Code::try_from(response.get_ref().overall_code) {
+                Ok(Code::Ok) => self.ok += 1,
+                Ok(Code::OverLimit) => self.over_limit += 1,
+                _ => *self.errors.entry("UnknownOverallCode".into()).or_default() += 1,
+            },
+            Err(status) => {
+                *self
+                    .errors
+                    .entry(format!("{:?}", status.code()))
+                    .or_default() += 1
+            }
+        }
+    }
+
+    pub fn add(&mut self, other: &Tally) -> Result<(), hdrhistogram::AdditionError> {
+        self.ok += other.ok;
+        self.over_limit += other.over_limit;
+        for (code, n) in &other.errors {
+            *self.errors.entry(code.clone()).or_default() += n;
+        }
+        self.latency_us.add(&other.latency_us)
+    }
+
+    pub fn error_count(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Every answered call: decisions and errors.
+    pub fn requests(&self) -> u64 {
+        self.decisions() + self.error_count()
+    }
+
+    /// Calls answered with a decision (OK or OVER_LIMIT).
+    pub fn decisions(&self) -> u64 {
+        self.ok + self.over_limit
+    }
+}
+
+/// One process's CPU time over the measured part.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuUse {
+    pub label: String,
+    pub pid: u32,
+    /// None when its `/proc/PID/stat` could not be read at both ends.
+    pub seconds: Option<f64>,
+}
+
+/// The measured part: its answers, its length, and CPU.
+#[derive(Debug)]
+pub struct Outcome<'a> {
+    pub tally: &'a Tally,
+    pub seconds: f64,
+    pub connections: usize,
+    pub streams: usize,
+    pub processes: &'a [CpuUse],
+    pub generator_cpu_seconds: Option<f64>,
+    pub labels: &'a [(String, String)],
+}
+
+impl Outcome<'_> {
+    /// Decisions per second (errors are not decisions).
+    fn rate(&self) -> f64 {
+        if self.seconds > 0.0 {
+            self.tally.decisions() as f64 / self.seconds
+        } else {
+            0.0
+        }
+    }
+
+    /// CPU µs per decision for `seconds` of CPU.
+    fn per_decision_us(&self, seconds: Option<f64>) -> Option<f64> {
+        let decisions = self.tally.decisions();
+        seconds
+            .filter(|_| decisions > 0)
+            .map(|it| it * 1e6 / decisions as f64)
+    }
+
+    fn percentiles(&self) -> [(&'static str, u64); 5] {
+        let latency = &self.tally.latency_us;
+        let at = |q| {
+            if latency.is_empty() {
+                0
+            } else {
+                latency.value_at_quantile(q)
+            }
+        };
+        [
+            ("p50_us", at(0.50)),
+            ("p90_us", at(0.90)),
+            ("p99_us", at(0.99)),
+            ("p99_9_us", at(0.999)),
+            ("max_us", latency.max()),
+        ]
+    }
+
+    /// The report for people, one line per topic.
+    pub fn text(&self) -> String {
+        let t = self.tally;
+        let mut out = format!(
+            "requests {} in {:.2}s over {} connections x {} streams: {:.0} decisions/s\n\
+             answers: ok {} over_limit {} errors {}\n",
+            t.requests(),
+            self.seconds,
+            self.connections,
+            self.streams,
+            self.rate(),
+            t.ok,
+            t.over_limit,
+            t.error_count()
+        );
+        for (code, n) in &t.errors {
+            out += &format!("  error {code}: {n}\n");
+        }
+        let [p50, p90, p99, p999, max] = self.percentiles().map(|(_, us)| us);
+        out += &format!("latency µs: p50 {p50} p90 {p90} p99 {p99} p99.9 {p999} max {max}\n");
+        let generator = CpuUse {
+            label: "generator".into(),
+            pid: std::process::id(),
+            seconds: self.generator_cpu_seconds,
+        };
+        for process in self.processes.iter().chain([&generator]) {
+            out += &match (process.seconds, self.per_decision_us(process.seconds)) {
+                (Some(s), Some(us)) => format!(
+                    "cpu {} (pid {}): {s:.3}s, {us:.2} µs per decision\n",
+                    process.label, process.pid
+                ),
+                (Some(s), None) => {
+                    format!("cpu {} (pid {}): {s:.3}s\n", process.label, process.pid)
+                }
+                (None, _) => format!("cpu {} (pid {}): unreadable\n", process.label, process.pid),
+            };
+        }
+        out
+    }
+
+    /// The summary as one JSON object.
+    pub fn json(&self) -> Value {
+        let t = self.tally;
+        let mut summary = json!({
+            "rate": self.rate(),
+            "seconds": self.seconds,
+            "requests": t.requests(),
+            "ok": t.ok,
+            "over_limit": t.over_limit,
+            "errors": t.error_count(),
+            "errors_by_code": t.errors,
+            "connections": self.connections,
+            "streams": self.streams,
+            "concurrency": self.connections * self.streams,
+            "cpu": self.processes.iter().map(|p| json!({
+                "label": p.label,
+                "pid": p.pid,
+                "seconds": p.seconds,
+                "us_per_decision": self.per_decision_us(p.seconds),
+            })).collect::<Vec<_>>(),
+            "generator_cpu_seconds": self.generator_cpu_seconds,
+            "generator_us_per_decision": self.per_decision_us(self.generator_cpu_seconds),
+            "labels": self.labels.iter().cloned().collect::<BTreeMap<_, _>>(),
+        });
+        for (name, us) in self.percentiles() {
+            summary[name] = json!(us);
+        }
+        summary
+    }
+
+    /// `summary {json}` on one line.
+    pub fn summary_line(&self) -> String {
+        format!("summary {}", self.json())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(code: Code) -> Result<tonic::Response<RateLimitResponse>, Status> {
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: code as i32,
+            ..Default::default()
+        }))
+    }
+
+    fn sample_tally() -> Tally {
+        let mut tally = Tally::new();
+        for us in [100, 200, 300] {
+            tally.record(&answer(Code::Ok), us);
+        }
+        tally.record(&answer(Code::OverLimit), 400);
+        tally.record(&Err(Status::unavailable("down")), 5_000);
+        tally.record(&Err(Status::unavailable("down")), 5_000);
+        tally.record(&Err(Status::deadline_exceeded("slow")), 9_000);
+        tally
+    }
+
+    #[test]
+    fn the_summary_line_is_one_line_of_json_with_the_counts() {
+        let tally = sample_tally();
+        let processes = [CpuUse {
+            label: "service".into(),
+            pid: 42,
+            seconds: Some(0.5),
+        }];
+        let labels = [("system".to_owned(), "memory".to_owned())];
+        let outcome = Outcome {
+            tally: &tally,
+            seconds: 2.0,
+            connections: 2,
+            streams: 3,
+            processes: &processes,
+            generator_cpu_seconds: None,
+            labels: &labels,
+        };
+        let line = outcome.summary_line();
+        assert!(!line.contains('\n'), "{line}");
+        let json = line.strip_prefix("summary ").expect("prefix");
+        let parsed: Value = serde_json::from_str(json).expect("valid JSON");
+        assert_eq!(parsed["requests"], 7);
+        assert_eq!(parsed["ok"], 3);
+        assert_eq!(parsed["over_limit"], 1);
+        assert_eq!(parsed["errors"], 3);
+        assert_eq!(parsed["errors_by_code"]["Unavailable"], 2);
+        assert_eq!(parsed["errors_by_code"]["DeadlineExceeded"], 1);
+        assert_eq!(parsed["rate"], 2.0, "4 decisions in 2 s");
+        assert_eq!(parsed["concurrency"], 6);
+        assert_eq!(parsed["cpu"][0]["label"], "service");
+        assert_eq!(
+            parsed["cpu"][0]["us_per_decision"], 125_000.0,
+            "0.5 s over 4"
+        );
+        assert_eq!(parsed["generator_us_per_decision"], Value::Null);
+        assert_eq!(parsed["labels"]["system"], "memory");
+        // The histogram keeps 3 significant digits: 9,000 µs reads back
+        // as the top of its bucket.
+        assert!(
+            parsed["max_us"]
+                .as_u64()
+                .is_some_and(|max| (9_000..9_010).contains(&max))
+        );
+        assert!(
+            parsed["p50_us"]
+                .as_u64()
+                .is_some_and(|p| (200..=500).contains(&p))
+        );
+    }
+
+    #[test]
+    fn merged_tallies_add_up() {
+        let mut total = Tally::new();
+        total.add(&sample_tally()).unwrap();
+        total.add(&sample_tally()).unwrap();
+        assert_eq!((total.ok, total.over_limit, total.error_count()), (6, 2, 6));
+        assert_eq!(total.errors["Unavailable"], 4);
+        assert_eq!(total.latency_us.len(), 14);
+    }
+
+    #[test]
+    fn an_empty_run_reports_zeros_not_a_panic() {
+        let tally = Tally::new();
+        let outcome = Outcome {
+            tally: &tally,
+            seconds: 0.0,
+            connections: 1,
+            streams: 1,
+            processes: &[],
+            generator_cpu_seconds: Some(0.0),
+            labels: &[],
+        };
+        let parsed = outcome.json();
+        assert_eq!(parsed["rate"], 0.0);
+        assert_eq!(parsed["p99_us"], 0);
+        assert!(outcome.text().contains("requests 0"));
+    }
+}
