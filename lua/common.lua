@@ -1,9 +1,12 @@
 -- common.lua: the helpers lua/decide.lua and lua/refund.lua share. Not a
 -- script of its own: src/backends/redis/script.rs puts it in front of each
 -- when embedding them, so each script is still one self-contained body
--- (EVALSHA cannot share code between scripts).
+-- (EVALSHA cannot share code between scripts). In the function library the
+-- same text is the body of a builder function, run once per server (see
+-- script.rs): no line here may run a command or read KEYS and ARGV.
 
--- Globals read once: every call of a script runs its whole body.
+-- Globals read once: as a script, every call runs this whole body; in the
+-- library, once per server.
 local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
 local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
 
@@ -85,11 +88,20 @@ local function integer(raw)
   return n
 end
 
--- The arguments from ARGV[first] on, by the names of `fields`.
-local function named_args(fields, first)
+-- The arguments from argv[first] on, by the names of `fields`.
+local function named_args(argv, fields, first)
   local out = {}
   for idx, name in ipairs(fields) do
-    out[name] = ARGV[first + idx - 1]
+    out[name] = argv[first + idx - 1]
+  end
+  return out
+end
+
+-- Each name of `fields` by its position: where a field sits in a layout.
+local function positions(fields)
+  local out = {}
+  for idx, name in ipairs(fields) do
+    out[name] = idx
   end
   return out
 end

@@ -12,7 +12,8 @@
 -- ranges), divisions go through `div`, and integers are formatted with
 -- `fmt` (concatenating a number would use %.14g and mangle µs timestamps).
 --
--- KEYS[i]: the counter key of limit i (i = 1..n), all distinct
+-- KEYS[i]: the counter key of limit i (i = 1..n), all distinct within a
+--          request
 -- ARGV: the fields of HEADER_FIELDS, then those of LIMIT_FIELDS once per
 --          limit, in the order of the tables below; HEADER_FIELDS and
 --          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
@@ -38,10 +39,16 @@
 --                           in order (bucket.fields and so on, below)
 --
 -- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
--- load_fields, wrap_sub, log_member, integer, named_args and now_of are
--- there.
+-- load_fields, wrap_sub, log_member, integer, named_args, positions and
+-- now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
+-- argv)`; the scripts call one with KEYS and ARGV, the function library
+-- registers both (src/backends/redis/script.rs).
 
--- The arguments, in order: the header's fields, then each limit's.
+-- The arguments, in order: the header's fields, then each limit's; a
+-- batch starts with BATCH_FIELDS, and each of its requests with
+-- REQUEST_FIELDS before its header.
+local BATCH_FIELDS = { 'requests' }
+local REQUEST_FIELDS = { 'limits' }
 local HEADER_FIELDS = { 'now_us', 'grace_ms', 'receipts' }
 local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
 
@@ -632,124 +639,190 @@ local function cost_of(raw, capacity)
   return n
 end
 
--- Validates every argument before anything is read or written.
-local function parse_checks()
-  local n = #KEYS
-  local expected = #HEADER_FIELDS + #LIMIT_FIELDS * n
-  if #ARGV ~= expected then
-    return nil, 'ERR throttlegate: expected ' .. fmt(expected) .. ' arguments'
+-- Where each field sits in its layout, read once: arguments are taken by
+-- position, with no table of names built per call.
+local N_BATCH, N_REQUEST = #BATCH_FIELDS, #REQUEST_FIELDS
+local N_HEADER, N_LIMIT = #HEADER_FIELDS, #LIMIT_FIELDS
+local H, L = positions(HEADER_FIELDS), positions(LIMIT_FIELDS)
+local B, R = positions(BATCH_FIELDS), positions(REQUEST_FIELDS)
+
+-- One limit's fields, argv[at + 1] on; nil when one is bad.
+local function parse_limit(argv, at)
+  local c = {
+    algorithm = ALGORITHMS[argv[at + L.algorithm]],
+    limit = integer(argv[at + L.limit]),
+    window_us = integer(argv[at + L.window_us]),
+    capacity = integer(argv[at + L.capacity]),
+    per_us = integer(argv[at + L.per_us]),
+    scale = integer(argv[at + L.scale]),
+    cost = cost_of(argv[at + L.cost]),
+    mode = argv[at + L.mode],
+  }
+  if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
+    or c.per_us == nil or c.scale == nil or c.cost == nil or not MODES[c.mode]
+    or c.window_us == 0 or c.scale == 0 then
+    return nil
   end
+  c.cost = cost_of(c.cost, c.capacity)
+  return c
+end
+
+-- One request's header and its `n` limits, argv[at + 1] on, validated
+-- before anything is read or written: the header (its time, nil for the
+-- server's) and the checks, or nil and the error.
+local function parse_request(argv, at, n)
   local checks = {}
   for idx = 1, n do
-    local arg = named_args(LIMIT_FIELDS, #HEADER_FIELDS + #LIMIT_FIELDS * (idx - 1) + 1)
-    local c = {
-      algorithm = ALGORITHMS[arg.algorithm],
-      limit = integer(arg.limit),
-      window_us = integer(arg.window_us),
-      capacity = integer(arg.capacity),
-      per_us = integer(arg.per_us),
-      scale = integer(arg.scale),
-      cost = cost_of(arg.cost),
-      mode = arg.mode,
-    }
-    if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
-      or c.per_us == nil or c.scale == nil or c.cost == nil or not MODES[c.mode]
-      or c.window_us == 0 or c.scale == 0 then
+    checks[idx] = parse_limit(argv, at + N_HEADER + N_LIMIT * (idx - 1))
+    if not checks[idx] then
       return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx)
     end
-    c.cost = cost_of(c.cost, c.capacity)
-    checks[idx] = c
   end
-  return checks
+  local header = { grace_ms = integer(argv[at + H.grace_ms]), checks = checks }
+  if header.grace_ms == nil then
+    return nil, 'ERR throttlegate: bad expiry grace'
+  end
+  local flag = argv[at + H.receipts]
+  if flag ~= '0' and flag ~= '1' then
+    return nil, 'ERR throttlegate: bad receipts flag'
+  end
+  header.receipts = flag == '1'
+  local now_us = argv[at + H.now_us]
+  if now_us ~= '' then
+    header.now = integer(now_us)
+    if header.now == nil then
+      return nil, 'ERR throttlegate: bad time'
+    end
+  end
+  return header
 end
 
-local header = named_args(HEADER_FIELDS, 1)
-local checks, problem = parse_checks()
-if not checks then
-  return redis.error_reply(problem)
-end
-grace_ms = integer(header.grace_ms)
-if grace_ms == nil then
-  return redis.error_reply('ERR throttlegate: bad expiry grace')
-end
-if header.receipts ~= '0' and header.receipts ~= '1' then
-  return redis.error_reply('ERR throttlegate: bad receipts flag')
-end
-local receipts = header.receipts == '1'
+-- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
+-- appending its section to `reply`: allowed, now, then per limit has_room,
+-- consumed, remaining, reset_us (and the receipt when asked for).
+local function run(keys, first, header, now, reply)
+  local checks = header.checks
+  grace_ms = header.grace_ms
+  -- Check every limit first.
+  local has_room, effective_now, states = {}, {}, {}
+  local enforced_ok, quota_seen, quota_ok = true, false, false
+  for idx, c in ipairs(checks) do
+    local key = keys[first + idx]
+    local s = load(c.algorithm, c, key, now)
+    local at = c.algorithm.advance(c, s, key, now)
+    local room = need_of(c) <= c.algorithm.available(c, s, at)
+    states[idx], effective_now[idx], has_room[idx] = s, at, room
+    if c.mode == 'enforce' then
+      enforced_ok = enforced_ok and room
+    elseif c.mode == 'quota' then
+      quota_seen = true
+      quota_ok = quota_ok or room
+    end
+  end
+  local allowed = enforced_ok and (quota_ok or not quota_seen)
 
-local now = now_of(header.now_us)
-if now == nil then
-  return redis.error_reply('ERR throttlegate: bad time')
-end
-
--- Check every limit first.
-local has_room, effective_now, states = {}, {}, {}
-for idx, c in ipairs(checks) do
-  local key = KEYS[idx]
-  local s = load(c.algorithm, c, key, now)
-  local at = c.algorithm.advance(c, s, key, now)
-  states[idx] = s
-  effective_now[idx] = at
-  has_room[idx] = need_of(c) <= c.algorithm.available(c, s, at)
-end
-
-local enforced_ok, quota_seen, quota_ok = true, false, false
-for idx, c in ipairs(checks) do
-  if c.mode == 'enforce' and not has_room[idx] then
-    enforced_ok = false
-  elseif c.mode == 'quota' then
-    quota_seen = true
-    if has_room[idx] then
-      quota_ok = true
+  -- Then consume all or nothing, and answer.
+  reply[#reply + 1] = allowed and 1 or 0
+  reply[#reply + 1] = now
+  for idx, c in ipairs(checks) do
+    local key, s, at, room = keys[first + idx], states[idx], effective_now[idx], has_room[idx]
+    local impl = c.algorithm
+    local consumed = allowed and room and c.cost > 0
+    if consumed then
+      impl.consume(c, s, key, at, c.cost)
+    end
+    local need = need_of(c)
+    -- Durations count from the effective time; a request whose clock lags
+    -- the stored state waits that much longer.
+    local reset_us
+    if room then
+      reset_us = impl.until_full(c, s, at)
+    elseif need > c.capacity then
+      reset_us = c.window_us
+    else
+      reset_us = impl.until_available(c, s, key, at, need)
+    end
+    reset_us = reset_us + (at - now)
+    local remaining = impl.available(c, s, at)
+    local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
+    if keep_for == 0 then
+      -- Equal to a fresh state, whatever the algorithm: no key at all (DEL
+      -- of an absent key changes nothing and is not replicated, so a limit
+      -- never used writes nothing, whatever the cost asked).
+      call('DEL', key)
+    else
+      store(impl, c, s, key, div_ceil(keep_for, 1000) + grace_ms)
+    end
+    reply[#reply + 1] = room and 1 or 0
+    reply[#reply + 1] = consumed and 1 or 0
+    reply[#reply + 1] = remaining
+    reply[#reply + 1] = reset_us
+    if header.receipts then
+      -- What a refund may take back: only what an enforcing limit consumed
+      -- (shadow and quota limits never deny, a cost of 0 takes nothing).
+      local at_us, units = 0, 0
+      if consumed and c.mode == 'enforce' then
+        at_us, units = impl.receipt(c, s, at, c.cost)
+      end
+      reply[#reply + 1] = at_us
+      reply[#reply + 1] = units
     end
   end
 end
-local allowed = enforced_ok and (quota_ok or not quota_seen)
 
--- Then consume all or nothing, and answer.
-local reply = { allowed and 1 or 0, now }
-for idx, c in ipairs(checks) do
-  local key, s, at, room = KEYS[idx], states[idx], effective_now[idx], has_room[idx]
-  local impl = c.algorithm
-  local consumed = allowed and room and c.cost > 0
-  if consumed then
-    impl.consume(c, s, key, at, c.cost)
+-- One request: `keys` and `argv` as KEYS and ARGV (HEADER_FIELDS, then
+-- LIMIT_FIELDS per key).
+local function decide(keys, argv)
+  local n = #keys
+  local expected = N_HEADER + N_LIMIT * n
+  if #argv ~= expected then
+    return redis.error_reply('ERR throttlegate: expected ' .. fmt(expected) .. ' arguments')
   end
-  local need = need_of(c)
-  -- Durations count from the effective time; a request whose clock lags
-  -- the stored state waits that much longer.
-  local reset_us
-  if room then
-    reset_us = impl.until_full(c, s, at)
-  elseif need > c.capacity then
-    reset_us = c.window_us
-  else
-    reset_us = impl.until_available(c, s, key, at, need)
+  local header, problem = parse_request(argv, 0, n)
+  if not header then
+    return redis.error_reply(problem)
   end
-  reset_us = reset_us + (at - now)
-  local remaining = impl.available(c, s, at)
-  local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
-  if keep_for == 0 then
-    -- Equal to a fresh state, whatever the algorithm: no key at all (DEL
-    -- of an absent key changes nothing and is not replicated, so a limit
-    -- never used writes nothing, whatever the cost asked).
-    call('DEL', key)
-  else
-    store(impl, c, s, key, div_ceil(keep_for, 1000) + grace_ms)
-  end
-  reply[#reply + 1] = room and 1 or 0
-  reply[#reply + 1] = consumed and 1 or 0
-  reply[#reply + 1] = remaining
-  reply[#reply + 1] = reset_us
-  if receipts then
-    -- What a refund may take back: only what an enforcing limit consumed
-    -- (shadow and quota limits never deny, a cost of 0 takes nothing).
-    local at_us, units = 0, 0
-    if consumed and c.mode == 'enforce' then
-      at_us, units = impl.receipt(c, s, at, c.cost)
-    end
-    reply[#reply + 1] = at_us
-    reply[#reply + 1] = units
-  end
+  local reply = {}
+  run(keys, 0, header, header.now or now_of(''), reply)
+  return reply
 end
-return reply
+
+-- Several requests, each decided on its own, in order: ARGV is
+-- BATCH_FIELDS, then per request REQUEST_FIELDS, HEADER_FIELDS and
+-- LIMIT_FIELDS per key; KEYS are the requests' keys one after the other;
+-- the reply is their sections one after the other. Every request is
+-- validated before any runs; the server's TIME is read once.
+local function decide_batch(keys, argv)
+  local n_requests = integer(argv[B.requests])
+  if n_requests == nil or n_requests < 1 then
+    return redis.error_reply('ERR throttlegate: bad batch size')
+  end
+  local requests, at, first = {}, N_BATCH, 0
+  for idx = 1, n_requests do
+    local n = integer(argv[at + R.limits])
+    local size = N_REQUEST + N_HEADER + N_LIMIT * (n or 0)
+    if n == nil or n < 1 or first + n > #keys or at + size > #argv then
+      return redis.error_reply('ERR throttlegate: bad layout of request ' .. fmt(idx))
+    end
+    local header, problem = parse_request(argv, at + N_REQUEST, n)
+    if not header then
+      return redis.error_reply(problem .. ' of request ' .. fmt(idx))
+    end
+    header.first = first
+    requests[idx] = header
+    at, first = at + size, first + n
+  end
+  if at ~= #argv or first ~= #keys then
+    return redis.error_reply('ERR throttlegate: arguments past the last request')
+  end
+  local reply, server_now = {}, nil
+  for _, header in ipairs(requests) do
+    local now = header.now
+    if now == nil then
+      server_now = server_now or now_of('')
+      now = server_now
+    end
+    run(keys, header.first, header, now, reply)
+  end
+  return reply
+end

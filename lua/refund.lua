@@ -32,7 +32,8 @@
 --
 -- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
 -- load_fields, wrap_sub, log_member, integer, named_args and now_of are
--- there.
+-- there. Defines `refund(keys, argv)`; the script calls it with KEYS and
+-- ARGV, the function library registers it (src/backends/redis/script.rs).
 
 local REFUND_HEADER_FIELDS = { 'now_us' }
 local REFUND_FIELDS = { 'algorithm', 'window_us', 'capacity', 'per_us', 'scale', 'at_us', 'units' }
@@ -255,15 +256,15 @@ local ALGORITHMS = {
 }
 
 -- Validates every argument before anything is read or written.
-local function parse_receipts()
-  local n = #KEYS
+local function parse_receipts(keys, argv)
+  local n = #keys
   local expected = #REFUND_HEADER_FIELDS + #REFUND_FIELDS * n
-  if #ARGV ~= expected then
+  if #argv ~= expected then
     return nil, 'ERR throttlegate: expected ' .. fmt(expected) .. ' arguments'
   end
   local out = {}
   for idx = 1, n do
-    local arg = named_args(REFUND_FIELDS, #REFUND_HEADER_FIELDS + #REFUND_FIELDS * (idx - 1) + 1)
+    local arg = named_args(argv, REFUND_FIELDS, #REFUND_HEADER_FIELDS + #REFUND_FIELDS * (idx - 1) + 1)
     local r = { algorithm = ALGORITHMS[arg.algorithm] }
     for _, name in ipairs(REFUND_FIELDS) do
       if name ~= 'algorithm' then
@@ -281,22 +282,25 @@ local function parse_receipts()
   return out
 end
 
-local receipts, problem = parse_receipts()
-if not receipts then
-  return redis.error_reply(problem)
-end
-local header = named_args(REFUND_HEADER_FIELDS, 1)
-local now = now_of(header.now_us)
-if now == nil then
-  return redis.error_reply('ERR throttlegate: bad time')
-end
-
-local reply = {}
-for idx, r in ipairs(receipts) do
-  local given = 0
-  if r.units > 0 then
-    given = r.algorithm.refund(r, KEYS[idx], now)
+-- The refund of one request: `keys` and `argv` as KEYS and ARGV.
+local function refund(keys, argv)
+  local receipts, problem = parse_receipts(keys, argv)
+  if not receipts then
+    return redis.error_reply(problem)
   end
-  reply[idx] = given
+  local header = named_args(argv, REFUND_HEADER_FIELDS, 1)
+  local now = now_of(header.now_us)
+  if now == nil then
+    return redis.error_reply('ERR throttlegate: bad time')
+  end
+
+  local reply = {}
+  for idx, r in ipairs(receipts) do
+    local given = 0
+    if r.units > 0 then
+      given = r.algorithm.refund(r, keys[idx], now)
+    end
+    reply[idx] = given
+  end
+  return reply
 end
-return reply

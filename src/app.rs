@@ -26,7 +26,9 @@ use crate::backends::Backend;
 use crate::backends::keys::{HashTag, KeyFormat};
 use crate::backends::memory::{MemoryBackend, SweeperGuard};
 use crate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
-use crate::backends::redis::{ClockSource, RedisBackend, RedisSettings, SentinelSettings};
+use crate::backends::redis::{
+    BatchSettings, ClockSource, RedisBackend, RedisSettings, SentinelSettings,
+};
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
 use crate::config::{self, ConfigStatus, LoadOptions};
@@ -92,6 +94,8 @@ pub struct RedisFlags {
     pub timeout_ms: u64,
     pub key_prefix: String,
     pub expiry_grace_ms: u64,
+    /// `--redis-batch` and its bounds; `None`: one call per request.
+    pub batch: Option<BatchSettings>,
     pub clock: ClockSource,
     /// The service's hash tag in every key (`--redis-hash-tag`).
     pub hash_tag: HashTag,
@@ -456,6 +460,7 @@ fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisTarget>, String> {
         key_prefix: flags.key_prefix.clone(),
         clock: flags.clock.clone(),
         expiry_grace_ms: flags.expiry_grace_ms,
+        batch: flags.batch,
     })))
 }
 
@@ -762,6 +767,7 @@ mod tests {
             timeout_ms: 250,
             key_prefix: "tg".to_owned(),
             expiry_grace_ms: 0,
+            batch: None,
             clock: ClockSource::Redis,
             hash_tag: HashTag::None,
             cluster_nodes: cluster_nodes.iter().map(|it| (*it).to_owned()).collect(),

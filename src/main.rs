@@ -17,7 +17,7 @@ use throttlegate::algorithms::Algorithm;
 use throttlegate::app::{self, Limits, RedisFlags, Settings};
 use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
-use throttlegate::backends::redis::ClockSource;
+use throttlegate::backends::redis::{BatchSettings, ClockSource};
 use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
@@ -154,6 +154,22 @@ struct ServeArgs {
     /// whose clock lags never finds a key already expired.
     #[arg(long, env = "THROTTLEGATE_REDIS_EXPIRY_GRACE_MS", default_value_t = 0)]
     redis_expiry_grace_ms: u64,
+    /// Coalesce concurrent decisions bound for one Redis into one call
+    /// while earlier calls are in flight (one per pooled connection); an
+    /// idle service still sends each request at once. Single server and
+    /// Sentinel only: a Redis Cluster keeps one call per request and slot.
+    #[arg(long, env = "THROTTLEGATE_REDIS_BATCH", value_enum, default_value_t = Switch::Off)]
+    redis_batch: Switch,
+    /// Most requests in one batched Redis call.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_REDIS_BATCH_MAX_REQUESTS",
+        default_value_t = 64
+    )]
+    redis_batch_max_requests: usize,
+    /// Most keys in one batched Redis call (a request with more goes alone).
+    #[arg(long, env = "THROTTLEGATE_REDIS_BATCH_MAX_KEYS", default_value_t = 512)]
+    redis_batch_max_keys: usize,
     /// Redis Cluster seed nodes, `host:port,host:port,...` (any subset of
     /// the cluster; `redis://` or `rediss://` URLs with user:password too).
     /// Instead of --redis-url.
@@ -580,6 +596,10 @@ fn settings(args: ServeArgs) -> Settings {
             timeout_ms: args.redis_timeout_ms,
             key_prefix: args.redis_key_prefix,
             expiry_grace_ms: args.redis_expiry_grace_ms,
+            batch: (args.redis_batch == Switch::On).then_some(BatchSettings {
+                max_requests: args.redis_batch_max_requests,
+                max_keys: args.redis_batch_max_keys,
+            }),
             clock: match args.clock {
                 ClockArg::Redis => ClockSource::Redis,
                 ClockArg::Local => ClockSource::Local(Arc::new(SystemClock)),

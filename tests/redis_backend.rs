@@ -143,19 +143,20 @@ async fn a_state_equal_to_fresh_is_deleted() {
 }
 
 #[tokio::test]
-async fn script_flush_while_serving_is_transparent() {
+async fn function_flush_while_serving_is_transparent() {
     let server = RedisServer::start();
     let (_clock, backend) = backend_at_t0(&server).await;
     let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 4, 1)];
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
-    let () = redis::cmd("SCRIPT")
+    let () = redis::cmd("FUNCTION")
         .arg("FLUSH")
         .query_async(&mut conn)
         .await
         .unwrap();
-    // NOSCRIPT → SCRIPT LOAD → EVALSHA, and the counter carries on.
+    // Function not found → FUNCTION LOAD → FCALL, and the counter carries
+    // on: the call that met no function did not count.
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     assert!(!allowed(&backend, &checks).await);
@@ -241,7 +242,7 @@ async fn paused_redis_times_out_and_the_request_is_not_retried() {
     let (_clock, source) = manual(T0);
     let backend = backend_with(&server, source, |it| it.timeout_ms = 300).await;
     let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 3, 1)];
-    // Also loads the script: the timed-out call below is a bare EVALSHA.
+    // Also loads the library: the timed-out call below is a bare FCALL.
     assert!(allowed(&backend, &checks).await);
 
     server.pause();
@@ -384,10 +385,10 @@ async fn checkouts_send_no_ping() {
     }
     let stats = command_stats(&mut conn).await;
     assert!(!stats.contains("cmdstat_ping"), "{stats}");
-    let evalsha_calls = command_stat(&stats, "evalsha", "calls")
-        .unwrap_or_else(|| panic!("no evalsha stats in {stats}"));
-    // 50 decisions, plus the first EVALSHA that met NOSCRIPT.
-    assert!((50.0..=51.0).contains(&evalsha_calls), "{stats}");
+    let fcall_calls = command_stat(&stats, "fcall", "calls")
+        .unwrap_or_else(|| panic!("no fcall stats in {stats}"));
+    // 50 decisions; the library was loaded before the first.
+    assert_eq!(fcall_calls, 50.0, "{stats}");
 }
 
 #[tokio::test]
@@ -516,6 +517,7 @@ fn settings_for(url: &str) -> throttlegate::backends::redis::RedisSettings {
         key_prefix: "tg".to_owned(),
         clock: ClockSource::Redis,
         expiry_grace_ms: 0,
+        batch: None,
     }
 }
 

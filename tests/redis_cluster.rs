@@ -161,32 +161,36 @@ async fn with_a_domain_tag_every_request_is_one_script_call() {
     for _ in 0..10 {
         assert!(tagged.decide(&checks).await.unwrap().allowed);
     }
-    assert_eq!(cluster.calls_on_primaries("evalsha").await, 10);
+    assert_eq!(cluster.calls_on_primaries("fcall").await, 10);
     let keys = cluster.keys("tg:{test}:*").await;
     assert_eq!(keys.len(), 8, "{keys:?}");
 
     // The same request untagged is one call per slot: more than one.
     cluster.reset_stats().await;
     assert!(untagged.decide(&checks).await.unwrap().allowed);
-    let calls = cluster.calls_on_primaries("evalsha").await;
+    let calls = cluster.calls_on_primaries("fcall").await;
     assert!(calls > 1 && calls <= 8, "{calls} calls");
 }
 
 #[tokio::test]
-async fn the_script_is_loaded_again_on_a_primary_that_lost_it() {
+async fn the_library_is_loaded_again_on_a_primary_that_lost_it() {
     let cluster = Cluster::start(3, 0).await;
     let backend = cluster_backend(&cluster, HashTag::Descriptor);
     let checks = spread_checks(12);
     assert!(backend.decide(&checks).await.unwrap().allowed);
     for idx in 0..cluster.primaries() {
-        cluster.script_flush(idx).await;
+        cluster.function_flush(idx).await;
     }
+    cluster.reset_stats().await;
     let verdict = backend
         .decide(&checks)
         .await
-        .expect("NOSCRIPT is followed by SCRIPT LOAD");
+        .expect("a missing function is followed by FUNCTION LOAD");
     assert!(verdict.allowed);
+    // Counted once each: the calls that met no function did not run.
     assert!(verdict.outcomes.iter().all(|it| it.remaining == 998));
+    let loads = cluster.calls_on_primaries("function|load").await;
+    assert!(loads >= 1, "{loads} loads");
 }
 
 #[tokio::test]
@@ -438,19 +442,12 @@ async fn a_killed_primary_is_replaced_and_its_slots_decided_again() {
     );
     assert_eq!(failures_elsewhere, 0, "other slots kept being decided");
     cluster.wait_ok(FAILOVER_BOUND).await;
-    // The promoted replica never saw SCRIPT LOAD (not replicated on Redis
-    // 7.0): the backend loaded the script there on NOSCRIPT.
+    // The promoted replica has the library (functions are replicated).
     let victim_slot = slot_of(&cluster, &backend.key_of(&on_victim[0].key)).await;
     let promoted = cluster.owner_of(victim_slot).await;
     assert_ne!(promoted, victim);
-    let mut conn = cluster.node(promoted).connection().await;
-    let loaded: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(backend.script_hash())
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(loaded, [true]);
+    let library = &throttlegate::backends::redis::script::library().name;
+    assert!(support::redis::library_loaded(cluster.node(promoted), library).await);
     // A probe that finds the client's slot map stale reconnects, so the
     // next one (health probes every second) sees the new primary.
     let ok_by = Instant::now() + Duration::from_secs(3);

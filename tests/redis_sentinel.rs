@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use support::keys::check_on;
 use support::process::{Serve, ServiceProcess};
-use support::redis::{RedisServer, backend};
+use support::redis::{RedisServer, backend, library_loaded};
 use support::sentinel::{DOWN_AFTER_MS, MASTER_NAME, Passwords, SentinelSetup};
 use throttlegate::algorithms::Algorithm::SlidingWindowLog;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
@@ -85,9 +85,10 @@ async fn killing_the_master_fails_decisions_only_until_the_replica_is_promoted()
     }
     probed.probe().await.expect("healthy before");
     setup.wait_for_replication().await;
-    // Scripts are not replicated: the promoted replica answers NOSCRIPT
-    // first, and the backend loads the script there.
-    assert!(!script_loaded(&setup.replica, deciding.script_hash()).await);
+    // Functions are replicated: the replica to be promoted has the library
+    // before the failover.
+    let library = &throttlegate::backends::redis::script::library().name;
+    assert!(library_loaded(&setup.replica, library).await);
 
     let promoted = setup.replica.port();
     let killed = Instant::now();
@@ -137,21 +138,10 @@ async fn killing_the_master_fails_decisions_only_until_the_replica_is_promoted()
         assert!(after <= 10, "the count restarted on the promoted replica");
     }
     assert_eq!(after, 6, "the count continued from the replicated 4");
-    assert!(script_loaded(&setup.replica, deciding.script_hash()).await);
+    assert!(library_loaded(&setup.replica, library).await);
     let (unhealthy, healthy_again) = health.await.unwrap();
     assert!(unhealthy, "health never reported the failover");
     assert!(healthy_again, "health did not recover after the failover");
-}
-
-async fn script_loaded(server: &RedisServer, sha: &str) -> bool {
-    let mut conn = server.connection().await;
-    let exists: Vec<bool> = redis::cmd("SCRIPT")
-        .arg("EXISTS")
-        .arg(sha)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    exists == [true]
 }
 
 /// Probes once a second, as the health monitor does, until the probes

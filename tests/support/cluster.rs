@@ -320,14 +320,14 @@ impl Cluster {
         list.lines().filter(|line| !line.starts_with(&own)).count()
     }
 
-    /// SCRIPT FLUSH on `nodes[idx]`.
-    pub async fn script_flush(&self, idx: usize) {
+    /// FUNCTION FLUSH on `nodes[idx]`: the library is gone from that node.
+    pub async fn function_flush(&self, idx: usize) {
         let mut conn = self.nodes[idx].connection().await;
-        let () = ::redis::cmd("SCRIPT")
+        let () = ::redis::cmd("FUNCTION")
             .arg("FLUSH")
             .query_async(&mut conn)
             .await
-            .expect("SCRIPT FLUSH");
+            .expect("FUNCTION FLUSH");
     }
 
     /// The keys of every running primary matching `pattern`.

@@ -309,6 +309,7 @@ pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
         key_prefix: "tg".to_owned(),
         clock,
         expiry_grace_ms: 0,
+        batch: None,
     }
 }
 
@@ -366,6 +367,20 @@ pub async fn backend_with(
 pub async fn service(server: &RedisServer, yaml: &str) -> TestService {
     let backend: Arc<dyn Backend> = Arc::new(backend(server, ClockSource::Redis).await);
     start_with_config(yaml, backend, default_options()).await
+}
+
+/// Whether the server holds the library named `name` (`FUNCTION LIST`).
+pub async fn library_loaded(server: &RedisServer, name: &str) -> bool {
+    let mut conn = server.connection().await;
+    let listed: ::redis::Value = ::redis::cmd("FUNCTION")
+        .arg("LIST")
+        .arg("LIBRARYNAME")
+        .arg(name)
+        .query_async(&mut conn)
+        .await
+        .expect("FUNCTION LIST");
+    // One entry per library whose name contains `name`; ours are unique.
+    matches!(listed, ::redis::Value::Array(items) if !items.is_empty())
 }
 
 /// Zeroes the command statistics (`CONFIG RESETSTAT`).

@@ -97,6 +97,7 @@ impl SentinelSetup {
             key_prefix: "tg".to_owned(),
             clock: ClockSource::Redis,
             expiry_grace_ms: 0,
+            batch: None,
         }
     }
 

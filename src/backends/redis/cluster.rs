@@ -16,8 +16,10 @@
 //! retries, because it retries after I/O errors and timeouts, when the
 //! script may have run (counting a request twice). We follow only the
 //! answers that prove the script did not run: MOVED (to the named node),
-//! ASK (ASKING then the script, on the named node), NOSCRIPT (SCRIPT LOAD
-//! on that node, then again), and TRYAGAIN, CLUSTERDOWN, MASTERDOWN,
+//! ASK (ASKING then the script, on the named node), NOSCRIPT or a missing
+//! function (SCRIPT LOAD or FUNCTION LOAD on that node, then again: each
+//! primary gets the library the first time it is called after a start, a
+//! flush or a failover), and TRYAGAIN, CLUSTERDOWN, MASTERDOWN,
 //! READONLY, LOADING or a node not connected (again after a short pause,
 //! routed by slot on the refreshed map). All of it within one deadline.
 
@@ -35,10 +37,12 @@ use redis::cluster_routing::{
     SlotAddr,
 };
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep, timeout_at};
 
-use super::script::{self, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader};
-use super::{ClockSource, DECIDE_LUA, classify, redact};
+use super::engine::{self, Engine, Entry};
+use super::script::{self, HeaderArgs, LimitArgs, Receipt, RefundArgs, RefundHeader};
+use super::{ClockSource, classify, redact};
 use crate::algorithms::{Outcome, Verdict};
 use crate::backends::keys::KeyFormat;
 use crate::backends::{Backend, Error, KeyedCheck};
@@ -79,8 +83,9 @@ pub struct ClusterBackend {
     /// when the probe finds the client's slot map stale (see `probe`).
     connections: Vec<Mutex<Option<ClusterConnection>>>,
     next: AtomicUsize,
-    script: redis::Script,
-    refund: redis::Script,
+    /// FCALL or EVALSHA, found at the first call (see `engine`): a cluster
+    /// runs one Redis version.
+    engine: OnceCell<Engine>,
     refund_failures: AtomicU64,
     refund_log: LogGate,
     keys: KeyFormat,
@@ -217,8 +222,7 @@ impl ClusterBackend {
             client,
             connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
-            script: redis::Script::new(DECIDE_LUA),
-            refund: script::refund_script(),
+            engine: OnceCell::new(),
             refund_failures: AtomicU64::new(0),
             refund_log: LogGate::new(),
             keys: settings.keys,
@@ -235,9 +239,21 @@ impl ClusterBackend {
         self.keys.encode(key)
     }
 
-    /// The SHA1 the script is invoked by (EVALSHA).
-    pub fn script_hash(&self) -> &str {
-        self.script.get_hash()
+    /// The SHA1 the decision script is invoked by where the servers have
+    /// no functions (EVALSHA).
+    pub fn script_hash(&self) -> String {
+        redis::Script::new(super::DECIDE_LUA).get_hash().to_owned()
+    }
+
+    /// How the cluster's nodes run our code: found once, by loading the
+    /// library on the primary of `slot`.
+    async fn engine(&self, conn: &mut ClusterConnection, slot: Slot) -> Result<Engine, Error> {
+        let detect = async {
+            let routing = single(Route::with_slot(slot, SlotAddr::Master));
+            let res = conn.route_command(engine::library_load(), routing).await;
+            Engine::from_load(res).map_err(|err| classify(&err, self.timeout_ms))
+        };
+        self.engine.get_or_try_init(|| detect).await.copied()
     }
 
     /// A cluster connection, made now if this slot of the pool has none.
@@ -303,18 +319,21 @@ impl ClusterBackend {
         Ok(groups)
     }
 
-    /// EVALSHA of the decision script over one group.
-    fn decide_cmd(&self, header: &HeaderArgs, group: &Group, checks: &[KeyedCheck]) -> Cmd {
+    /// FCALL (or EVALSHA) of the decision over one group.
+    fn decide_cmd(
+        engine: Engine,
+        header: &HeaderArgs,
+        group: &Group,
+        checks: &[KeyedCheck],
+    ) -> Cmd {
         let limits: Vec<LimitArgs> = group
             .positions
             .iter()
             .map(|&at| LimitArgs::of(&checks[at].check))
             .collect();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.script.get_hash())
-            .arg(group.keys.len())
-            .arg(&group.keys)
-            .arg(script::argv(header, &limits));
+        let mut cmd = engine.command(Entry::Decide, group.keys.len());
+        cmd.arg(&group.keys);
+        script::write_request(&mut cmd, header, &limits);
         cmd
     }
 
@@ -327,8 +346,11 @@ impl ClusterBackend {
         group: &Group,
         checks: &[KeyedCheck],
     ) -> Result<(Verdict, Vec<Receipt>), Error> {
-        let cmd = self.decide_cmd(header, group, checks);
-        let value = self.call(&mut conn, DECIDE_LUA, &cmd, group.slot).await?;
+        let engine = self.engine(&mut conn, group.slot).await?;
+        let cmd = Self::decide_cmd(engine, header, group, checks);
+        let value = self
+            .call(&mut conn, (engine, Entry::Decide), &cmd, group.slot)
+            .await?;
         let reply = int_reply(value)?;
         if header.receipts {
             return script::decode_reply_with_receipts(&reply, group.keys.len());
@@ -347,11 +369,16 @@ impl ClusterBackend {
         checks: &[KeyedCheck],
         receipts: &[Receipt],
     ) {
-        let Some(cmd) = self.refund_cmd(group, checks, receipts) else {
-            return;
-        };
         let deadline = Instant::now() + self.timeout;
-        let refunded = timeout_at(deadline, self.call(&mut conn, REFUND_LUA, &cmd, group.slot));
+        let refunded = timeout_at(deadline, async {
+            // Known by now: the group's decision found it.
+            let engine = self.engine(&mut conn, group.slot).await?;
+            let Some(cmd) = self.refund_cmd(engine, group, checks, receipts) else {
+                return Ok(Value::Nil);
+            };
+            self.call(&mut conn, (engine, Entry::Refund), &cmd, group.slot)
+                .await
+        });
         let err = match refunded.await {
             Ok(Ok(_)) => return,
             Ok(Err(err)) => err,
@@ -366,10 +393,11 @@ impl ClusterBackend {
         }
     }
 
-    /// EVALSHA of the refund script over the group's limits that consumed;
-    /// `None` when none did.
+    /// FCALL (or EVALSHA) of the refund over the group's limits that
+    /// consumed; `None` when none did.
     fn refund_cmd(
         &self,
+        engine: Engine,
         group: &Group,
         checks: &[KeyedCheck],
         receipts: &[Receipt],
@@ -388,11 +416,8 @@ impl ClusterBackend {
         let header = RefundHeader {
             now_us: self.header(false).now_us,
         };
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.refund.get_hash())
-            .arg(keys.len())
-            .arg(keys)
-            .arg(script::refund_argv(&header, &limits));
+        let mut cmd = engine.command(Entry::Refund, keys.len());
+        cmd.arg(keys).arg(script::refund_argv(&header, &limits));
         Some(cmd)
     }
 
@@ -446,7 +471,7 @@ impl ClusterBackend {
     async fn call(
         &self,
         conn: &mut ClusterConnection,
-        lua: &'static str,
+        code: (Engine, Entry),
         cmd: &Cmd,
         slot: Slot,
     ) -> Result<Value, Error> {
@@ -466,7 +491,7 @@ impl ClusterBackend {
             }
             target = match step {
                 Next::Load => {
-                    self.load(conn, lua, &target).await?;
+                    self.load(conn, code, &target).await?;
                     target
                 }
                 Next::Go(next) => next,
@@ -480,23 +505,19 @@ impl ClusterBackend {
         }
     }
 
-    /// SCRIPT LOAD of `lua` on the node `target` names.
+    /// SCRIPT LOAD or FUNCTION LOAD of `code` on the node `target` names.
     async fn load(
         &self,
         conn: &mut ClusterConnection,
-        lua: &'static str,
+        (engine, entry): (Engine, Entry),
         target: &Target,
     ) -> Result<(), Error> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(lua);
+        let cmd = engine.load_command(entry);
         let routing = match target {
             Target::Slot(slot) => single(Route::with_slot(*slot, SlotAddr::Master)),
             Target::Moved(host, port) | Target::Ask(host, port) => by_address(host, *port),
         };
-        conn.route_command(cmd, routing)
-            .await
-            .and_then(Value::extract_error)
-            .map(|_| ())
+        Engine::loaded(conn.route_command(cmd, routing).await)
             .map_err(|err| classify(&err, self.timeout_ms))
     }
 }
@@ -514,7 +535,8 @@ fn lock(slot: &Mutex<Option<ClusterConnection>>) -> MutexGuard<'_, Option<Cluste
 
 /// What to do after a failed attempt.
 enum Next {
-    /// NOSCRIPT: load the script on that node, then the same target again.
+    /// NOSCRIPT or a missing function: load the code on that node, then
+    /// the same target again.
     Load,
     /// MOVED or ASK: the node named.
     Go(Target),
@@ -531,8 +553,10 @@ fn next_step(err: &RedisError) -> Next {
             Some((host.to_owned(), port.parse::<u16>().ok()?))
         })
     };
+    if engine::is_missing_code(err) {
+        return Next::Load;
+    }
     match err.kind() {
-        ErrorKind::Server(ServerErrorKind::NoScript) => Next::Load,
         ErrorKind::Server(ServerErrorKind::Moved) => named().map_or(Next::Pause, |(host, port)| {
             Next::Go(Target::Moved(host, port))
         }),

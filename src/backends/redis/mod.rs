@@ -1,15 +1,21 @@
-//! Redis backend: one atomic Lua script per request, EVALSHA over a bb8 pool.
+//! Redis backend: one atomic Lua call per request (or per batch of
+//! requests), FCALL of a function library on Redis 7, EVALSHA before,
+//! over a bb8 pool.
 //!
 //! `lua/decide.lua` is `algorithms::decide` ported line for line; a request's
-//! limits are checked and consumed in one script call, so replicas sharing
-//! a Redis agree exactly. `pool` holds the connections (multiplexed,
-//! broken ones retired, a circuit that fails calls at once while Redis
-//! cannot be reached); [`script`] the script's arguments and reply;
-//! `sentinel` how the master is found behind Sentinel; [`cluster`] the
-//! Redis Cluster backend (a request grouped by hash slot); this module the
-//! single-server backend and how Redis failures are classified, for both.
+//! limits are checked and consumed in one call, so replicas sharing a Redis
+//! agree exactly. `pool` holds the connections (multiplexed, broken ones
+//! retired, a circuit that fails calls at once while Redis cannot be
+//! reached); [`script`] the Lua's arguments and reply and the library;
+//! [`engine`] FCALL or EVALSHA and the reload after a flush; `batch` how
+//! concurrent requests share one call; `sentinel` how the master is found
+//! behind Sentinel; [`cluster`] the Redis Cluster backend (a request grouped
+//! by hash slot); this module the single-server backend and how Redis
+//! failures are classified, for both.
 
+mod batch;
 pub mod cluster;
+pub mod engine;
 mod pool;
 pub mod script;
 mod sentinel;
@@ -21,9 +27,11 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 use tokio::time::{Instant, timeout_at};
 
+use self::batch::Batcher;
+use self::engine::{Engine, Entry};
 use self::pool::{Pool, Target};
 pub use self::script::DECIDE_LUA;
-use self::script::HeaderArgs;
+use self::script::{HeaderArgs, LimitArgs};
 use self::sentinel::Sentinel;
 pub use self::sentinel::SentinelSettings;
 use super::keys::{HashTag, KeyFormat};
@@ -74,18 +82,42 @@ pub struct RedisSettings {
     /// [`ClockSource::Local`] and replica clocks that disagree, a grace of
     /// the skew keeps a lagging replica from reading a key already expired.
     pub expiry_grace_ms: u64,
+    /// Coalesce concurrent requests into one call; `None`: one call each.
+    pub batch: Option<BatchSettings>,
+}
+
+/// Bounds of one batch (see `batch`): requests wait to be batched only
+/// while earlier calls are in flight, one per pooled connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchSettings {
+    /// Most requests in one call.
+    pub max_requests: usize,
+    /// Most keys in one call (a request with more is sent alone).
+    pub max_keys: usize,
 }
 
 /// Counters in Redis, shared by every replica pointed at the same server.
 pub struct RedisBackend {
-    pool: Pool,
-    script: redis::Script,
+    core: Arc<Core>,
     keys: KeyFormat,
     clock: ClockSource,
+    expiry_grace_ms: u64,
+}
+
+/// What sends calls, shared with the tasks that send batches.
+struct Core {
+    pool: Pool,
+    batcher: Option<Batcher>,
     timeout: Duration,
     timeout_ms: u64,
-    expiry_grace_ms: u64,
     redacted_url: String,
+}
+
+/// One request, encoded: its keys, header and limits.
+struct Encoded {
+    keys: Vec<String>,
+    header: HeaderArgs,
+    limits: Vec<LimitArgs>,
 }
 
 // === impl RedisSettings ===
@@ -99,6 +131,13 @@ impl RedisSettings {
         if self.timeout_ms == 0 {
             return Err(Error::Protocol(
                 "redis timeout must be at least 1 ms".into(),
+            ));
+        }
+        if let Some(batch) = &self.batch
+            && (batch.max_requests == 0 || batch.max_keys == 0)
+        {
+            return Err(Error::Protocol(
+                "redis batches need room for at least 1 request and 1 key".into(),
             ));
         }
         Ok(())
@@ -134,6 +173,7 @@ impl fmt::Debug for RedisSettings {
             .field("key_prefix", &self.key_prefix)
             .field("clock", &self.clock)
             .field("expiry_grace_ms", &self.expiry_grace_ms)
+            .field("batch", &self.batch)
             .finish()
     }
 }
@@ -144,10 +184,10 @@ impl RedisBackend {
     /// Builds the pool. Fails when the URL or settings are invalid, and
     /// with Sentinel when no sentinel answers or none knows the master; an
     /// unreachable server is not an error here (probe and health report
-    /// it, and connections are made when it answers). The script is loaded
-    /// on first use (EVALSHA falls back to SCRIPT LOAD on NOSCRIPT).
-    /// Starts the task that reconnects while the circuit is open; it stops
-    /// when the backend is dropped.
+    /// it, and connections are made when it answers). The library (or the
+    /// script) is loaded on first use of each connection. Starts the task
+    /// that reconnects while the circuit is open; it stops when the backend
+    /// is dropped.
     pub async fn connect(settings: RedisSettings) -> Result<RedisBackend, Error> {
         settings.validate()?;
         let (target, redacted_url) = settings.target()?;
@@ -160,15 +200,19 @@ impl RedisBackend {
             settings.timeout_ms,
             redacted_url.clone(),
         );
-        Ok(RedisBackend {
+        let in_flight = usize::try_from(settings.pool_size).unwrap_or(1);
+        let core = Core {
             pool,
-            script: redis::Script::new(DECIDE_LUA),
-            keys: KeyFormat::new(settings.key_prefix, HashTag::None),
-            clock: settings.clock,
+            batcher: settings.batch.map(|it| Batcher::new(it, in_flight)),
             timeout: Duration::from_millis(settings.timeout_ms),
             timeout_ms: settings.timeout_ms,
-            expiry_grace_ms: settings.expiry_grace_ms,
             redacted_url,
+        };
+        Ok(RedisBackend {
+            core: Arc::new(core),
+            keys: KeyFormat::new(settings.key_prefix, HashTag::None),
+            clock: settings.clock,
+            expiry_grace_ms: settings.expiry_grace_ms,
         })
     }
 
@@ -181,12 +225,18 @@ impl RedisBackend {
 
     /// Whether calls fail at once because Redis could not be connected to.
     pub fn circuit_open(&self) -> bool {
-        self.pool.circuit_open()
+        self.core.pool.circuit_open()
     }
 
-    /// The SHA1 the script is invoked by (EVALSHA).
-    pub fn script_hash(&self) -> &str {
-        self.script.get_hash()
+    /// The SHA1 the decision script is invoked by where the server has no
+    /// functions (EVALSHA).
+    pub fn script_hash(&self) -> String {
+        redis::Script::new(DECIDE_LUA).get_hash().to_owned()
+    }
+
+    /// The function a decision calls where the server has functions (FCALL).
+    pub fn function_name(&self) -> &'static str {
+        &script::library().decide
     }
 
     /// The Redis key of a counter, as the script reads and writes it.
@@ -197,16 +247,74 @@ impl RedisBackend {
     fn header(&self) -> HeaderArgs {
         HeaderArgs::now(&self.clock, self.expiry_grace_ms, false)
     }
+
+    fn encode(&self, checks: &[KeyedCheck]) -> Result<Encoded, Error> {
+        Ok(Encoded {
+            keys: script::request_keys(&self.keys, checks)?,
+            header: self.header(),
+            limits: checks.iter().map(|it| LimitArgs::of(&it.check)).collect(),
+        })
+    }
+}
+
+// === impl Core ===
+
+impl Core {
+    /// One call of `entry` over `keys` within the timeout, its arguments
+    /// written by `args`; the reply's integers. Loads the code and sends
+    /// again only when the server says it lacks it (the call did not run);
+    /// NEVER after a timeout or any other error: the call may have run,
+    /// and a retry would count its requests twice.
+    async fn call(
+        &self,
+        entry: Entry,
+        keys: &[&String],
+        args: impl FnOnce(&mut redis::Cmd),
+    ) -> Result<Vec<i64>, Error> {
+        let deadline = Instant::now() + self.timeout;
+        let conn = timeout_at(deadline, self.pool.connection())
+            .await
+            .map_err(|_| self.pool.checkout_timeout())??;
+        let engine: Engine = match timeout_at(deadline, conn.engine()).await {
+            Err(_) => return Err(Error::Timeout(self.timeout_ms)),
+            Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
+            Ok(Ok(engine)) => engine,
+        };
+        let mut cmd = engine.command(entry, keys.len());
+        cmd.arg(keys);
+        args(&mut cmd);
+        let mut multiplexed = conn.conn.clone();
+        let value = engine::run(&mut multiplexed, engine, entry, &cmd);
+        let value = match timeout_at(deadline, value).await {
+            Err(_) => return Err(Error::Timeout(self.timeout_ms)),
+            Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
+            Ok(Ok(value)) => value,
+        };
+        redis::from_redis_value(value)
+            .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))
+    }
+
+    /// One request in a call of its own.
+    async fn decide_one(&self, request: &Encoded) -> Result<Verdict, Error> {
+        let keys: Vec<&String> = request.keys.iter().collect();
+        let reply = self
+            .call(Entry::Decide, &keys, |cmd| {
+                script::write_request(cmd, &request.header, &request.limits);
+            })
+            .await?;
+        script::parse_reply(&reply, request.keys.len())
+    }
 }
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisBackend")
-            .field("url", &self.redacted_url)
+            .field("url", &self.core.redacted_url)
             .field("keys", &self.keys)
             .field("clock", &self.clock)
-            .field("timeout_ms", &self.timeout_ms)
-            .field("pool", &self.pool.state())
+            .field("timeout_ms", &self.core.timeout_ms)
+            .field("pool", &self.core.pool.state())
+            .field("batch", &self.core.batcher.as_ref().map(Batcher::settings))
             .finish_non_exhaustive()
     }
 }
@@ -220,30 +328,20 @@ impl Backend for RedisBackend {
                 outcomes: Vec::new(),
             });
         }
-        let header = self.header();
-        let invocation = script::invocation(&self.script, &self.keys, &header, checks)?;
-        let deadline = Instant::now() + self.timeout;
-        let mut conn = timeout_at(deadline, self.pool.connection())
-            .await
-            .map_err(|_| self.pool.checkout_timeout())??;
-        // NEVER retry after a timeout: the script may have run, and a retry
-        // would count the request twice. `invoke_async` itself retries only
-        // after NOSCRIPT (EVALSHA → SCRIPT LOAD → EVALSHA), when the script
-        // certainly did not run. Other errors are not retried either: a
-        // dropped connection may have delivered the call.
-        let reply: Vec<i64> =
-            match timeout_at(deadline, invocation.invoke_async(&mut conn.conn)).await {
-                Err(_) => return Err(Error::Timeout(self.timeout_ms)),
-                Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
-                Ok(Ok(reply)) => reply,
-            };
-        script::parse_reply(&reply, checks.len())
+        let request = self.encode(checks)?;
+        match &self.core.batcher {
+            None => self.core.decide_one(&request).await,
+            Some(_) => batch::decide(&self.core, request).await,
+        }
     }
 
     /// PING within the timeout; while the circuit is open, a fresh
     /// connection at once, so health reports recovery as soon as it happens.
     async fn probe(&self) -> Result<(), Error> {
-        self.pool.probe(Instant::now() + self.timeout).await
+        self.core
+            .pool
+            .probe(Instant::now() + self.core.timeout)
+            .await
     }
 
     fn name(&self) -> &'static str {

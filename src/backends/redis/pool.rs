@@ -11,10 +11,11 @@ use std::time::Duration;
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, OnceCell};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
+use super::engine::Engine;
 use super::sentinel::Sentinel;
 use super::{Error, classify, is_broken, is_demoted};
 
@@ -52,6 +53,9 @@ pub(super) struct Pool {
 /// A connection cloned out of the pool, with what retires it.
 pub(super) struct Pooled {
     pub(super) conn: MultiplexedConnection,
+    /// How the server behind it runs our code, found at its first call
+    /// and shared by its clones.
+    engine: Arc<OnceCell<Engine>>,
     epoch: u64,
     /// Shared by the pooled connection and the clones handed out, so a
     /// caller can retire the one it used.
@@ -211,6 +215,7 @@ impl Pool {
             }
             return Ok(Pooled {
                 conn: pooled.conn.clone(),
+                engine: pooled.engine.clone(),
                 epoch: pooled.epoch,
                 retired: pooled.retired.clone(),
             });
@@ -339,6 +344,31 @@ fn build_pool(
         .build_unchecked(manager)
 }
 
+// === impl Pooled ===
+
+impl Pooled {
+    /// How the server behind this connection runs our code: found once, by
+    /// loading the function library (see `engine`). An error is returned
+    /// and asked again at the next call.
+    pub(super) async fn engine(&self) -> Result<Engine, RedisError> {
+        let mut conn = self.conn.clone();
+        let engine = self
+            .engine
+            .get_or_try_init(|| async move {
+                let engine = Engine::detect(&mut conn).await?;
+                if engine == Engine::Scripts {
+                    tracing::info!(
+                        "redis has no functions (before 7.0, FUNCTION disabled or not \
+                         allowed): deciding with EVALSHA on this connection"
+                    );
+                }
+                Ok::<_, RedisError>(engine)
+            })
+            .await?;
+        Ok(*engine)
+    }
+}
+
 // === impl Target ===
 
 impl Target {
@@ -391,6 +421,7 @@ impl bb8::ManageConnection for Manager {
             .unwrap_or_else(|it| it.into_inner()) = None;
         Ok(Pooled {
             conn,
+            engine: Arc::default(),
             epoch,
             retired: Arc::default(),
         })
@@ -527,6 +558,7 @@ impl Reconnector {
         // bb8 makes new ones as the old ones are retired.
         let _ = self.pool.add(Pooled {
             conn,
+            engine: Arc::default(),
             epoch,
             retired: Arc::default(),
         });

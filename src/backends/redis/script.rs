@@ -40,22 +40,112 @@ use super::super::{Error, KeyedCheck, keys};
 use super::ClockSource;
 use crate::algorithms::{Check, Mode, Outcome, Verdict};
 
-/// The decision script, embedded at build time after the helpers it
-/// shares with the refund (`lua/common.lua`).
+/// The helpers both scripts share (`lua/common.lua`).
+const COMMON_LUA: &str = include_str!("../../../lua/common.lua");
+/// The decision's definitions (`lua/decide.lua`): `decide` and `decide_batch`.
+const DECIDE_DEFINITIONS: &str = include_str!("../../../lua/decide.lua");
+/// The refund's definitions (`lua/refund.lua`): `refund`.
+const REFUND_DEFINITIONS: &str = include_str!("../../../lua/refund.lua");
+
+/// The decision of one request as a script (EVALSHA, for servers without
+/// functions), embedded at build time after the helpers it shares with the
+/// refund. The function library runs the very same text.
 pub const DECIDE_LUA: &str = concat!(
     include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/decide.lua")
+    include_str!("../../../lua/decide.lua"),
+    "\nreturn decide(KEYS, ARGV)\n"
+);
+
+/// The decision of several requests in one call as a script (see
+/// [`BATCH_FIELDS`]).
+pub const DECIDE_BATCH_LUA: &str = concat!(
+    include_str!("../../../lua/common.lua"),
+    include_str!("../../../lua/decide.lua"),
+    "\nreturn decide_batch(KEYS, ARGV)\n"
 );
 
 /// The refund script, embedded at build time (see the module's "Refunds").
 pub const REFUND_LUA: &str = concat!(
     include_str!("../../../lua/common.lua"),
-    include_str!("../../../lua/refund.lua")
+    include_str!("../../../lua/refund.lua"),
+    "\nreturn refund(KEYS, ARGV)\n"
 );
 
 /// The refund script, invoked by EVALSHA (with SCRIPT LOAD on NOSCRIPT).
 pub fn refund_script() -> redis::Script {
     redis::Script::new(REFUND_LUA)
+}
+
+/// The decision and the refund as one Redis function library (Redis 7):
+/// loaded once per server with FUNCTION LOAD, called with FCALL, so a call
+/// runs only the decision, not the definitions of every helper.
+///
+/// Function names are global in a server, and two versions of the service
+/// may share one during a rolling upgrade: the library and its functions
+/// carry the first 12 hex digits of the SHA1 of the library's body, so each
+/// version calls its own code and loading an identical library again is
+/// answered "already exists" (which is success).
+///
+/// At load time Redis 7.0 lets a library's top level reach only
+/// `redis.register_function`: the scripts' text (whose top level reads
+/// `string`, `math`, `redis.call`...) is therefore the body of a builder
+/// function, run at the first call of the library's functions on that
+/// server and kept for every later call.
+#[derive(Debug)]
+pub struct Library {
+    /// The library's name, `throttlegate_<digest>`.
+    pub name: String,
+    /// One request: the layout of [`HEADER_FIELDS`] and [`LIMIT_FIELDS`].
+    pub decide: String,
+    /// Several requests: the layout of [`BATCH_FIELDS`].
+    pub decide_batch: String,
+    /// A refund: the layout of [`REFUND_HEADER_FIELDS`] and [`REFUND_FIELDS`].
+    pub refund: String,
+    /// What FUNCTION LOAD is sent.
+    pub source: String,
+}
+
+/// The library, built once.
+pub fn library() -> &'static Library {
+    static LIBRARY: std::sync::LazyLock<Library> = std::sync::LazyLock::new(Library::build);
+    &LIBRARY
+}
+
+impl Library {
+    fn build() -> Library {
+        let definitions = format!(
+            "local function decide_functions()\n{COMMON_LUA}{DECIDE_DEFINITIONS}\n\
+             return decide, decide_batch\nend\n\
+             local function refund_function()\n{COMMON_LUA}{REFUND_DEFINITIONS}\n\
+             return refund\nend\n"
+        );
+        // The digest of the code alone: the names written below derive from it.
+        let digest = redis::Script::new(&definitions).get_hash()[..12].to_owned();
+        let name = format!("throttlegate_{digest}");
+        let decide = format!("throttlegate_decide_{digest}");
+        let decide_batch = format!("throttlegate_decide_batch_{digest}");
+        let refund = format!("throttlegate_refund_{digest}");
+        let source = format!(
+            "#!lua name={name}\n{definitions}\
+             local decide, decide_batch, refund\n\
+             redis.register_function('{decide}', function(keys, args)\n\
+             \x20 if not decide then decide, decide_batch = decide_functions() end\n\
+             \x20 return decide(keys, args)\nend)\n\
+             redis.register_function('{decide_batch}', function(keys, args)\n\
+             \x20 if not decide then decide, decide_batch = decide_functions() end\n\
+             \x20 return decide_batch(keys, args)\nend)\n\
+             redis.register_function('{refund}', function(keys, args)\n\
+             \x20 if not refund then refund = refund_function() end\n\
+             \x20 return refund(keys, args)\nend)\n"
+        );
+        Library {
+            name,
+            decide,
+            decide_batch,
+            refund,
+            source,
+        }
+    }
 }
 
 /// One argument of the script: text, or an integer sent in decimal.
@@ -176,6 +266,29 @@ pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
     Field::new("mode", "enforce, shadow or quota", |it| Arg::Text(it.mode)),
 ];
 
+/// ARGV[1] of a batch (`decide_batch`); then, per request, its
+/// [`REQUEST_FIELDS`], its [`HEADER_FIELDS`] and its [`LIMIT_FIELDS`] once
+/// per limit. KEYS are the requests' keys one after the other; the reply
+/// is each request's reply (as [`parse_reply`] reads it) one after the
+/// other. Requests are decided in order, each all-or-nothing on its own.
+pub const BATCH_FIELDS: [Field<usize>; 1] = [Field::new(
+    "requests",
+    "the number of requests in the call, at least 1",
+    |it| Arg::Int(count(*it)),
+)];
+
+/// The fields that open each request of a batch, in this order.
+pub const REQUEST_FIELDS: [Field<usize>; 1] = [Field::new(
+    "limits",
+    "the number of the request's limits, at least 1: its keys are the next \
+     that many of KEYS",
+    |it| Arg::Int(count(*it)),
+)];
+
+fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
 /// Integers per limit in the reply, after `{allowed, now_us}`:
 /// has_room, consumed, remaining, reset_us.
 const REPLY_PER_LIMIT: usize = 4;
@@ -228,9 +341,22 @@ impl ToRedisArgs for Arg {
     }
 }
 
-/// The call of the script for `checks`: their keys written by `keys`, and
-/// ARGV. Refuses a request naming one counter twice, which the script would
-/// read and write twice.
+/// The keys of `checks`, written by `keys`, in order. Refuses a request
+/// naming one counter twice, which the script would read and write twice.
+pub fn request_keys(keys: &KeyFormat, checks: &[KeyedCheck]) -> Result<Vec<String>, Error> {
+    let encoded: Vec<String> = checks.iter().map(|it| keys.encode(&it.key)).collect();
+    let mut seen = HashSet::with_capacity(encoded.len());
+    if let Some(key) = encoded.iter().find(|it| !seen.insert(it.as_str())) {
+        return Err(Error::Protocol(format!(
+            "counter {key} appears twice in one request"
+        )));
+    }
+    Ok(encoded)
+}
+
+/// The call of `script` for `checks` (the EVALSHA form, for tests and
+/// tools): their keys written by `keys`, and ARGV. Refuses a request naming
+/// one counter twice.
 pub fn invocation<'a>(
     script: &'a redis::Script,
     keys: &KeyFormat,
@@ -238,14 +364,7 @@ pub fn invocation<'a>(
     checks: &[KeyedCheck],
 ) -> Result<redis::ScriptInvocation<'a>, Error> {
     let mut invocation = script.prepare_invoke();
-    let mut seen = HashSet::with_capacity(checks.len());
-    for it in checks {
-        let key = keys.encode(&it.key);
-        if !seen.insert(key.clone()) {
-            return Err(Error::Protocol(format!(
-                "counter {key} appears twice in one request"
-            )));
-        }
+    for key in request_keys(keys, checks)? {
         invocation.key(key);
     }
     let limits: Vec<LimitArgs> = checks.iter().map(|it| LimitArgs::of(&it.check)).collect();
@@ -253,8 +372,48 @@ pub fn invocation<'a>(
     Ok(invocation)
 }
 
+/// Appends one request's ARGV to `cmd`: the header's fields, then every
+/// limit's, each in the order of its table, written straight into the
+/// command (no list of arguments built first).
+pub fn write_request(cmd: &mut redis::Cmd, header: &HeaderArgs, limits: &[LimitArgs]) {
+    for field in &HEADER_FIELDS {
+        cmd.arg((field.value)(header));
+    }
+    for limit in limits {
+        for field in &LIMIT_FIELDS {
+            cmd.arg((field.value)(limit));
+        }
+    }
+}
+
+/// Reads the reply of a batch whose requests had `sizes` limits each, in
+/// order: one verdict per request. Refuses a reply of any other length.
+pub fn parse_batch_reply(reply: &[i64], sizes: &[usize]) -> Result<Vec<Verdict>, Error> {
+    let mut rest = reply;
+    let mut out = Vec::with_capacity(sizes.len());
+    for &n_checks in sizes {
+        let len = 2 + REPLY_PER_LIMIT * n_checks;
+        if rest.len() < len {
+            return Err(Error::Protocol(format!(
+                "unexpected batch reply of {} integers",
+                reply.len()
+            )));
+        }
+        let (section, after) = rest.split_at(len);
+        out.push(parse_reply(section, n_checks)?);
+        rest = after;
+    }
+    if !rest.is_empty() {
+        return Err(Error::Protocol(format!(
+            "unexpected batch reply of {} integers",
+            reply.len()
+        )));
+    }
+    Ok(out)
+}
+
 /// Reads `{allowed, now, (has_room, consumed, remaining, reset_us)*n}`.
-pub(super) fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
+pub fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
     let (verdict, _) = parse_limits(reply, n_checks, 0)?;
     Ok(verdict)
 }
@@ -541,6 +700,45 @@ mod tests {
     fn the_script_reads_the_fields_of_the_layout_in_order() {
         assert_eq!(lua_table("HEADER_FIELDS"), names(&HEADER_FIELDS));
         assert_eq!(lua_table("LIMIT_FIELDS"), names(&LIMIT_FIELDS));
+    }
+
+    #[test]
+    fn the_batch_layout_is_read_by_the_same_names() {
+        assert_eq!(lua_table("BATCH_FIELDS"), names(&BATCH_FIELDS));
+        assert_eq!(lua_table("REQUEST_FIELDS"), names(&REQUEST_FIELDS));
+    }
+
+    #[test]
+    fn a_batch_reply_is_one_section_per_request() {
+        let verdicts =
+            parse_batch_reply(&[1, 5, 1, 1, 3, 10, 0, 5, 0, 0, 0, 7, 1, 0, 2, 9], &[1, 2]).unwrap();
+        assert_eq!(verdicts.len(), 2);
+        assert!(verdicts[0].allowed);
+        assert!(!verdicts[1].allowed);
+        assert_eq!(verdicts[1].outcomes[1].remaining, 2);
+        assert!(parse_batch_reply(&[1, 5, 1, 1, 3, 10], &[1, 1]).is_err());
+        assert!(parse_batch_reply(&[1, 5, 1, 1, 3, 10, 1], &[1]).is_err());
+    }
+
+    #[test]
+    fn the_library_is_named_by_its_digest_and_registers_each_entry() {
+        let library = library();
+        let digest = library.name.strip_prefix("throttlegate_").unwrap();
+        assert_eq!(digest.len(), 12);
+        assert!(digest.chars().all(|it| it.is_ascii_hexdigit()));
+        assert!(
+            library
+                .source
+                .starts_with(&format!("#!lua name={}\n", library.name))
+        );
+        for function in [&library.decide, &library.decide_batch, &library.refund] {
+            assert!(function.ends_with(digest));
+            assert!(
+                library
+                    .source
+                    .contains(&format!("register_function('{function}'"))
+            );
+        }
     }
 
     #[test]
