@@ -61,6 +61,8 @@ pub fn limiter() -> Limiter {
         response_headers: Some(HeaderNames::standard()),
         failure_mode: FailureMode::Error,
         near_limit_ratio: NearLimitRatio::DEFAULT,
+        // The memory backend has no local clock: nothing would be cached.
+        over_limit_cache: 0,
     };
     Limiter::new(
         Arc::new(ArcSwap::from_pointee(rules)),
