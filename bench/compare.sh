@@ -20,7 +20,8 @@
 #   LIMITADOR  path to limitador-server: adds the systems
 #              limitador-memory and limitador-redis
 #   SYSTEMS    which systems to run, in order (default "memory redis", plus
-#              "limitador-memory limitador-redis" with LIMITADOR)
+#              "limitador-memory limitador-redis" with LIMITADOR; "redis-batch"
+#              is the Redis backend with --redis-batch on)
 #   LOADS      CONNECTIONSxSTREAMS per connection, space-separated
 #              (default "50x10 10x1": throughput, like h2load -c50 -m10,
 #              and latency, like -c10 -m1)
@@ -184,9 +185,10 @@ descriptor_key() { # the key of descriptor $1, as throttlegate-load names it
 start_system() {
     local system=$1 grpc=$2 http=$3
     case $system in
-    memory | redis)
+    memory | redis | redis-batch)
         local redis_args=()
-        [[ $system == redis ]] && redis_args=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
+        [[ $system == redis* ]] && redis_args=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
+        [[ $system == redis-batch ]] && redis_args+=(--redis-batch on)
         RUST_LOG=warn "$BIN/throttlegate" serve --config "$WORK/config.yaml" --watch-config off \
             --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" "${redis_args[@]}" \
             2>>"$WORK/service.log" &
@@ -198,7 +200,7 @@ start_system() {
             --http-port "$http" "$WORK/limits.yaml" "${storage[@]}" >>"$WORK/service.log" 2>&1 &
         ;;
     *)
-        echo "unknown system $system (memory, redis, limitador-memory, limitador-redis)" >&2
+        echo "unknown system $system (memory, redis, redis-batch, limitador-memory, limitador-redis)" >&2
         exit 1
         ;;
     esac
@@ -223,7 +225,7 @@ run_one() {
     free_port http
     start_system "$system" "$grpc" "$http"
     local backend=${system#limitador-} pids=(--pid "service=$SERVICE_PID")
-    [[ $backend == redis ]] && pids+=(--pid "redis=$REDIS_PID")
+    [[ $backend == redis* ]] && pids+=(--pid "redis=$REDIS_PID")
     local amount=(--requests "$REQUESTS")
     [[ -n $DURATION ]] && amount=(--duration "$DURATION")
     local product=throttlegate algorithm=$ALGORITHM
