@@ -45,47 +45,8 @@ for tool in redis-server redis-cli curl "$BIN/throttlegate" "$BIN/throttlegate-l
     }
 done
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# A port no socket uses, with its cluster bus port (+10000) free too; both
-# below the usual ephemeral range (32768 and up), so no outgoing connection
-# takes one between this check and the bind. Sets the variable named $1
-# (not printed: a command substitution's subshell would forget TAKEN).
-TAKEN=" "
-free_port() {
-    local candidate
-    while :; do
-        candidate=$((12000 + RANDOM % 10000))
-        [[ $TAKEN == *" $candidate "* || $TAKEN == *" $((candidate + 10000)) "* ]] && continue
-        [[ -z $(ss -Htan "sport = :$candidate or sport = :$((candidate + 10000))") ]] || continue
-        TAKEN+="$candidate $((candidate + 10000)) "
-        printf -v "$1" %s "$candidate"
-        return
-    done
-}
-
-# redis-server on PORT with no persistence; extra arguments are passed on.
-start_redis() {
-    local port=$1 dir=$WORK/redis-$1
-    shift
-    mkdir -p "$dir"
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" \
-        --appendonly no --daemonize no --logfile "$dir/log" "$@" &
-    PIDS+=($!)
-    for _ in $(seq 100); do
-        redis-cli -p "$port" ping >/dev/null 2>&1 && return
-        sleep 0.05
-    done
-    echo "redis-server on $port did not start" >&2
-    exit 1
-}
+# shellcheck source=bench/common.sh
+source "$HERE/common.sh"
 
 cpu_ticks() { # the sum of utime + stime of the given pids
     local total=0 pid

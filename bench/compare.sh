@@ -81,30 +81,8 @@ if [[ $SYSTEMS == *limitador* ]]; then
     }
 fi
 
-WORK=$(mktemp -d)
-PIDS=()
-cleanup() {
-    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
-    wait 2>/dev/null || true
-    rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-# A port no socket uses, below the usual ephemeral range (32768 and up), so
-# no outgoing connection takes it between this check and the bind. Sets
-# the variable named $1.
-TAKEN=" "
-free_port() {
-    local candidate
-    while :; do
-        candidate=$((12000 + RANDOM % 18000))
-        [[ $TAKEN == *" $candidate "* ]] && continue
-        [[ -z $(ss -Htan "sport = :$candidate") ]] || continue
-        TAKEN+="$candidate "
-        printf -v "$1" %s "$candidate"
-        return
-    done
-}
+# shellcheck source=bench/common.sh
+source "$HERE/common.sh"
 
 # Waits until 127.0.0.1:$1 accepts a connection, while process $2 lives.
 wait_port() {
@@ -119,15 +97,8 @@ wait_port() {
 }
 
 free_port REDIS_PORT
-mkdir -p "$WORK/redis"
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK/redis" --save "" \
-    --appendonly no --daemonize no --logfile "$WORK/redis/log" &
-REDIS_PID=$!
-PIDS+=("$REDIS_PID")
-until redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; do
-    kill -0 "$REDIS_PID" || { cat "$WORK/redis/log" >&2; exit 1; }
-    sleep 0.05
-done
+start_redis "$REDIS_PORT"
+REDIS_PID=$REDIS_STARTED
 
 # throttlegate's rules: under `method=GET`, one rule per descriptor key
 # (`user`, `user_1`, ...), plus rules the request never matches until the

@@ -1,0 +1,48 @@
+# Shared by the benchmark scripts (sourced, not run): a scratch directory
+# and the processes to stop on exit, free ports, and redis-server.
+
+WORK=$(mktemp -d)
+PIDS=()
+cleanup() {
+    for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+# A port no socket uses, with the port 10000 above it free too (a cluster
+# node's bus port); both below the usual ephemeral range (32768 and up), so
+# no outgoing connection takes one between this check and the bind. Sets
+# the variable named $1 (not printed: a command substitution's subshell
+# would forget TAKEN).
+TAKEN=" "
+free_port() {
+    local candidate
+    while :; do
+        candidate=$((12000 + RANDOM % 10000))
+        [[ $TAKEN == *" $candidate "* || $TAKEN == *" $((candidate + 10000)) "* ]] && continue
+        [[ -z $(ss -Htan "sport = :$candidate or sport = :$((candidate + 10000))") ]] || continue
+        TAKEN+="$candidate $((candidate + 10000)) "
+        printf -v "$1" %s "$candidate"
+        return
+    done
+}
+
+# redis-server on PORT with no persistence, its log in $WORK/redis-PORT;
+# extra arguments are passed on. Sets REDIS_STARTED to its pid.
+start_redis() {
+    local port=$1 dir=$WORK/redis-$1
+    shift
+    mkdir -p "$dir"
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" \
+        --appendonly no --daemonize no --logfile "$dir/log" "$@" &
+    REDIS_STARTED=$!
+    PIDS+=("$REDIS_STARTED")
+    for _ in $(seq 100); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && return
+        sleep 0.05
+    done
+    echo "redis-server on $port did not start; its log:" >&2
+    cat "$dir/log" >&2
+    exit 1
+}
