@@ -135,13 +135,13 @@ print(s["requests"], round(s["rate"]), s["p50_us"], s["p99_us"], s["ok"], s["ove
         "$(per_decision_us "$load_ticks" "$sent")" "$answers" "$(script_calls "$sent" "${ports[@]}")"
 }
 
-# Script calls (EVALSHA, EVAL) per request, in all and on each node.
+# Script calls (FCALL, EVALSHA, EVAL) per request, in all and on each node.
 script_calls() {
     local sent=$1 port calls all=0 each=()
     shift
     for port in "$@"; do
         calls=$(redis-cli -p "$port" info commandstats |
-            awk -F'[=,:]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}')
+            awk -F'[=,:]' '/^cmdstat_(evalsha|eval|fcall):/ {n += $3} END {print n + 0}')
         all=$((all + calls))
         each+=("$(awk -v c="$calls" -v n="$sent" 'BEGIN {printf "%.2f", c / n}')")
     done
