@@ -150,11 +150,7 @@ async fn function_flush_while_serving_is_transparent() {
     assert!(allowed(&backend, &checks).await);
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
-    let () = redis::cmd("FUNCTION")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::redis::function_flush(&mut conn).await;
     // Function not found → FUNCTION LOAD → FCALL, and the counter carries
     // on: the call that met no function did not count.
     assert!(allowed(&backend, &checks).await);

@@ -53,11 +53,7 @@ async fn after_function_flush_the_library_is_loaded_again_and_the_request_counte
     let checks = [check_on(SlidingWindowLog, 60, &[("u", "a")], 3, 1)];
     assert!(allowed(&backend, &checks).await);
     let mut conn = server.connection().await;
-    let () = redis::cmd("FUNCTION")
-        .arg("FLUSH")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::redis::function_flush(&mut conn).await;
     assert!(!library_loaded(&server, &script::library().name).await);
     reset_stats(&mut conn).await;
     let verdict = backend.decide(&checks).await.expect("loaded and decided");
@@ -116,12 +112,7 @@ async fn the_library_and_the_script_answer_alike() {
     let mut conn = server.connection().await;
     let _ = backend(&server, ClockSource::Redis).await;
     let library = script::library();
-    let () = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library.source)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::redis::load_library(&mut conn).await;
     let t0 = 1_700_000_000_000_000_u64;
     for algorithm in Algorithm::ALL {
         for step in 0..12_u64 {
@@ -174,12 +165,7 @@ async fn a_batch_decides_each_request_on_its_own_in_order() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     let library = script::library();
-    let () = redis::cmd("FUNCTION")
-        .arg("LOAD")
-        .arg(&library.source)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    support::redis::load_library(&mut conn).await;
     let now = 1_700_000_000_000_000_u64;
     let fixed = |limit: u64, cost: u64| {
         let params = LimitParams::new(FixedWindow, limit, 60_000_000, None).unwrap();

@@ -323,11 +323,7 @@ impl Cluster {
     /// FUNCTION FLUSH on `nodes[idx]`: the library is gone from that node.
     pub async fn function_flush(&self, idx: usize) {
         let mut conn = self.nodes[idx].connection().await;
-        let () = ::redis::cmd("FUNCTION")
-            .arg("FLUSH")
-            .query_async(&mut conn)
-            .await
-            .expect("FUNCTION FLUSH");
+        super::redis::function_flush(&mut conn).await;
     }
 
     /// The keys of every running primary matching `pattern`.

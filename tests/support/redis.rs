@@ -345,6 +345,25 @@ pub async fn load_decide_script(conn: &mut ::redis::aio::MultiplexedConnection) 
         .expect("load the decision script")
 }
 
+/// Loads the decision library on `conn` as the backend would (FUNCTION LOAD).
+pub async fn load_library(conn: &mut ::redis::aio::MultiplexedConnection) {
+    let () = ::redis::cmd("FUNCTION")
+        .arg("LOAD")
+        .arg(&throttlegate::backends::redis::script::library().source)
+        .query_async(conn)
+        .await
+        .expect("FUNCTION LOAD");
+}
+
+/// FUNCTION FLUSH: every library is gone from the server behind `conn`.
+pub async fn function_flush(conn: &mut ::redis::aio::MultiplexedConnection) {
+    let () = ::redis::cmd("FUNCTION")
+        .arg("FLUSH")
+        .query_async(conn)
+        .await
+        .expect("FUNCTION FLUSH");
+}
+
 pub async fn backend(server: &RedisServer, clock: ClockSource) -> RedisBackend {
     backend_with(server, clock, |_| {}).await
 }
