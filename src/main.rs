@@ -26,8 +26,11 @@ use throttlegate::simulate;
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
 
+// No `Debug` on `Cli`, `Command` or `ServeArgs`: they hold Redis URLs and
+// passwords, and nothing may print them whole.
+
 /// Rate-limit decision service for Envoy's global rate-limit filter.
-#[derive(Debug, Parser)]
+#[derive(Parser)]
 #[command(
     name = "throttlegate",
     version,
@@ -42,7 +45,7 @@ struct Cli {
     serve: ServeArgs,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 enum Command {
     /// Serve gRPC (the default).
     Serve(Box<ServeArgs>),
@@ -110,7 +113,7 @@ struct CheckConfigArgs {
     config: ConfigArgs,
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 struct ServeArgs {
     /// A YAML file, or a directory of `*.yaml`/`*.yml` files; without it
     /// every domain is unknown.
