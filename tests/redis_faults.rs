@@ -658,7 +658,7 @@ async fn network_reset_under_load() {
 /// Timeout of the backends below.
 const BACKEND_TIMEOUT_MS: u64 = 300;
 
-/// What 200 concurrent requests got while Redis slept: each result.
+/// What `n` concurrent requests got: each result.
 async fn flood(
     backend: &Arc<throttlegate::backends::redis::RedisBackend>,
     n: usize,
@@ -714,10 +714,11 @@ async fn fcalls_after(
     command_stat(&stats, "fcall", "calls").unwrap_or(0.0)
 }
 
-/// With one pooled connection, 8 calls may be in flight and 64 wait. While
-/// Redis sleeps, 200 concurrent requests: 8 are sent, 64 wait and give up
-/// unsent when their time runs out, and the other 128 are shed at once.
-/// Redis then runs exactly the 8 that were sent (and the one after).
+/// With one pooled connection, 8 calls may be in flight and 256 wait.
+/// While Redis sleeps, 400 concurrent requests: 8 are sent, 256 wait and
+/// give up unsent when their time runs short, and the other 136 are shed
+/// at once. Redis then runs exactly the 8 that were sent (and the one
+/// after).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time() {
     let _serial = ONE_AT_A_TIME.lock().await;
@@ -732,15 +733,15 @@ async fn calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time() {
     fcalls_after(&backend, &mut admin).await;
     reset_stats(&mut admin).await;
     let sleep = server.put_to_sleep(1.0).await;
-    let results = flood(&backend, 200).await;
+    let results = flood(&backend, 400).await;
     sleep.await.expect("sleep task").expect("DEBUG SLEEP");
     let (shed, timed_out, other) = tally(&results);
-    assert_eq!((shed, timed_out, other), (128, 72, 0), "{results:?}");
+    assert_eq!((shed, timed_out, other), (136, 264, 0), "{results:?}");
     assert_eq!(fcalls_after(&backend, &mut admin).await, 8.0 + 1.0);
 }
 
 /// The same bound with batching on: one call in flight per connection,
-/// at most 64 requests queued for the next batch, the rest shed; the
+/// at most 256 requests queued for the next batch, the rest shed; the
 /// queued requests' time runs out while Redis sleeps, so their batch is
 /// never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -760,9 +761,9 @@ async fn batched_calls_beyond_the_bound_are_shed_and_a_late_batch_is_never_sent(
     fcalls_after(&backend, &mut admin).await;
     reset_stats(&mut admin).await;
     let sleep = server.put_to_sleep(1.0).await;
-    let results = flood(&backend, 200).await;
+    let results = flood(&backend, 400).await;
     sleep.await.expect("sleep task").expect("DEBUG SLEEP");
     let (shed, timed_out, other) = tally(&results);
-    assert_eq!((shed, timed_out, other), (135, 65, 0), "{results:?}");
+    assert_eq!((shed, timed_out, other), (143, 257, 0), "{results:?}");
     assert_eq!(fcalls_after(&backend, &mut admin).await, 1.0 + 1.0);
 }
