@@ -767,3 +767,39 @@ async fn batched_calls_beyond_the_bound_are_shed_and_a_late_batch_is_never_sent(
     assert_eq!((shed, timed_out, other), (143, 257, 0), "{results:?}");
     assert_eq!(fcalls_after(&backend, &mut admin).await, 1.0 + 1.0);
 }
+
+/// A call that gets its place with less than a quarter of its timeout
+/// left is not sent. Timeout 4 s (a quarter: 1 s), Redis asleep for 5 s:
+/// 8 calls take every place; 64 more start about 300 ms later and wait.
+/// The first 8 time out at 4 s, when the others still have about 300 ms
+/// before their deadline but less than the quarter: they give up unsent,
+/// and Redis runs only the first 8. (Sent, they would have run after their
+/// callers were answered.) Seconds, not milliseconds: timers on a loaded
+/// two-core machine fire up to a few hundred ms late.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_with_less_than_a_quarter_of_its_time_left_is_never_sent() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.pool_size = 1;
+        it.timeout_ms = 4_000;
+    });
+    let backend = Arc::new(backend.await);
+    let mut admin = server.connection().await;
+    fcalls_after(&backend, &mut admin).await;
+    reset_stats(&mut admin).await;
+    let sleep = server.put_to_sleep(5.0).await;
+    let first = {
+        let backend = backend.clone();
+        tokio::spawn(async move { flood(&backend, 8).await })
+    };
+    // Staging, not an assertion: the second wave must start after the
+    // first holds every place, and well within a quarter of the timeout.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = flood(&backend, 64).await;
+    let first = first.await.expect("first wave");
+    sleep.await.expect("sleep task").expect("DEBUG SLEEP");
+    assert_eq!(tally(&first), (0, 8, 0), "{first:?}");
+    assert_eq!(tally(&second), (0, 64, 0), "{second:?}");
+    assert_eq!(fcalls_after(&backend, &mut admin).await, 8.0 + 1.0);
+}
