@@ -340,6 +340,7 @@ pub struct BackendMetrics {
     unavailable: Counter,
     protocol: Counter,
     full: Counter,
+    shed: Counter,
 }
 
 impl BackendMetrics {
@@ -355,6 +356,7 @@ impl BackendMetrics {
             backends::Error::Unavailable(_) => self.unavailable.inc(),
             backends::Error::Protocol(_) => self.protocol.inc(),
             backends::Error::Full(_) => self.full.inc(),
+            backends::Error::Shed(_) => self.shed.inc(),
         };
     }
 }
@@ -415,7 +417,7 @@ impl Metrics {
         let backend_errors = Family::<BackendErrorLabels, Counter>::default();
         registry.register(
             "backend_errors",
-            "Failed backend calls by kind (timeout, unavailable, protocol, full)",
+            "Failed backend calls by kind (timeout, unavailable, protocol, full, shed)",
             backend_errors.clone(),
         );
         let in_flight = Gauge::<i64, AtomicI64>::default();
@@ -599,6 +601,7 @@ impl Metrics {
             unavailable: error("unavailable"),
             protocol: error("protocol"),
             full: error("full"),
+            shed: error("shed"),
         }
     }
 

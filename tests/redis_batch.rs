@@ -57,7 +57,9 @@ async fn concurrent_requests_on_one_key_admit_exactly_the_limit_in_fewer_calls()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_of_allowed_and_denied_stacked_requests_answers_each_and_denied_take_nothing() {
     let server = RedisServer::start();
-    let backend = Arc::new(batching(&server, 1, 5_000).await);
+    // A pool of 2: 320 requests at once fit in its queue (256 per pooled
+    // connection; beyond it requests are shed, see tests/redis_faults.rs).
+    let backend = Arc::new(batching(&server, 2, 5_000).await);
     // Every request: a wide limit of 1,000 and a narrow one of 10 on its
     // own user; 40 requests per user, 8 users, all at once.
     let requests: Vec<Vec<KeyedCheck>> = (0..320)

@@ -43,12 +43,6 @@ fn start_debuggable() -> RedisServer {
     RedisServer::start_with(&["--enable-debug-command", "local"])
 }
 
-/// A connection that waits as long as Redis sleeps (redis-rs gives up after
-/// 500 ms by default).
-async fn patient_connection(server: &RedisServer) -> redis::aio::MultiplexedConnection {
-    server.patient_connection(None).await
-}
-
 async fn client_id(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
     redis::cmd("CLIENT")
         .arg("ID")
@@ -69,36 +63,6 @@ async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u
         .find_map(|line| line.strip_prefix("total_connections_received:"))
         .and_then(|it| it.trim().parse().ok())
         .unwrap_or_else(|| panic!("no total_connections_received in {stats}"))
-}
-
-/// Redis busy for `seconds` (`DEBUG SLEEP` on a connection of its own);
-/// returns once Redis is seen asleep, with the task that ends with the sleep.
-async fn put_to_sleep(
-    server: &RedisServer,
-    seconds: f64,
-) -> tokio::task::JoinHandle<redis::RedisResult<()>> {
-    let mut sleeper = patient_connection(server).await;
-    let mut watcher = server.connection().await;
-    let sleep = tokio::spawn(async move {
-        redis::cmd("DEBUG")
-            .arg("SLEEP")
-            .arg(seconds)
-            .query_async::<()>(&mut sleeper)
-            .await
-    });
-    // Asleep once a PING from another connection goes unanswered.
-    for _ in 0..100 {
-        let ping = redis::cmd("PING");
-        let reply = ping.query_async::<String>(&mut watcher);
-        if tokio::time::timeout(Duration::from_millis(50), reply)
-            .await
-            .is_err()
-        {
-            return sleep;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("redis never fell asleep");
 }
 
 /// Makes the empty pool of `backend` open at least two connections and
@@ -152,7 +116,7 @@ async fn a_probe_timeout_replaces_only_the_probed_connection() {
     let received_before = connections_received(&mut admin).await;
 
     // DEBUG SLEEP blocks the whole server: the probe's PING gets no answer.
-    let sleep = put_to_sleep(&server, 1.5).await;
+    let sleep = server.put_to_sleep(1.5).await;
     let err = backend.probe().await.expect_err("redis is asleep");
     assert!(matches!(err, Error::Timeout(300)), "{err:?}");
     sleep.await.expect("sleep task").expect("debug sleep");
@@ -350,7 +314,7 @@ async fn a_slow_redis_gets_the_full_timeout_and_keeps_the_circuit_closed() {
         .await;
     assert_eq!(ask(&service).await, Answer::Decided);
 
-    let sleep = put_to_sleep(&server, 0.95).await;
+    let sleep = server.put_to_sleep(0.95).await;
     for _ in 0..2 {
         let started = Instant::now();
         assert_eq!(ask(&service).await, Answer::Unavailable);

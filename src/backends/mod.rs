@@ -151,12 +151,19 @@ pub enum Error {
     /// a new one; existing counters keep working.
     #[error("backend full: {0} counters, the most allowed")]
     Full(usize),
+    /// Refused at once, unsent: as many calls as allowed already wait
+    /// toward the backend (Redis's queue bound; see `redis::gate`).
+    #[error("backend overloaded: {0} calls already waiting, call shed")]
+    Shed(usize),
 }
 
 impl Error {
     /// Failures an operator expects to pass (network, restarts).
     pub fn is_transient(&self) -> bool {
-        matches!(self, Error::Timeout(_) | Error::Unavailable(_))
+        matches!(
+            self,
+            Error::Timeout(_) | Error::Unavailable(_) | Error::Shed(_)
+        )
     }
 }
 

@@ -6,6 +6,7 @@ pub mod cluster;
 pub mod config;
 pub mod keys;
 pub mod process;
+pub mod proxy;
 pub mod redis;
 pub mod reflection;
 pub mod request;

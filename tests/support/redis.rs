@@ -176,6 +176,37 @@ impl RedisServer {
             .expect("connect to the test redis")
     }
 
+    /// Redis busy for `seconds` (`DEBUG SLEEP` on a connection of its own;
+    /// start the server with `--enable-debug-command local`); returns once
+    /// Redis is seen asleep, with the task that ends with the sleep.
+    pub async fn put_to_sleep(
+        &self,
+        seconds: f64,
+    ) -> tokio::task::JoinHandle<::redis::RedisResult<()>> {
+        let mut sleeper = self.patient_connection(None).await;
+        let mut watcher = self.connection().await;
+        let sleep = tokio::spawn(async move {
+            ::redis::cmd("DEBUG")
+                .arg("SLEEP")
+                .arg(seconds)
+                .query_async::<()>(&mut sleeper)
+                .await
+        });
+        // Asleep once a PING from another connection goes unanswered.
+        for _ in 0..100 {
+            let ping = ::redis::cmd("PING");
+            let reply = ping.query_async::<String>(&mut watcher);
+            if tokio::time::timeout(Duration::from_millis(50), reply)
+                .await
+                .is_err()
+            {
+                return sleep;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("redis never fell asleep");
+    }
+
     /// The keys matching `pattern` (`KEYS`).
     pub async fn keys(&self, pattern: &str) -> Vec<String> {
         let mut conn = self.connection().await;

@@ -8,7 +8,10 @@
 //! one call of `decide_batch`, which decides them one after the other, in
 //! arrival order, each all-or-nothing with its own answer. A wait is
 //! bounded by the request's own timeout; a request whose caller gave up
-//! before its batch left is never sent.
+//! before its batch left is never sent, and a batch is sent only before
+//! the deadline of its oldest request. The queue holds at most
+//! `max_waiting` requests (as many as the gate lets wait); beyond, a
+//! request is refused at once with [`Error::Shed`].
 //!
 //! A batch that fails (timeout, dropped connection, an error reply) fails
 //! every request in it with the same classified error, and is never
@@ -29,6 +32,7 @@ use crate::algorithms::Verdict;
 pub(super) struct Batcher {
     settings: BatchSettings,
     max_in_flight: usize,
+    max_waiting: usize,
     /// A std Mutex: held only to push, pop and count, never across `.await`.
     state: Mutex<State>,
 }
@@ -41,6 +45,8 @@ struct State {
 /// A queued request and where its answer goes.
 struct Waiting {
     request: Encoded,
+    /// When its caller gives up.
+    deadline: Instant,
     answer: oneshot::Sender<Result<Verdict, Error>>,
 }
 
@@ -49,10 +55,15 @@ struct Waiting {
 struct Slot(Arc<Core>);
 
 impl Batcher {
-    pub(super) fn new(settings: BatchSettings, max_in_flight: usize) -> Batcher {
+    pub(super) fn new(
+        settings: BatchSettings,
+        max_in_flight: usize,
+        max_waiting: usize,
+    ) -> Batcher {
         Batcher {
             settings,
             max_in_flight: max_in_flight.max(1),
+            max_waiting,
             state: Mutex::new(State {
                 in_flight: 0,
                 waiting: VecDeque::new(),
@@ -108,9 +119,15 @@ pub(super) async fn decide(core: &Arc<Core>, request: Encoded) -> Result<Verdict
         if state.in_flight < batcher.max_in_flight {
             state.in_flight += 1;
             Err(request)
+        } else if state.waiting.len() >= batcher.max_waiting {
+            return Err(Error::Shed(batcher.max_waiting));
         } else {
             let (answer, receiver) = oneshot::channel();
-            state.waiting.push_back(Waiting { request, answer });
+            state.waiting.push_back(Waiting {
+                request,
+                deadline,
+                answer,
+            });
             Ok(receiver)
         }
     };
@@ -118,7 +135,7 @@ pub(super) async fn decide(core: &Arc<Core>, request: Encoded) -> Result<Verdict
         Ok(receiver) => receiver,
         Err(request) => {
             let _slot = Slot(core.clone());
-            return core.decide_one(&request).await;
+            return core.decide_one_by(deadline, &request).await;
         }
     };
     match timeout_at(deadline, receiver).await {
@@ -154,14 +171,21 @@ impl Drop for Slot {
 
 /// Sends one batch and answers each of its requests.
 async fn send(core: &Core, batch: Vec<Waiting>) {
+    // The oldest request's deadline: after it, that caller has been
+    // answered under the failure mode, and the batch is not sent.
+    let deadline = batch
+        .iter()
+        .map(|it| it.deadline)
+        .min()
+        .unwrap_or_else(|| Instant::now() + core.timeout);
     if let [only] = &batch[..] {
-        let answer = core.decide_one(&only.request).await;
+        let answer = core.decide_one_by(deadline, &only.request).await;
         for it in batch {
             let _ = it.answer.send(answer.clone());
         }
         return;
     }
-    match decide_batch(core, &batch).await {
+    match decide_batch(core, deadline, &batch).await {
         Ok(verdicts) => {
             for (it, verdict) in batch.into_iter().zip(verdicts) {
                 let _ = it.answer.send(Ok(verdict));
@@ -176,11 +200,15 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
 }
 
 /// One call of `decide_batch` for `batch`: a verdict per request, in order.
-async fn decide_batch(core: &Core, batch: &[Waiting]) -> Result<Vec<Verdict>, Error> {
+async fn decide_batch(
+    core: &Core,
+    deadline: Instant,
+    batch: &[Waiting],
+) -> Result<Vec<Verdict>, Error> {
     let keys: Vec<&String> = batch.iter().flat_map(|it| &it.request.keys).collect();
     let sizes: Vec<usize> = batch.iter().map(|it| it.request.keys.len()).collect();
     let reply = core
-        .call(Entry::DecideBatch, &keys, |cmd| {
+        .call(deadline, Entry::DecideBatch, &keys, |cmd| {
             for field in &BATCH_FIELDS {
                 cmd.arg((field.value)(&batch.len()));
             }

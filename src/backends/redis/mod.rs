@@ -16,6 +16,7 @@
 mod batch;
 pub mod cluster;
 pub mod engine;
+mod gate;
 mod pool;
 pub mod script;
 mod sentinel;
@@ -29,6 +30,7 @@ use tokio::time::{Instant, timeout_at};
 
 use self::batch::Batcher;
 use self::engine::{Engine, Entry};
+use self::gate::{Gate, Refused};
 use self::pool::{Pool, Target};
 pub use self::script::DECIDE_LUA;
 use self::script::{HeaderArgs, LimitArgs};
@@ -96,6 +98,11 @@ pub struct BatchSettings {
     pub max_keys: usize,
 }
 
+/// A call is sent only while more than `1 / SEND_MARGIN` of its timeout
+/// is left: one sent later is unlikely to be answered in time, and its work
+/// in Redis would delay the calls behind it.
+const SEND_MARGIN: u32 = 4;
+
 /// Counters in Redis, shared by every replica pointed at the same server.
 pub struct RedisBackend {
     core: Arc<Core>,
@@ -107,6 +114,8 @@ pub struct RedisBackend {
 /// What sends calls, shared with the tasks that send batches.
 struct Core {
     pool: Pool,
+    /// Bounds the calls sent and waiting toward Redis (see `gate`).
+    gate: Gate,
     batcher: Option<Batcher>,
     timeout: Duration,
     timeout_ms: u64,
@@ -201,9 +210,14 @@ impl RedisBackend {
             redacted_url.clone(),
         );
         let in_flight = usize::try_from(settings.pool_size).unwrap_or(1);
+        let gate = Gate::for_pool(settings.pool_size);
+        let max_waiting = gate.max_waiting();
         let core = Core {
             pool,
-            batcher: settings.batch.map(|it| Batcher::new(it, in_flight)),
+            gate,
+            batcher: settings
+                .batch
+                .map(|it| Batcher::new(it, in_flight, max_waiting)),
             timeout: Duration::from_millis(settings.timeout_ms),
             timeout_ms: settings.timeout_ms,
             redacted_url,
@@ -260,18 +274,37 @@ impl RedisBackend {
 // === impl Core ===
 
 impl Core {
-    /// One call of `entry` over `keys` within the timeout, its arguments
+    /// One call of `entry` over `keys` by `deadline` (the end of the
+    /// caller's timeout; a batch's: its oldest request's), its arguments
     /// written by `args`; the reply's integers. Loads the code and sends
     /// again only when the server says it lacks it (the call did not run);
     /// NEVER after a timeout or any other error: the call may have run,
     /// and a retry would count its requests twice.
+    ///
+    /// Admitted by the gate first: refused at once when too many calls
+    /// already wait toward Redis. Never sent once less than
+    /// a [`SEND_MARGIN`]th of its timeout is left (so never after its
+    /// deadline): checked when the wait for the gate ends and again after
+    /// the checkout and the engine, at the moment the call would be
+    /// written.
     async fn call(
         &self,
+        deadline: Instant,
         entry: Entry,
         keys: &[&String],
         args: impl FnOnce(&mut redis::Cmd),
     ) -> Result<Vec<i64>, Error> {
-        let deadline = Instant::now() + self.timeout;
+        let send_by = deadline
+            .checked_sub(self.timeout / SEND_MARGIN)
+            .unwrap_or(deadline);
+        let _permit = self
+            .gate
+            .enter(send_by)
+            .await
+            .map_err(|refused| match refused {
+                Refused::Shed => Error::Shed(self.gate.max_waiting()),
+                Refused::Expired => Error::Timeout(self.timeout_ms),
+            })?;
         let conn = timeout_at(deadline, self.pool.connection())
             .await
             .map_err(|_| self.pool.checkout_timeout())??;
@@ -280,6 +313,12 @@ impl Core {
             Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
             Ok(Ok(engine)) => engine,
         };
+        if Instant::now() >= send_by {
+            // Its caller is (or is about to be) answered under the failure
+            // mode: sent, it would only be work for Redis that nobody
+            // waits for, delaying the calls behind it.
+            return Err(Error::Timeout(self.timeout_ms));
+        }
         let mut cmd = engine.command(entry, keys.len());
         cmd.arg(keys);
         args(&mut cmd);
@@ -296,9 +335,15 @@ impl Core {
 
     /// One request in a call of its own.
     async fn decide_one(&self, request: &Encoded) -> Result<Verdict, Error> {
+        self.decide_one_by(Instant::now() + self.timeout, request)
+            .await
+    }
+
+    /// One request in a call of its own, sent only before `deadline`.
+    async fn decide_one_by(&self, deadline: Instant, request: &Encoded) -> Result<Verdict, Error> {
         let keys: Vec<&String> = request.keys.iter().collect();
         let reply = self
-            .call(Entry::Decide, &keys, |cmd| {
+            .call(deadline, Entry::Decide, &keys, |cmd| {
                 script::write_request(cmd, &request.header, &request.limits);
             })
             .await?;
@@ -314,6 +359,8 @@ impl fmt::Debug for RedisBackend {
             .field("clock", &self.clock)
             .field("timeout_ms", &self.core.timeout_ms)
             .field("pool", &self.core.pool.state())
+            .field("max_in_flight", &self.core.gate.max_in_flight())
+            .field("max_waiting", &self.core.gate.max_waiting())
             .field("batch", &self.core.batcher.as_ref().map(Batcher::settings))
             .finish_non_exhaustive()
     }
