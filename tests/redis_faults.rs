@@ -23,6 +23,7 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+use support::cluster::Cluster;
 use support::keys::{check, counter_key};
 use support::process::{Serve, ServiceProcess, http_get};
 use support::proxy::{Mode, Proxy};
@@ -30,6 +31,8 @@ use support::redis::{RedisServer, backend_with, command_stat, command_stats, res
 use support::request::{descriptor, request};
 use support::service::connect;
 use throttlegate::algorithms::Algorithm;
+use throttlegate::backends::keys::{HashTag, KeyFormat};
+use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use throttlegate::backends::redis::{BatchSettings, ClockSource};
 use throttlegate::backends::{Backend, Error};
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -659,10 +662,7 @@ async fn network_reset_under_load() {
 const BACKEND_TIMEOUT_MS: u64 = 300;
 
 /// What `n` concurrent requests got: each result.
-async fn flood(
-    backend: &Arc<throttlegate::backends::redis::RedisBackend>,
-    n: usize,
-) -> Vec<Result<(), Error>> {
+async fn flood<B: Backend + 'static>(backend: &Arc<B>, n: usize) -> Vec<Result<(), Error>> {
     let checks = vec![check(
         counter_key(Algorithm::FixedWindow, 3600, &[("user", "flood")]),
         1_000_000,
@@ -738,6 +738,48 @@ async fn calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time() {
     let (shed, timed_out, other) = tally(&results);
     assert_eq!((shed, timed_out, other), (136, 264, 0), "{results:?}");
     assert_eq!(fcalls_after(&backend, &mut admin).await, 8.0 + 1.0);
+}
+
+/// The same bound on a Redis Cluster backend: one place per request. The
+/// cluster's primaries are paused (`CLIENT PAUSE`) instead of put to sleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let cluster = Cluster::start(3, 0).await;
+    let backend = Arc::new(
+        ClusterBackend::connect(ClusterSettings {
+            nodes: cluster.seeds(),
+            pool_size: 1,
+            timeout_ms: BACKEND_TIMEOUT_MS,
+            keys: KeyFormat::new("tg", HashTag::None),
+            clock: ClockSource::Redis,
+            expiry_grace_ms: 0,
+        })
+        .expect("settings"),
+    );
+    // The library loaded and the engine chosen before the count starts.
+    let sent_before = flood(&backend, 1).await;
+    assert_eq!(tally(&sent_before), (0, 0, 1), "{sent_before:?}");
+    cluster.reset_stats().await;
+    for idx in cluster.current_primaries().await {
+        let mut conn = cluster.node(idx).connection().await;
+        let () = redis::cmd("CLIENT")
+            .arg("PAUSE")
+            .arg(1_000)
+            .arg("ALL")
+            .query_async(&mut conn)
+            .await
+            .expect("CLIENT PAUSE");
+    }
+    let results = flood(&backend, 400).await;
+    let (shed, timed_out, other) = tally(&results);
+    assert_eq!((shed, timed_out, other), (136, 264, 0), "{results:?}");
+    // Once the pause ends, one more call on the same key and connection
+    // runs after everything sent before it.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let after = flood(&backend, 1).await;
+    assert_eq!(tally(&after), (0, 0, 1), "{after:?}");
+    assert_eq!(cluster.calls_on_primaries("fcall").await, 8 + 1);
 }
 
 /// The same bound with batching on: one call in flight per connection,

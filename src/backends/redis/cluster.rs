@@ -41,6 +41,7 @@ use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::engine::{self, Engine, Entry};
+use super::gate::{self, Gate};
 use super::script::{self, HeaderArgs, LimitArgs, Receipt, RefundArgs, RefundHeader};
 use super::{ClockSource, classify, redact};
 use crate::algorithms::{Outcome, Verdict};
@@ -94,6 +95,9 @@ pub struct ClusterBackend {
     timeout_ms: u64,
     expiry_grace_ms: u64,
     redacted_nodes: String,
+    /// Bounds the requests sent and waiting toward the cluster (see
+    /// `gate`): one place per request, whatever its number of slots.
+    gate: Gate,
 }
 
 /// Where one attempt of a group's call goes.
@@ -231,6 +235,7 @@ impl ClusterBackend {
             timeout_ms: settings.timeout_ms,
             expiry_grace_ms: settings.expiry_grace_ms,
             redacted_nodes: redact_nodes(&settings.nodes),
+            gate: Gate::for_pool(settings.pool_size),
         })
     }
 
@@ -659,9 +664,16 @@ impl Backend for ClusterBackend {
         }
         let groups = self.groups(checks)?;
         let deadline = Instant::now() + self.timeout;
+        // Refunds are not admitted: they must go even when the line is full.
+        let send_by = gate::send_by(deadline, self.timeout);
+        let _permit = self.gate.admit(send_by, self.timeout_ms).await?;
         let conn = timeout_at(deadline, self.connection())
             .await
             .map_err(|_| Error::Timeout(self.timeout_ms))??;
+        if Instant::now() >= send_by {
+            // Nobody would wait for its answer (see `Core::call`).
+            return Err(Error::Timeout(self.timeout_ms));
+        }
         self.decide_groups(conn, &groups, checks, deadline).await
     }
 

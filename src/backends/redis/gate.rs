@@ -20,9 +20,24 @@
 //! [`WAITING_PER_CONNECTION`] per pooled connection.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::{Instant, timeout_at};
+
+use crate::backends::Error;
+
+/// A call is sent only while more than `1 / SEND_MARGIN` of its timeout
+/// is left: one sent later is unlikely to be answered in time, and its work
+/// in Redis would delay the calls behind it.
+const SEND_MARGIN: u32 = 4;
+
+/// The last moment a call due by `deadline`, of a `timeout`, may be sent.
+pub(super) fn send_by(deadline: Instant, timeout: Duration) -> Instant {
+    deadline
+        .checked_sub(timeout / SEND_MARGIN)
+        .unwrap_or(deadline)
+}
 
 /// Calls sent and unanswered per pooled connection. Enough pipelining to
 /// keep Redis busy (a call costs Redis 25 to 400 µs), few enough that the
@@ -100,6 +115,19 @@ impl Gate {
             // The semaphore is never closed; were it, nothing could be sent.
             Ok(Err(_)) | Err(_) => Err(Refused::Expired),
         }
+    }
+
+    /// [`Gate::enter`] by `send_by`, its refusals as the backend's errors:
+    /// shed, or timed out (of `timeout_ms`) without being sent.
+    pub(super) async fn admit(
+        &self,
+        send_by: Instant,
+        timeout_ms: u64,
+    ) -> Result<SemaphorePermit<'_>, Error> {
+        self.enter(send_by).await.map_err(|refused| match refused {
+            Refused::Shed => Error::Shed(self.max_waiting),
+            Refused::Expired => Error::Timeout(timeout_ms),
+        })
     }
 
     fn take_place(&self) -> Result<Waiting<'_>, Refused> {

@@ -30,7 +30,7 @@ use tokio::time::{Instant, timeout_at};
 
 use self::batch::Batcher;
 use self::engine::{Engine, Entry};
-use self::gate::{Gate, Refused};
+use self::gate::Gate;
 use self::pool::{Pool, Target};
 pub use self::script::DECIDE_LUA;
 use self::script::{HeaderArgs, LimitArgs};
@@ -97,11 +97,6 @@ pub struct BatchSettings {
     /// Most keys in one call (a request with more is sent alone).
     pub max_keys: usize,
 }
-
-/// A call is sent only while more than `1 / SEND_MARGIN` of its timeout
-/// is left: one sent later is unlikely to be answered in time, and its work
-/// in Redis would delay the calls behind it.
-const SEND_MARGIN: u32 = 4;
 
 /// Counters in Redis, shared by every replica pointed at the same server.
 pub struct RedisBackend {
@@ -282,9 +277,9 @@ impl Core {
     /// and a retry would count its requests twice.
     ///
     /// Admitted by the gate first: refused at once when too many calls
-    /// already wait toward Redis. Never sent once less than
-    /// a [`SEND_MARGIN`]th of its timeout is left (so never after its
-    /// deadline): checked when the wait for the gate ends and again after
+    /// already wait toward Redis. Never sent once less than a quarter of
+    /// its timeout is left ([`gate::send_by`]), so never after its
+    /// deadline: checked when the wait for the gate ends and again after
     /// the checkout and the engine, at the moment the call would be
     /// written.
     async fn call(
@@ -294,17 +289,8 @@ impl Core {
         keys: &[&String],
         args: impl FnOnce(&mut redis::Cmd),
     ) -> Result<Vec<i64>, Error> {
-        let send_by = deadline
-            .checked_sub(self.timeout / SEND_MARGIN)
-            .unwrap_or(deadline);
-        let _permit = self
-            .gate
-            .enter(send_by)
-            .await
-            .map_err(|refused| match refused {
-                Refused::Shed => Error::Shed(self.gate.max_waiting()),
-                Refused::Expired => Error::Timeout(self.timeout_ms),
-            })?;
+        let send_by = gate::send_by(deadline, self.timeout);
+        let _permit = self.gate.admit(send_by, self.timeout_ms).await?;
         let conn = timeout_at(deadline, self.pool.connection())
             .await
             .map_err(|_| self.pool.checkout_timeout())??;
