@@ -258,8 +258,10 @@ async fn interval_reports_add_up_to_the_whole_run() {
         .collect();
     let texts = stdout.lines().filter(|it| it.starts_with('[')).count();
     assert_eq!(texts, intervals.len(), "{stdout}");
-    // Ticks at 0.5 s and 1 s, then at 1.5 s and/or the rest at the end.
-    assert!((3..=4).contains(&intervals.len()), "{stdout}");
+    // Ticks at 0.5 s and 1 s, then at 1.5 s and/or the rest at the end
+    // (a tick delayed on a starved machine moves the next ones later, so
+    // at least two).
+    assert!((2..=4).contains(&intervals.len()), "{stdout}");
     for name in ["requests", "ok", "over_limit", "errors", "late"] {
         let sum: u64 = intervals.iter().map(|it| it[name].as_u64().unwrap()).sum();
         assert_eq!(json[name].as_u64(), Some(sum), "{name}: {stdout}");
