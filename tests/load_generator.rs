@@ -19,6 +19,8 @@ const NESTED: &str = "domain: bench\ndescriptors:\n  - key: method\n    value: G
 
 const NEVER_REACHED: &str = "domain: loadgen\ndescriptors:\n  - key: client\n    rate_limit: {unit: second, requests_per_unit: 1000000000}\n";
 
+const ONE_PER_MINUTE: &str = "domain: loadgen\ndescriptors:\n  - key: client\n    rate_limit: {unit: minute, requests_per_unit: 1}\n";
+
 fn run_load(args: &[&str]) -> Output {
     Command::new(LOAD)
         .args(args)
@@ -29,10 +31,15 @@ fn run_load(args: &[&str]) -> Output {
 /// Runs the generator against `server` and returns its summary line's JSON,
 /// after checking that the counts add up.
 async fn summary(server: &mut ServiceProcess, args: &[&str]) -> Value {
+    summary_and_output(server, args).await.0
+}
+
+/// The summary line's JSON, checked as by `summary`, and the whole output.
+async fn summary_and_output(server: &mut ServiceProcess, args: &[&str]) -> (Value, String) {
     server.connect().await;
     let addr = format!("http://{}", server.grpc);
     let out = run_load(&[&["--addr", addr.as_str()][..], args].concat());
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{out:?}\n{stdout}\n{}",
@@ -50,7 +57,7 @@ async fn summary(server: &mut ServiceProcess, args: &[&str]) -> Value {
         count("requests"),
         "{json}"
     );
-    json
+    (json, stdout)
 }
 
 #[tokio::test]
@@ -157,4 +164,128 @@ fn an_address_nobody_listens_on_is_an_error_exit() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("cannot connect"), "{stderr}");
+}
+
+#[tokio::test]
+async fn hot_and_fresh_values_never_repeat_a_fresh_one_and_share_the_hot_ones() {
+    // One request per minute for each value: a fresh value is allowed
+    // only if no request of the run carried it before.
+    let mut server = Serve::yaml(ONE_PER_MINUTE).spawn();
+    let mix = |share: &'static str| {
+        [
+            "--distribution",
+            "hot-and-fresh",
+            "--hot-keys",
+            "3",
+            "--hot-share",
+            share,
+            "--requests",
+            "500",
+            "--connections",
+            "2",
+            "--streams",
+            "4",
+        ]
+    };
+    let all_fresh = summary(&mut server, &mix("0")).await;
+    assert_eq!(
+        (&all_fresh["ok"], &all_fresh["over_limit"]),
+        (&500.into(), &0.into()),
+        "{all_fresh}"
+    );
+    // Values 0, 1 and 2 were never sent above: each is allowed once.
+    let all_hot = summary(&mut server, &mix("1")).await;
+    assert_eq!(
+        (&all_hot["ok"], &all_hot["over_limit"]),
+        (&3.into(), &497.into()),
+        "{all_hot}"
+    );
+}
+
+#[tokio::test]
+async fn a_paced_run_keeps_to_its_schedule() {
+    let mut server = Serve::yaml(NEVER_REACHED).spawn();
+    // Request 99 of 100 is planned 0.495 s after the start at 200/s: the
+    // run cannot end before.
+    let budget = summary(
+        &mut server,
+        &["--rate", "200", "--requests", "100", "--keys", "1000"],
+    )
+    .await;
+    assert_eq!(budget["requests"], 100, "{budget}");
+    assert!(budget["seconds"].as_f64().unwrap() >= 0.49, "{budget}");
+    assert_eq!(budget["target_rate"], 200.0, "{budget}");
+    assert!(budget["late"].is_u64(), "{budget}");
+    // 1 s at 200/s plans requests 0 to 199 before the deadline: never more.
+    let timed = summary(
+        &mut server,
+        &["--rate", "200", "--duration", "1s", "--keys", "1000"],
+    )
+    .await;
+    let requests = timed["requests"].as_u64().unwrap();
+    assert!((1..=200).contains(&requests), "{timed}");
+    assert_eq!(timed["errors"], 0, "{timed}");
+}
+
+#[tokio::test]
+async fn interval_reports_add_up_to_the_whole_run() {
+    let mut server = Serve::yaml(HOT_KEY).spawn();
+    let service = format!("service={}", server.pid());
+    let (json, stdout) = summary_and_output(
+        &mut server,
+        &[
+            "--duration",
+            "1.5s",
+            "--report-every",
+            "500ms",
+            "--rate",
+            "400",
+            "--distribution",
+            "hot-and-fresh",
+            "--hot-keys",
+            "2",
+            "--hot-share",
+            "0.5",
+            "--pid",
+            service.as_str(),
+        ],
+    )
+    .await;
+    let intervals: Vec<Value> = stdout
+        .lines()
+        .filter_map(|it| it.strip_prefix("interval "))
+        .map(|it| serde_json::from_str(it).expect("valid JSON"))
+        .collect();
+    let texts = stdout.lines().filter(|it| it.starts_with('[')).count();
+    assert_eq!(texts, intervals.len(), "{stdout}");
+    // Ticks at 0.5 s and 1 s, then at 1.5 s and/or the rest at the end
+    // (a tick delayed on a starved machine moves the next ones later, so
+    // at least two).
+    assert!((2..=4).contains(&intervals.len()), "{stdout}");
+    for name in ["requests", "ok", "over_limit", "errors", "late"] {
+        let sum: u64 = intervals.iter().map(|it| it[name].as_u64().unwrap()).sum();
+        assert_eq!(json[name].as_u64(), Some(sum), "{name}: {stdout}");
+    }
+    // 50 per minute on each hot value: about 150 requests on each over
+    // 1.5 s, so both go over their limit within the run.
+    assert!(json["over_limit"].as_u64().unwrap() > 0, "{json}");
+    let elapsed: Vec<f64> = intervals
+        .iter()
+        .map(|it| it["elapsed"].as_f64().unwrap())
+        .collect();
+    assert!(elapsed.windows(2).all(|it| it[0] < it[1]), "{elapsed:?}");
+    assert!(elapsed[0] >= 0.5, "a tick never comes early: {elapsed:?}");
+    for interval in &intervals {
+        assert_eq!(interval["cpu"][0]["label"], "service", "{interval}");
+        let max = interval["max_us"].as_u64().unwrap();
+        assert!(max <= json["max_us"].as_u64().unwrap(), "{interval}");
+    }
+}
+
+#[test]
+fn a_share_outside_zero_to_one_is_a_usage_error() {
+    let out = run_load(&["--distribution", "hot-and-fresh", "--hot-share", "1.5"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("must be in [0, 1]"), "{stderr}");
 }

@@ -44,9 +44,35 @@ pub struct Args {
     /// Distinct values of the varying entry (1 = one hot key).
     #[arg(long, visible_alias = "distinct-values", default_value_t = 1)]
     pub keys: u64,
-    /// How values are drawn from the `--keys` values.
+    /// How values are drawn: from the `--keys` values (uniform, zipf), or
+    /// hot-and-fresh (see --hot-keys, --hot-share).
     #[arg(long, value_enum, default_value_t = Distribution::Uniform)]
     pub distribution: Distribution,
+    /// With `--distribution hot-and-fresh`: how many hot values (`0` to
+    /// `K-1`), each equally likely among the hot requests.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
+    pub hot_keys: u64,
+    /// With `--distribution hot-and-fresh`: the share of requests on the
+    /// hot values, in [0, 1]; every other request carries a value no
+    /// request of this run carried before (from `K` upwards), so a store
+    /// sees a new counter for each.
+    #[arg(long, default_value_t = 0.9, value_parser = parse_share)]
+    pub hot_share: f64,
+    /// Paced, open-loop: N requests/s overall, each with a planned send
+    /// time (start + i/N). A request whose stream is still busy at that
+    /// time goes out late, and its latency counts from the planned time,
+    /// so queueing shows in the percentiles; requests more than 1 ms
+    /// behind plan are counted as `late`. Streams then bound the requests
+    /// in flight. Without it, each stream sends as fast as answers come
+    /// (closed loop).
+    #[arg(long, value_parser = parse_rate)]
+    pub rate: Option<f64>,
+    /// During the measured part, print one line for each interval of this
+    /// length (and an `interval {json}` line): that interval's answers,
+    /// late requests, latency percentiles and CPU of the `--pid`
+    /// processes. The whole-run report is printed at the end as always.
+    #[arg(long, value_parser = parse_interval)]
+    pub report_every: Option<Duration>,
     /// Exponent `s` of the Zipf distribution: value rank k is drawn with
     /// probability proportional to 1/k^s.
     #[arg(long, default_value_t = 1.0, value_parser = parse_exponent)]
@@ -79,6 +105,9 @@ pub enum Distribution {
     Uniform,
     /// Value rank k with probability proportional to 1/k^s.
     Zipf,
+    /// `--hot-share` of requests on `--hot-keys` hot values, the rest on
+    /// values never used before in the run (`--keys` is not used).
+    HotAndFresh,
 }
 
 impl Args {
@@ -138,6 +167,35 @@ fn parse_pid(text: &str) -> Result<(String, u32), String> {
     ))
 }
 
+/// A share in [0, 1].
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if (0.0..=1.0).contains(&share) => Ok(share),
+        _ => Err(format!("a share must be in [0, 1], got {text:?}")),
+    }
+}
+
+/// Requests per second: finite, positive, at most 10^7.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 && rate <= 1e7 => Ok(rate),
+        _ => Err(format!(
+            "the rate must be in (0, 10000000] requests/s, got {text:?}"
+        )),
+    }
+}
+
+/// A report interval: a duration of at least 1 ms.
+fn parse_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < Duration::from_millis(1) {
+        return Err(format!(
+            "the report interval must be at least 1ms, got {text:?}"
+        ));
+    }
+    Ok(interval)
+}
+
 fn parse_exponent(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(s) if s.is_finite() && s > 0.0 && s <= 20.0 => Ok(s),
@@ -192,6 +250,42 @@ mod tests {
         assert_eq!(parse_entry("a=b=c"), Ok(("a".to_owned(), "b=c".to_owned())));
         assert!(parse_entry("=GET").is_err());
         assert!(parse_entry("method").is_err());
+    }
+
+    #[test]
+    fn shares_rates_and_intervals_are_checked() {
+        assert_eq!(parse_share("0"), Ok(0.0));
+        assert_eq!(parse_share("0.25"), Ok(0.25));
+        assert_eq!(parse_share("1"), Ok(1.0));
+        for bad in ["-0.1", "1.01", "NaN", "half", ""] {
+            assert!(parse_share(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_rate("2500"), Ok(2500.0));
+        assert_eq!(parse_rate("0.5"), Ok(0.5));
+        for bad in ["0", "-5", "inf", "NaN", "1e8", "fast"] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        assert_eq!(parse_interval("30s"), Ok(Duration::from_secs(30)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("500us").is_err());
+    }
+
+    #[test]
+    fn hot_keys_must_be_at_least_one() {
+        let parse =
+            |extra: &[&str]| Args::try_parse_from(["throttlegate-load"].iter().chain(extra));
+        assert!(parse(&["--hot-keys", "0"]).is_err());
+        let args = parse(&[
+            "--distribution",
+            "hot-and-fresh",
+            "--hot-keys",
+            "3",
+            "--hot-share",
+            "0.5",
+        ])
+        .unwrap();
+        assert_eq!(args.distribution, Distribution::HotAndFresh);
+        assert_eq!((args.hot_keys, args.hot_share), (3, 0.5));
     }
 
     #[test]

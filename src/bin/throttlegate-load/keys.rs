@@ -1,5 +1,8 @@
-//! Which value each request carries: one hot key, uniform over K values, or
-//! Zipf over K values, from a small seeded generator per stream.
+//! Which value each request carries: one hot key, uniform over K values,
+//! Zipf over K values, or a few hot values and a tail of fresh ones, from a
+//! small seeded generator per stream.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::args::Distribution;
 
@@ -110,22 +113,38 @@ fn expm1_over_x(x: f64) -> f64 {
     }
 }
 
-/// Draws value indexes in 0..keys.
-#[derive(Debug, Clone)]
+/// Draws value indexes: in 0..keys, or hot and fresh ones.
+#[derive(Debug)]
 pub enum KeySource {
     Hot,
     Uniform(u64),
     /// Rank k is value k - 1: value 0 is the hottest.
     Zipf(Zipf),
+    HotAndFresh(HotAndFresh),
 }
 
 impl KeySource {
+    /// The source for uniform or Zipf over `keys` values (one value is the
+    /// hot key whatever the distribution); hot-and-fresh takes its
+    /// numbers from [`KeySource::hot_and_fresh`] instead.
     pub fn new(keys: u64, distribution: Distribution, exponent: f64) -> KeySource {
         match (keys, distribution) {
+            (_, Distribution::HotAndFresh) => KeySource::hot_and_fresh(keys, 1.0),
             (0 | 1, _) => KeySource::Hot,
             (keys, Distribution::Uniform) => KeySource::Uniform(keys),
             (keys, Distribution::Zipf) => KeySource::Zipf(Zipf::new(keys, exponent)),
         }
+    }
+
+    /// `share` (in [0, 1]) of draws uniform over the `hot` values 0..hot,
+    /// the others fresh values from `hot` upwards.
+    pub fn hot_and_fresh(hot: u64, share: f64) -> KeySource {
+        let hot = hot.max(1);
+        KeySource::HotAndFresh(HotAndFresh {
+            hot,
+            share: share.clamp(0.0, 1.0),
+            next_fresh: AtomicU64::new(hot),
+        })
     }
 
     pub fn draw(&self, rng: &mut Rng) -> u64 {
@@ -133,6 +152,30 @@ impl KeySource {
             KeySource::Hot => 0,
             KeySource::Uniform(keys) => rng.below(*keys),
             KeySource::Zipf(zipf) => zipf.sample(rng) - 1,
+            KeySource::HotAndFresh(mix) => mix.draw(rng),
+        }
+    }
+}
+
+/// A few hot values taking a share of the requests, and a tail of values
+/// each used once: the counter of fresh values is shared by every stream
+/// of the run (the source lives in the one `Plan`), so no two requests of
+/// a run carry the same fresh value, whichever streams send them.
+#[derive(Debug)]
+pub struct HotAndFresh {
+    hot: u64,
+    share: f64,
+    next_fresh: AtomicU64,
+}
+
+impl HotAndFresh {
+    fn draw(&self, rng: &mut Rng) -> u64 {
+        // next_f64 is in [0, 1): a share of 1 always picks a hot value, a
+        // share of 0 never does.
+        if rng.next_f64() < self.share {
+            rng.below(self.hot)
+        } else {
+            self.next_fresh.fetch_add(1, Ordering::Relaxed)
         }
     }
 }
@@ -209,6 +252,60 @@ mod tests {
             let share = count as f64 / SAMPLES as f64;
             assert!((share - 0.1).abs() < 0.005, "{counts:?}");
         }
+    }
+
+    #[test]
+    fn hot_and_fresh_puts_its_share_on_the_hot_values_and_never_repeats_a_fresh_one() {
+        let source = KeySource::hot_and_fresh(4, 0.7);
+        let mut rng = Rng::new(11);
+        let mut hot = [0u64; 4];
+        let mut fresh = std::collections::HashSet::new();
+        for _ in 0..SAMPLES {
+            match source.draw(&mut rng) {
+                value @ 0..4 => hot[value as usize] += 1,
+                value => assert!(fresh.insert(value), "fresh value {value} came twice"),
+            }
+        }
+        let hot_share = hot.iter().sum::<u64>() as f64 / SAMPLES as f64;
+        assert!((hot_share - 0.7).abs() < 0.006, "{hot_share}");
+        for count in hot {
+            let share = count as f64 / SAMPLES as f64;
+            assert!((share - 0.175).abs() < 0.006, "{hot:?}");
+        }
+        assert_eq!(fresh.len() as u64 + hot.iter().sum::<u64>(), SAMPLES);
+    }
+
+    #[test]
+    fn hot_and_fresh_at_the_ends_of_the_share() {
+        let mut rng = Rng::new(2);
+        let all_hot = KeySource::hot_and_fresh(3, 1.0);
+        assert!((0..1000).all(|_| all_hot.draw(&mut rng) < 3));
+        let all_fresh = KeySource::hot_and_fresh(3, 0.0);
+        let drawn: Vec<u64> = (0..1000).map(|_| all_fresh.draw(&mut rng)).collect();
+        assert_eq!(drawn, (3..1003).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn fresh_values_stay_unique_across_threads() {
+        let source = std::sync::Arc::new(KeySource::hot_and_fresh(1, 0.0));
+        let threads: Vec<_> = (0..4)
+            .map(|seed| {
+                let source = std::sync::Arc::clone(&source);
+                std::thread::spawn(move || {
+                    let mut rng = Rng::new(seed);
+                    (0..10_000)
+                        .map(|_| source.draw(&mut rng))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut all: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|it| it.join().unwrap())
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), 40_000);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Load generator: drives ShouldRateLimit on any Envoy RLS v3 server over N
-//! connections x M streams, for a count or a duration, with a hot key,
-//! uniform or Zipf keys; prints throughput, answers, errors by code,
-//! latency percentiles, CPU per decision of given processes, and one
-//! `summary {json}` line.
+//! connections x M streams, for a count or a duration, as fast as answers
+//! come or paced to a rate, with a hot key, uniform or Zipf keys, or hot
+//! and fresh ones; prints throughput, answers, errors by code, latency
+//! percentiles, CPU per decision of given processes, and one
+//! `summary {json}` line; optionally a report line per interval.
 
 mod args;
 mod cpu;
@@ -17,7 +18,7 @@ use std::time::Instant;
 use clap::Parser;
 
 use crate::args::Args;
-use crate::run::{Phase, Plan};
+use crate::run::{Interval, Phase, Plan};
 use crate::summary::{CpuUse, Outcome};
 
 #[tokio::main]
@@ -40,12 +41,39 @@ async fn drive(args: &Args) -> Result<(), String> {
     let plan = Arc::new(Plan::new(args));
     if !args.warmup.is_zero() {
         let warmup = Arc::new(Phase::new(None, Some(args.warmup), 1));
-        run::run_phase(&channels, streams, &plan, &warmup).await?;
+        run::run_phase(&channels, streams, &plan, &warmup, None, |_| {}).await?;
     }
     let before = CpuClock::read(&args.pids);
     let started = Instant::now();
     let measured = Arc::new(Phase::new(args.request_budget(), args.duration, 0));
-    let tally = run::run_phase(&channels, streams, &plan, &measured).await?;
+    let mut interval_start = CpuClock::read(&args.pids);
+    let on_interval = |interval: Interval<'_>| {
+        let now = CpuClock::read(&args.pids);
+        let (processes, generator_cpu_seconds) = interval_start.until(&now, &args.pids);
+        interval_start = now;
+        let outcome = Outcome {
+            tally: interval.tally,
+            seconds: interval.length.as_secs_f64(),
+            connections,
+            streams,
+            processes: &processes,
+            generator_cpu_seconds,
+            labels: &args.labels,
+            target_rate: args.rate,
+        };
+        let elapsed = interval.elapsed.as_secs_f64();
+        println!("{}", outcome.interval_text(elapsed));
+        println!("{}", outcome.interval_line(elapsed));
+    };
+    let tally = run::run_phase(
+        &channels,
+        streams,
+        &plan,
+        &measured,
+        args.report_every,
+        on_interval,
+    )
+    .await?;
     let seconds = started.elapsed().as_secs_f64();
     let after = CpuClock::read(&args.pids);
     let (processes, generator_cpu_seconds) = before.until(&after, &args.pids);
@@ -57,6 +85,7 @@ async fn drive(args: &Args) -> Result<(), String> {
         processes: &processes,
         generator_cpu_seconds,
         labels: &args.labels,
+        target_rate: args.rate,
     };
     print!("{}", outcome.text());
     println!("{}", outcome.summary_line());

@@ -1,8 +1,10 @@
 //! The load itself: N connections, M streams on each, sending requests
-//! until a phase's budget or deadline runs out.
+//! until a phase's budget or deadline runs out; as fast as answers come
+//! (closed loop) or paced to a rate with planned send times (open loop);
+//! the answers drained into a report at every interval.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -12,7 +14,7 @@ use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_clien
 use tonic::Status;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::args::Args;
+use crate::args::{Args, Distribution};
 use crate::keys::{KeySource, Rng};
 use crate::summary::Tally;
 
@@ -23,7 +25,14 @@ pub struct Plan {
     keys: KeySource,
     timeout: Duration,
     seed: u64,
+    /// Requests per second overall, when paced.
+    rate: Option<f64>,
 }
+
+/// A paced request sent more than this after its planned time counts as
+/// late: below it is the timer's own granularity (1 ms), not a stream
+/// still busy.
+pub const LATE_AFTER: Duration = Duration::from_millis(1);
 
 impl Plan {
     pub fn new(args: &Args) -> Plan {
@@ -58,9 +67,15 @@ impl Plan {
                 descriptors,
                 hits_addend: 0,
             },
-            keys: KeySource::new(args.keys, args.distribution, args.zipf_exponent),
+            keys: match args.distribution {
+                Distribution::HotAndFresh => {
+                    KeySource::hot_and_fresh(args.hot_keys, args.hot_share)
+                }
+                other => KeySource::new(args.keys, other, args.zipf_exponent),
+            },
             timeout: args.timeout,
             seed: args.seed,
+            rate: args.rate,
         }
     }
 
@@ -83,6 +98,7 @@ impl Plan {
 #[derive(Debug)]
 pub struct Phase {
     budget: Option<u64>,
+    start: Instant,
     deadline: Option<Instant>,
     started: AtomicU64,
     /// Mixed into the seeds so that each phase draws its own values.
@@ -91,23 +107,39 @@ pub struct Phase {
 
 impl Phase {
     pub fn new(budget: Option<u64>, length: Option<Duration>, number: u64) -> Phase {
+        let start = Instant::now();
         Phase {
             budget,
-            deadline: length.map(|it| Instant::now() + it),
+            start,
+            deadline: length.map(|it| start + it),
             started: AtomicU64::new(0),
             number,
         }
     }
 
-    /// Whether one more request may start.
-    fn take(&self) -> bool {
-        if self.deadline.is_some_and(|it| Instant::now() >= it) {
-            return false;
+    /// The number (0, 1, ...) of one more request that may start, or None
+    /// once the phase is over. Paced at `rate`, a request planned at or
+    /// after the deadline does not start either.
+    fn take(&self, rate: Option<f64>) -> Option<u64> {
+        let now = Instant::now();
+        if self.deadline.is_some_and(|it| now >= it) {
+            return None;
         }
-        match self.budget {
-            Some(budget) => self.started.fetch_add(1, Ordering::Relaxed) < budget,
-            None => true,
+        let index = self.started.fetch_add(1, Ordering::Relaxed);
+        if self.budget.is_some_and(|budget| index >= budget) {
+            return None;
         }
+        if let (Some(rate), Some(deadline)) = (rate, self.deadline)
+            && self.planned(index, rate) >= deadline
+        {
+            return None;
+        }
+        Some(index)
+    }
+
+    /// When request `index` is due at `rate` requests/s: start + index/rate.
+    fn planned(&self, index: u64, rate: f64) -> Instant {
+        self.start + Duration::from_secs_f64(index as f64 / rate)
     }
 }
 
@@ -128,14 +160,28 @@ pub async fn connect(addr: &str, connections: usize) -> Result<Vec<Channel>, Str
     Ok(channels)
 }
 
+/// One interval of a phase: its answers, and where it ends and how long it
+/// was, from the phase's start.
+pub struct Interval<'a> {
+    pub tally: &'a Tally,
+    pub elapsed: Duration,
+    pub length: Duration,
+}
+
 /// Runs `streams` concurrent streams on each channel until the phase ends,
-/// and merges their tallies.
+/// and returns the tally of every answer. With `report_every`, hands each
+/// interval's answers to `on_interval` (the last one possibly shorter);
+/// each stream records into a tally of its own, which every interval
+/// drains and resets.
 pub async fn run_phase(
     channels: &[Channel],
     streams: usize,
     plan: &Arc<Plan>,
     phase: &Arc<Phase>,
+    report_every: Option<Duration>,
+    mut on_interval: impl FnMut(Interval<'_>),
 ) -> Result<Tally, String> {
+    let mut slots = Vec::with_capacity(channels.len() * streams);
     let mut tasks = Vec::with_capacity(channels.len() * streams);
     for (conn_idx, channel) in channels.iter().enumerate() {
         for stream_idx in 0..streams {
@@ -143,45 +189,119 @@ pub async fn run_phase(
             let stream_no = (conn_idx * streams + stream_idx) as u64;
             let seed = plan.seed ^ (phase.number << 48) ^ stream_no.wrapping_mul(0x1000_0001);
             let rng = Rng::new(seed);
+            let slot = Arc::new(Mutex::new(Tally::new()));
+            slots.push(Arc::clone(&slot));
             tasks.push(tokio::spawn(stream(
                 client,
                 Arc::clone(plan),
                 Arc::clone(phase),
                 rng,
+                slot,
             )));
         }
     }
+    let mut workers = tokio::spawn(async move {
+        for task in tasks {
+            task.await
+                .map_err(|err| format!("a stream failed: {err}"))?;
+        }
+        Ok::<(), String>(())
+    });
     let mut total = Tally::new();
-    for task in tasks {
-        let tally = task
-            .await
-            .map_err(|err| format!("a stream failed: {err}"))?;
-        total
-            .add(&tally)
-            .map_err(|err| format!("cannot merge latencies: {err:?}"))?;
+    let mut interval = Tally::new();
+    let mut last = phase.start;
+    let finished = match report_every {
+        None => (&mut workers).await,
+        Some(every) => {
+            let mut ticker = tokio::time::interval_at((phase.start + every).into(), every);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    finished = &mut workers => break finished,
+                    _ = ticker.tick() => {
+                        let now = Instant::now();
+                        drain(&slots, &mut interval)?;
+                        on_interval(Interval {
+                            tally: &interval,
+                            elapsed: now - phase.start,
+                            length: now - last,
+                        });
+                        add(&mut total, &interval)?;
+                        interval.reset();
+                        last = now;
+                    }
+                }
+            }
+        }
+    };
+    finished.map_err(|err| format!("a stream failed: {err}"))??;
+    let now = Instant::now();
+    drain(&slots, &mut interval)?;
+    if report_every.is_some() && interval.requests() > 0 {
+        on_interval(Interval {
+            tally: &interval,
+            elapsed: now - phase.start,
+            length: now - last,
+        });
     }
+    add(&mut total, &interval)?;
     Ok(total)
 }
 
-/// One stream: one request in flight at a time, each timed.
+/// Moves every stream's answers into `into`, leaving the streams' tallies
+/// empty.
+fn drain(slots: &[Arc<Mutex<Tally>>], into: &mut Tally) -> Result<(), String> {
+    for slot in slots {
+        let mut tally = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        add(into, &tally)?;
+        tally.reset();
+    }
+    Ok(())
+}
+
+fn add(into: &mut Tally, tally: &Tally) -> Result<(), String> {
+    into.add(tally)
+        .map_err(|err| format!("cannot merge latencies: {err:?}"))
+}
+
+/// One stream: one request in flight at a time, each timed. Closed loop,
+/// the next request goes as soon as the answer is in; paced, each request
+/// waits for its planned time, and one that could only go later (the
+/// stream was busy) is timed from its planned time.
 async fn stream(
     mut client: RateLimitServiceClient<Channel>,
     plan: Arc<Plan>,
     phase: Arc<Phase>,
     mut rng: Rng,
-) -> Tally {
-    let mut tally = Tally::new();
-    while phase.take() {
+    slot: Arc<Mutex<Tally>>,
+) {
+    while let Some(index) = phase.take(plan.rate) {
         let request = plan.request(plan.keys.draw(&mut rng));
-        let sent = Instant::now();
+        let (since, late) = match plan.rate {
+            None => (Instant::now(), false),
+            Some(rate) => {
+                let planned = phase.planned(index, rate);
+                let ready = Instant::now();
+                if ready > planned {
+                    (planned, ready - planned > LATE_AFTER)
+                } else {
+                    tokio::time::sleep_until(planned.into()).await;
+                    (Instant::now(), false)
+                }
+            }
+        };
         let res = match tokio::time::timeout(plan.timeout, client.should_rate_limit(request)).await
         {
             Ok(res) => res,
             Err(_) => Err(Status::deadline_exceeded("no answer within --timeout")),
         };
-        tally.record(&res, sent.elapsed().as_micros() as u64);
+        let us = since.elapsed().as_micros() as u64;
+        let mut tally = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        tally.record(&res, us);
+        if late {
+            tally.late += 1;
+        }
     }
-    tally
 }
 
 #[cfg(test)]
@@ -226,13 +346,40 @@ mod tests {
     #[test]
     fn a_phase_with_a_budget_lets_exactly_that_many_start() {
         let phase = Phase::new(Some(3), None, 0);
-        let started = (0..10).filter(|_| phase.take()).count();
-        assert_eq!(started, 3);
+        let started: Vec<u64> = (0..10).filter_map(|_| phase.take(None)).collect();
+        assert_eq!(started, [0, 1, 2]);
     }
 
     #[test]
     fn a_phase_past_its_deadline_lets_none_start() {
         let phase = Phase::new(None, Some(Duration::ZERO), 0);
-        assert!(!phase.take());
+        assert_eq!(phase.take(None), None);
+        assert_eq!(phase.take(Some(100.0)), None);
+    }
+
+    #[test]
+    fn paced_requests_are_planned_at_start_plus_index_over_rate() {
+        let phase = Phase::new(None, None, 0);
+        assert_eq!(phase.planned(0, 200.0), phase.start);
+        assert_eq!(
+            phase.planned(3, 200.0) - phase.start,
+            Duration::from_millis(15)
+        );
+        assert_eq!(
+            phase.planned(2_000, 200.0) - phase.start,
+            Duration::from_secs(10)
+        );
+    }
+
+    #[test]
+    fn a_paced_phase_stops_at_the_first_request_planned_at_its_deadline() {
+        // 10 s at 100/s: requests 0..999 are planned before the deadline,
+        // request 1000 exactly at it.
+        let phase = Phase::new(None, Some(Duration::from_secs(10)), 0);
+        let started: Vec<u64> = std::iter::from_fn(|| phase.take(Some(100.0)))
+            .take(5_000)
+            .collect();
+        assert_eq!(started.len(), 1_000);
+        assert_eq!(started.last(), Some(&999));
     }
 }

@@ -16,6 +16,9 @@ pub struct Tally {
     pub over_limit: u64,
     /// Failed calls by gRPC code name (`Unavailable`, `DeadlineExceeded`).
     pub errors: BTreeMap<String, u64>,
+    /// Paced requests sent more than `run::LATE_AFTER` after their planned
+    /// time.
+    pub late: u64,
     pub latency_us: Histogram<u64>,
 }
 
@@ -25,6 +28,7 @@ impl Tally {
             ok: 0,
             over_limit: 0,
             errors: BTreeMap::new(),
+            late: 0,
             // 1 µs .. 60 s at 3 significant digits: valid bounds, cannot
             // fail; a slower answer is saturated to 60 s.
             latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
@@ -53,10 +57,20 @@ impl Tally {
     pub fn add(&mut self, other: &Tally) -> Result<(), hdrhistogram::AdditionError> {
         self.ok += other.ok;
         self.over_limit += other.over_limit;
+        self.late += other.late;
         for (code, n) in &other.errors {
             *self.errors.entry(code.clone()).or_default() += n;
         }
         self.latency_us.add(&other.latency_us)
+    }
+
+    /// Empties the tally, keeping its histogram's memory.
+    pub fn reset(&mut self) {
+        self.ok = 0;
+        self.over_limit = 0;
+        self.errors.clear();
+        self.late = 0;
+        self.latency_us.reset();
     }
 
     pub fn error_count(&self) -> u64 {
@@ -93,6 +107,8 @@ pub struct Outcome<'a> {
     pub processes: &'a [CpuUse],
     pub generator_cpu_seconds: Option<f64>,
     pub labels: &'a [(String, String)],
+    /// `--rate`, when paced.
+    pub target_rate: Option<f64>,
 }
 
 impl Outcome<'_> {
@@ -149,6 +165,13 @@ impl Outcome<'_> {
         for (code, n) in &t.errors {
             out += &format!("  error {code}: {n}\n");
         }
+        if let Some(rate) = self.target_rate {
+            out += &format!(
+                "paced at {rate} requests/s: {} sent more than {} ms late\n",
+                t.late,
+                crate::run::LATE_AFTER.as_millis()
+            );
+        }
         let [p50, p90, p99, p999, max] = self.percentiles().map(|(_, us)| us);
         out += &format!("latency µs: p50 {p50} p90 {p90} p99 {p99} p99.9 {p999} max {max}\n");
         let generator = CpuUse {
@@ -182,6 +205,8 @@ impl Outcome<'_> {
             "over_limit": t.over_limit,
             "errors": t.error_count(),
             "errors_by_code": t.errors,
+            "late": t.late,
+            "target_rate": self.target_rate,
             "connections": self.connections,
             "streams": self.streams,
             "concurrency": self.connections * self.streams,
@@ -199,6 +224,40 @@ impl Outcome<'_> {
             summary[name] = json!(us);
         }
         summary
+    }
+
+    /// One interval's line for people: where it ends, its rate, answers,
+    /// late requests, latency and the watched processes' CPU share.
+    pub fn interval_text(&self, elapsed: f64) -> String {
+        let t = self.tally;
+        let [p50, _, p99, p999, max] = self.percentiles().map(|(_, us)| us);
+        let mut out = format!(
+            "[{elapsed:>7.1}s] {:.0} decisions/s ok {} over_limit {} errors {} late {} \
+             latency µs p50 {p50} p99 {p99} p99.9 {p999} max {max}",
+            self.rate(),
+            t.ok,
+            t.over_limit,
+            t.error_count(),
+            t.late
+        );
+        for process in self.processes {
+            out += &match process.seconds {
+                Some(s) if self.seconds > 0.0 => {
+                    format!(" cpu {} {:.1}%", process.label, s * 100.0 / self.seconds)
+                }
+                _ => format!(" cpu {} -", process.label),
+            };
+        }
+        out
+    }
+
+    /// `interval {json}` on one line: the summary's fields for this
+    /// interval alone, with `elapsed`, the seconds from the measured
+    /// part's start to the interval's end.
+    pub fn interval_line(&self, elapsed: f64) -> String {
+        let mut json = self.json();
+        json["elapsed"] = json!(elapsed);
+        format!("interval {json}")
     }
 
     /// `summary {json}` on one line.
@@ -247,6 +306,7 @@ mod tests {
             processes: &processes,
             generator_cpu_seconds: None,
             labels: &labels,
+            target_rate: None,
         };
         let line = outcome.summary_line();
         assert!(!line.contains('\n'), "{line}");
@@ -302,10 +362,65 @@ mod tests {
             processes: &[],
             generator_cpu_seconds: Some(0.0),
             labels: &[],
+            target_rate: Some(10.0),
         };
         let parsed = outcome.json();
         assert_eq!(parsed["rate"], 0.0);
         assert_eq!(parsed["p99_us"], 0);
         assert!(outcome.text().contains("requests 0"));
+        assert!(outcome.interval_text(0.0).contains("p99 0"));
+    }
+
+    #[test]
+    fn an_interval_line_is_the_summary_of_the_interval_with_its_end() {
+        let mut tally = sample_tally();
+        tally.late = 2;
+        let processes = [CpuUse {
+            label: "service".into(),
+            pid: 42,
+            seconds: Some(0.25),
+        }];
+        let outcome = Outcome {
+            tally: &tally,
+            seconds: 0.5,
+            connections: 1,
+            streams: 1,
+            processes: &processes,
+            generator_cpu_seconds: None,
+            labels: &[],
+            target_rate: Some(100.0),
+        };
+        let line = outcome.interval_line(30.5);
+        let parsed: Value =
+            serde_json::from_str(line.strip_prefix("interval ").expect("prefix")).unwrap();
+        assert_eq!(parsed["elapsed"], 30.5);
+        assert_eq!(parsed["seconds"], 0.5);
+        assert_eq!(parsed["rate"], 8.0, "4 decisions in 0.5 s");
+        assert_eq!(
+            (parsed["ok"].as_u64(), parsed["errors"].as_u64()),
+            (Some(3), Some(3))
+        );
+        assert_eq!(parsed["late"], 2);
+        assert_eq!(parsed["target_rate"], 100.0);
+        let text = outcome.interval_text(30.5);
+        assert!(text.starts_with("[   30.5s] 8 decisions/s"), "{text}");
+        assert!(text.contains("late 2"), "{text}");
+        assert!(text.contains("cpu service 50.0%"), "{text}");
+    }
+
+    #[test]
+    fn a_reset_tally_is_empty() {
+        let mut tally = sample_tally();
+        tally.late = 1;
+        tally.reset();
+        assert_eq!(
+            (
+                tally.requests(),
+                tally.late,
+                tally.errors.len(),
+                tally.latency_us.len()
+            ),
+            (0, 0, 0, 0)
+        );
     }
 }
