@@ -80,6 +80,7 @@ fn load(yaml: &str) -> RuleSet {
         merge_domains: false,
         default_algorithm: Algorithm::FixedWindow,
         max_log_entries: config::DEFAULT_MAX_LOG_ENTRIES,
+        limits: config::ConfigLimits::STANDARD,
     };
     config::parse_str("bench.yaml", yaml, &options)
         .expect("bench rules are valid")

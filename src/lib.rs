@@ -10,6 +10,8 @@
 //! - `backends`: where counters live (memory, Redis through a Lua script);
 //! - `algorithms`: the rate-limit math, pure integer functions of time;
 //! - `config`: YAML files to a validated `rules::RuleSet`, and hot reload;
+//! - `fuzzing`: the bodies of the fuzz targets and of their proptest
+//!   twins (unit tests and the `fuzzing` feature only);
 //! - `simulate`: `throttlegate simulate`, a traffic pattern replayed
 //!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
@@ -25,6 +27,8 @@ pub mod clock;
 pub mod compat;
 pub mod config;
 pub mod decision;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 pub mod log_gate;
 pub mod metrics;
 pub mod proto;
@@ -113,6 +117,20 @@ mod tests {
                 ],
             ),
             ("log_gate", &[]),
+            (
+                "fuzzing",
+                &[
+                    "algorithms",
+                    "backends",
+                    "clock",
+                    "config",
+                    "decision",
+                    "metrics",
+                    "proto",
+                    "rules",
+                    "transport",
+                ],
+            ),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

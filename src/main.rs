@@ -103,6 +103,15 @@ struct ConfigArgs {
     /// sliding_window_counter, one that names the log is refused.
     #[arg(long, env = "THROTTLEGATE_MAX_LOG_ENTRIES", default_value_t = config::DEFAULT_MAX_LOG_ENTRIES)]
     max_log_entries: u32,
+    /// Most bytes in one config file; a larger file is refused.
+    #[arg(long, env = "THROTTLEGATE_MAX_CONFIG_FILE_BYTES", default_value_t = config::ConfigLimits::STANDARD.max_file_bytes)]
+    max_config_file_bytes: u64,
+    /// Most bytes in all the files of a config directory together.
+    #[arg(long, env = "THROTTLEGATE_MAX_CONFIG_BYTES", default_value_t = config::ConfigLimits::STANDARD.max_total_bytes)]
+    max_config_bytes: u64,
+    /// Most descriptors (at every depth) in one domain.
+    #[arg(long, env = "THROTTLEGATE_MAX_CONFIG_DESCRIPTORS", default_value_t = config::ConfigLimits::STANDARD.max_descriptors)]
+    max_config_descriptors: usize,
 }
 
 #[derive(Debug, Args)]
@@ -529,6 +538,11 @@ fn load_options(args: &ConfigArgs) -> LoadOptions {
         merge_domains: args.merge_domains,
         default_algorithm: args.default_algorithm,
         max_log_entries: args.max_log_entries,
+        limits: config::ConfigLimits {
+            max_file_bytes: args.max_config_file_bytes,
+            max_total_bytes: args.max_config_bytes,
+            max_descriptors: args.max_config_descriptors,
+        },
     }
 }
 

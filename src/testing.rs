@@ -40,6 +40,7 @@ pub(crate) fn load_options() -> LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::SlidingWindowLog,
         max_log_entries: config::DEFAULT_MAX_LOG_ENTRIES,
+        limits: config::ConfigLimits::STANDARD,
     }
 }
 

@@ -52,6 +52,7 @@ pub fn limiter() -> Limiter {
         merge_domains: false,
         default_algorithm: Algorithm::SlidingWindowLog,
         max_log_entries: config::DEFAULT_MAX_LOG_ENTRIES,
+        limits: config::ConfigLimits::STANDARD,
     };
     let rules = config::parse_str("bench.yaml", RULES, &options)
         .expect("bench rules are valid")

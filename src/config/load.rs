@@ -1,16 +1,18 @@
 //! Reading config files and directories, and assembling their rules into one rule set.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_yaml_ng::{Mapping, Value};
 
+use super::limits;
 use super::position::{self, Location};
 use super::walk::Walk;
 use super::{Error, LoadOptions, Loaded, Problem};
 use crate::algorithms::Algorithm;
-use crate::rules::{Domain, Node, RuleSet};
+use crate::rules::{Domain, Node, RuleSet, ValueMatcher};
 
 /// Loads `path`: a YAML file, or a directory whose `*.yaml`/`*.yml` files
 /// are loaded in path order. In a directory, entries whose name starts with
@@ -32,20 +34,31 @@ pub fn load(path: &Path, options: &LoadOptions) -> Result<Loaded, Error> {
         )),
     }
     let mut parsed = Vec::new();
+    let mut total: u64 = 0;
     for file in &files {
         let name = file.display().to_string();
-        match std::fs::read_to_string(file) {
-            Ok(text) => parsed.push(parse_file(
-                &name,
-                &text,
-                options,
-                &mut problems,
-                &mut warnings,
-            )),
-            Err(err) => problems.push(file_problem(
-                &name,
-                format!("error reading config file: {err}"),
-            )),
+        match read_capped(file, options.limits.max_file_bytes) {
+            Ok(text) => {
+                total = total.saturating_add(text.len() as u64);
+                if total > options.limits.max_total_bytes {
+                    problems.push(file_problem(
+                        &path.display().to_string(),
+                        format!(
+                            "config files total more than {} bytes (--max-config-bytes), reached at {name}",
+                            options.limits.max_total_bytes
+                        ),
+                    ));
+                    break;
+                }
+                parsed.push(parse_file(
+                    &name,
+                    &text,
+                    options,
+                    &mut problems,
+                    &mut warnings,
+                ));
+            }
+            Err(message) => problems.push(file_problem(&name, message)),
         }
     }
     let rules = assemble(
@@ -63,6 +76,22 @@ pub fn parse_str(file_name: &str, yaml: &str, options: &LoadOptions) -> Result<L
     let parsed = parse_file(file_name, yaml, options, &mut problems, &mut warnings);
     let rules = assemble(parsed.into_iter().collect(), options, &mut problems);
     outcome(rules, warnings, Vec::new(), problems)
+}
+
+/// The text of `file`, read no further than `max_bytes` (a special file
+/// such as a pipe or `/dev/zero` never ends); the message says why not.
+fn read_capped(file: &Path, max_bytes: u64) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    std::fs::File::open(file)
+        .and_then(|it| it.take(max_bytes.saturating_add(1)).read_to_end(&mut bytes))
+        .map_err(|err| format!("error reading config file: {err}"))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(format!(
+            "error reading config file: larger than {max_bytes} bytes (--max-config-file-bytes)"
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| "error reading config file: stream did not contain valid UTF-8".to_owned())
 }
 
 /// The config loaded, or refused whole if anything was wrong.
@@ -155,6 +184,7 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
                 let domain = DomainRules {
                     default_algorithm: file.default_algorithm,
                     first_file: file.file,
+                    seen: file.nodes.iter().map(top_segment).collect(),
                     nodes: file.nodes,
                 };
                 domains.insert(file.domain, domain);
@@ -170,6 +200,18 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
             Some(domain) => domain.merge(file, problems),
         }
     }
+    let max = options.limits.max_descriptors;
+    for (name, domain) in &domains {
+        let count: usize = domain.nodes.iter().map(count_nodes).sum();
+        if count > max {
+            problems.push(file_problem(
+                &domain.first_file,
+                format!(
+                    "domain '{name}' has {count} descriptors, more than {max} (--max-config-descriptors)"
+                ),
+            ));
+        }
+    }
     let domains = domains.into_iter().map(|(name, domain)| {
         let default_algorithm = domain
             .default_algorithm
@@ -179,12 +221,30 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
     RuleSet::new(domains, options.max_log_entries)
 }
 
+/// `node` and every descriptor below it.
+fn count_nodes(node: &Node) -> usize {
+    1 + node.children().iter().map(count_nodes).sum::<usize>()
+}
+
+/// What makes two top-level descriptors of a domain the same: key and value.
+fn top_segment(node: &Node) -> (String, u8, String) {
+    let (kind, value) = match node.value() {
+        ValueMatcher::Any => (0, ""),
+        ValueMatcher::Exact(value) => (1, &**value),
+        ValueMatcher::Wildcard(value) => (2, &**value),
+    };
+    (node.key().to_owned(), kind, value.to_owned())
+}
+
 /// One domain's rules while files are assembled.
 struct DomainRules {
     /// As named by a file; the first file that names one sets it.
     default_algorithm: Option<Algorithm>,
     /// The file that first named the domain, for messages.
     first_file: String,
+    /// The composite keys of `nodes`, so merging a file costs no pass
+    /// over the descriptors already here.
+    seen: HashSet<(String, u8, String)>,
     nodes: Vec<Node>,
 }
 
@@ -207,11 +267,7 @@ impl DomainRules {
             _ => {}
         }
         for node in file.nodes {
-            let clash = self
-                .nodes
-                .iter()
-                .any(|it| it.key() == node.key() && it.value() == node.value());
-            if clash {
+            if !self.seen.insert(top_segment(&node)) {
                 problems.push(file_problem(
                     &file.file,
                     format!(
@@ -240,8 +296,11 @@ fn parse_file(
     let before = problems.len();
     let walked = Walk::new(file, options, problems, warnings).top(&top);
     if problems.len() != before {
-        // Positions cost a re-parse each, paid only on the error path.
-        for problem in &mut problems[before..] {
+        // Positions cost a re-parse each, paid only on the error path, and
+        // only for the first problems: a file with thousands of them would
+        // otherwise take time quadratic in its size.
+        let located = problems.len().min(before + MAX_LOCATED);
+        for problem in &mut problems[before..located] {
             if !problem.path.is_empty() {
                 problem.location = position::locate(text, &problem.path);
             }
@@ -257,9 +316,21 @@ fn parse_file(
     })
 }
 
+/// Problems of one file given a line and column; the others keep their
+/// YAML path.
+const MAX_LOCATED: usize = 10;
+
 /// The file's top-level mapping, merge keys (`<<`) applied; `None` when
-/// it is not YAML or not a mapping (reported).
+/// it is not YAML or not a mapping, or it expands to too many nodes
+/// (reported).
 fn parse_top(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Mapping> {
+    if let Err(err) = limits::check_nodes(text) {
+        problems.push(file_problem(
+            file,
+            format!("error loading config file: {err}"),
+        ));
+        return None;
+    }
     let mut root: Value = match serde_yaml_ng::from_str(text) {
         Ok(root) => root,
         Err(err) => {

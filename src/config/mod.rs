@@ -16,6 +16,7 @@
 //! where a problem is written; `summary` renders a rule set for people;
 //! `reload` swaps the rule set in force when the files change.
 
+mod limits;
 mod load;
 mod position;
 pub mod reload;
@@ -29,6 +30,7 @@ use std::path::PathBuf;
 use crate::algorithms::Algorithm;
 use crate::rules::RuleSet;
 
+pub use limits::{ALIAS_NODE_ALLOWANCE, ConfigLimits};
 pub(crate) use load::config_entries;
 pub use load::{load, parse_str};
 pub use position::Location;
@@ -49,6 +51,9 @@ pub struct LoadOptions {
     /// entry per request): a limit over it that inherits the log uses the
     /// sliding-window counter, one that names the log is refused.
     pub max_log_entries: u32,
+    /// Bounds on bytes and descriptors, so no config can take unbounded
+    /// memory or time to load.
+    pub limits: ConfigLimits,
 }
 
 /// A validated config.

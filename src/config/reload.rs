@@ -545,6 +545,45 @@ mod tests {
     }
 
     #[test]
+    fn a_hostile_config_is_refused_and_the_last_good_one_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, ONE).unwrap();
+        let options = LoadOptions {
+            limits: config::ConfigLimits {
+                max_file_bytes: 16_384,
+                ..config::ConfigLimits::STANDARD
+            },
+            ..options()
+        };
+        let rules = config::load(&path, &options).unwrap().rules;
+        let (reloader, heard) = heard(Reloader::new(
+            path,
+            options,
+            Arc::new(ArcSwap::from_pointee(rules)),
+        ));
+        let before = reloader.rules().load_full();
+        let items = vec!["x"; 1_000].join(",");
+        let aliases = vec!["*big"; 1_500].join(",");
+        let bomb = format!("{TWO}big: &big [{items}]\nmany: [{aliases}]\n");
+        let oversized = format!("{TWO}#{}\n", "x".repeat(16_384));
+        for (hostile, reason) in [
+            (bomb, "YAML nodes once aliases are repeated"),
+            (
+                oversized,
+                "larger than 16384 bytes (--max-config-file-bytes)",
+            ),
+        ] {
+            std::fs::write(reloader.path(), hostile).unwrap();
+            let err = reloader.reload_now().unwrap_err();
+            assert!(err.to_string().contains(reason), "{err:#}");
+            assert!(Arc::ptr_eq(&before, &reloader.rules().load_full()));
+        }
+        assert_eq!(domains(&reloader), ["one"]);
+        assert_eq!(*heard.lock().unwrap(), [false, false]);
+    }
+
+    #[test]
     fn the_observer_hears_every_result_and_feeds_the_metrics() {
         let dir = tempfile::tempdir().unwrap();
         let metrics = Arc::new(crate::metrics::Metrics::new());

@@ -250,6 +250,7 @@ descriptors:
             merge_domains: false,
             default_algorithm: Algorithm::SlidingWindowLog,
             max_log_entries: config::DEFAULT_MAX_LOG_ENTRIES,
+            limits: config::ConfigLimits::STANDARD,
         };
         config::parse_str("api.yaml", YAML, &options).unwrap().rules
     }

@@ -12,6 +12,7 @@ pub fn load_options() -> LoadOptions {
         merge_domains: false,
         default_algorithm: Algorithm::SlidingWindowLog,
         max_log_entries: DEFAULT_MAX_LOG_ENTRIES,
+        limits: throttlegate::config::ConfigLimits::STANDARD,
     }
 }
 
