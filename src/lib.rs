@@ -14,6 +14,7 @@
 //!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
 //! - `log_gate`: rate-limited log lines;
+//! - `pem`: certificates and keys read from PEM files, errors naming files;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
 //! - `proto`: generated Envoy wire types;
 //! - `compat`: envoyproxy/ratelimit's environment variables as `serve` flags.
@@ -27,6 +28,7 @@ pub mod config;
 pub mod decision;
 pub mod log_gate;
 pub mod metrics;
+pub mod pem;
 pub mod proto;
 pub mod rules;
 pub mod simulate;
@@ -80,6 +82,7 @@ mod tests {
                 "transport",
                 &[
                     "decision", "backends", "rules", "config", "metrics", "log_gate", "proto",
+                    "pem",
                 ],
             ),
             (
@@ -94,7 +97,7 @@ mod tests {
                 ],
             ),
             ("config", &["rules", "algorithms"]),
-            ("backends", &["algorithms", "clock", "log_gate"]),
+            ("backends", &["algorithms", "clock", "log_gate", "pem"]),
             ("metrics", &["backends"]),
             ("rules", &["algorithms"]),
             ("algorithms", &[]),
@@ -113,6 +116,7 @@ mod tests {
                 ],
             ),
             ("log_gate", &[]),
+            ("pem", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

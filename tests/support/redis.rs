@@ -310,6 +310,7 @@ pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
         clock,
         expiry_grace_ms: 0,
         batch: None,
+        tls: Default::default(),
     }
 }
 
