@@ -762,6 +762,15 @@ mod tests {
             ("LIMIT_REMAINING_HEADER", "X-Left"),
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
+            ("REDIS_TLS_CACERT", "/r/ca.pem"),
+            ("REDIS_TLS_CLIENT_CERT", "/r/cert.pem"),
+            ("REDIS_TLS_CLIENT_KEY", "/r/key.pem"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
         ];
         for argv in [&["throttlegate"][..], &["throttlegate", "serve"]] {
             let args = serve_args(&env, argv);
@@ -778,6 +787,15 @@ mod tests {
             assert_eq!(args.response_headers, Switch::Off);
             assert_eq!(args.remaining_header, "X-Left");
             assert_eq!(args.config, Some(PathBuf::from("/data/rl/config")));
+            assert_eq!(args.tls_cert, Some(PathBuf::from("/tls/cert.pem")));
+            assert_eq!(args.tls_key, Some(PathBuf::from("/tls/key.pem")));
+            assert_eq!(args.tls_client_ca, Some(PathBuf::from("/tls/ca.pem")));
+            assert_eq!(args.tls_client_san.as_deref(), Some("envoy"));
+            assert_eq!(args.redis_tls_ca, Some(PathBuf::from("/r/ca.pem")));
+            assert_eq!(args.redis_tls_cert, Some(PathBuf::from("/r/cert.pem")));
+            assert_eq!(args.redis_tls_key, Some(PathBuf::from("/r/key.pem")));
+            assert!(args.redis_tls_skip_hostname_verification);
+            assert!(!args.redis_tls_insecure);
         }
     }
 

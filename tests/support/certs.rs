@@ -69,6 +69,15 @@ impl Ca {
         )
     }
 
+    /// A server certificate for the DNS name `name` only.
+    pub fn server_named(&self, name: &str) -> Issued {
+        self.issue(
+            vec![name.to_owned()],
+            name,
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )
+    }
+
     /// A client certificate carrying the DNS name `name`.
     pub fn client(&self, name: &str) -> Issued {
         self.issue(
