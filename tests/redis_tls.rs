@@ -250,3 +250,50 @@ async fn redis_tls_flags_with_a_plain_url_or_half_a_client_certificate_stop_the_
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn a_cluster_over_tls_decides_with_the_right_ca_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("cluster ca");
+    let ca_file = ca.write(dir.path(), "cluster-ca.pem");
+    // The nodes present theirs to each other on the cluster bus too.
+    let node = ca.node().write(dir.path(), "node");
+    let cluster = support::cluster::Cluster::start_tls(3, &node.cert, &node.key, &ca_file).await;
+    let seeds = cluster.seeds().join(",");
+    let ca_flag = ca_file.to_str().unwrap();
+    let start = |ca: &str| {
+        Serve::yaml(CONFIG)
+            .args(&[
+                "--redis-cluster-nodes",
+                &seeds,
+                "--redis-tls-ca",
+                ca,
+                "--redis-timeout-ms",
+                "1000",
+            ])
+            .spawn()
+    };
+
+    let mut trusted = start(ca_flag);
+    let mut client = trusted.client().await;
+    // Descriptors in many slots: every primary is reached over TLS.
+    for value in 0..30 {
+        let response = client
+            .should_rate_limit(one_entry_request("tls", "k", &value.to_string()))
+            .await
+            .unwrap_or_else(|err| panic!("{err:?}\n{}", trusted.log()));
+        assert_eq!(response.into_inner().overall_code, Code::Ok as i32);
+    }
+    let keys = cluster.keys("*").await;
+    assert_eq!(keys.len(), 30, "{keys:?}");
+
+    let other = Ca::new("not the cluster's ca").write(dir.path(), "other-ca.pem");
+    let mut untrusted = start(other.to_str().unwrap());
+    let status = untrusted
+        .client()
+        .await
+        .should_rate_limit(one_entry_request("tls", "k", "x"))
+        .await
+        .expect_err("refused by the certificate check");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+}

@@ -69,6 +69,26 @@ impl Ca {
         )
     }
 
+    /// A certificate for 127.0.0.1 usable as server and client, as the
+    /// nodes of a Redis Cluster over TLS use theirs on the cluster bus.
+    pub fn node(&self) -> Issued {
+        let mut params =
+            CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+                .expect("params");
+        params.distinguished_name.push(DnType::CommonName, "node");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().expect("key");
+        let cert = params.signed_by(&key, &self.issuer).expect("sign");
+        Issued {
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
     /// A server certificate for the DNS name `name` only.
     pub fn server_named(&self, name: &str) -> Issued {
         self.issue(

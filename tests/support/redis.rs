@@ -94,22 +94,35 @@ impl RedisServer {
     /// key and CA files (PEM); `auth_clients`: clients must present a
     /// certificate the CA signed (`--tls-auth-clients yes`).
     pub fn start_tls_with(cert: &Path, key: &Path, ca: &Path, auth_clients: bool) -> RedisServer {
+        RedisServer::start_tls_and(cert, key, ca, auth_clients, &[])
+    }
+
+    /// [`RedisServer::start_tls_with`] with extra command-line arguments.
+    pub fn start_tls_and(
+        cert: &Path,
+        key: &Path,
+        ca: &Path,
+        auth_clients: bool,
+        extra_args: &[&str],
+    ) -> RedisServer {
         let dir = tempfile::tempdir().expect("create a temporary directory");
         let path = |it: &Path| it.display().to_string();
+        let mut args = vec![
+            "--tls-cert-file".to_owned(),
+            path(cert),
+            "--tls-key-file".to_owned(),
+            path(key),
+            "--tls-ca-cert-file".to_owned(),
+            path(ca),
+            "--tls-auth-clients".to_owned(),
+            if auth_clients { "yes" } else { "no" }.to_owned(),
+        ];
+        args.extend(extra_args.iter().map(|it| (*it).to_owned()));
         let mut server = RedisServer {
             port: 0,
             dir,
             child: None,
-            extra_args: vec![
-                "--tls-cert-file".to_owned(),
-                path(cert),
-                "--tls-key-file".to_owned(),
-                path(key),
-                "--tls-ca-cert-file".to_owned(),
-                path(ca),
-                "--tls-auth-clients".to_owned(),
-                if auth_clients { "yes" } else { "no" }.to_owned(),
-            ],
+            extra_args: args,
             tls: true,
         };
         server.run_on_a_free_port();
