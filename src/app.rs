@@ -27,7 +27,7 @@ use crate::backends::keys::{HashTag, KeyFormat};
 use crate::backends::memory::{MemoryBackend, SweeperGuard};
 use crate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use crate::backends::redis::{
-    BatchSettings, ClockSource, RedisBackend, RedisSettings, SentinelSettings,
+    BatchSettings, ClockSource, RedisBackend, RedisSettings, RedisTls, SentinelSettings,
 };
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
@@ -40,6 +40,7 @@ use crate::transport::health::Health;
 use crate::transport::http::{self, HttpLimits};
 use crate::transport::listener::DescriptorBudget;
 use crate::transport::shutdown::{ShutdownControl, shutdown_channel};
+use crate::transport::tls::{self, Side, Tls, TlsFiles, TlsReloadGuard};
 
 /// Exit code of a start-up failure (bad config, bad flags, unusable backend).
 const EXIT_STARTUP: u8 = 2;
@@ -62,6 +63,8 @@ pub struct Settings {
     pub watch_config: bool,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// TLS on both servers.
+    pub tls: TlsFlags,
     pub redis: RedisFlags,
     /// Most counters the in-memory backend holds.
     pub memory_max_counters: usize,
@@ -87,6 +90,18 @@ pub struct Settings {
     pub log_filter: Option<String>,
 }
 
+/// The TLS flags of both servers: none given is plain text.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFlags {
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
+    /// Mutual TLS: the CA client certificates must chain to.
+    pub client_ca: Option<PathBuf>,
+    /// The name (DNS or IP subject alternative name) client certificates
+    /// must carry.
+    pub client_san: Option<String>,
+}
+
 /// The Redis flags; without a URL the in-memory backend is used.
 pub struct RedisFlags {
     pub url: Option<String>,
@@ -106,6 +121,8 @@ pub struct RedisFlags {
     pub sentinel_nodes: Vec<String>,
     pub sentinel_master: Option<String>,
     pub sentinel_password: Option<String>,
+    /// CA, client certificate, verification: with `rediss://` only.
+    pub tls: RedisTls,
 }
 
 /// What one client may hold of either server. The connection caps not
@@ -195,6 +212,8 @@ struct Serving {
     _reloads: Vec<ReloadGuard>,
     /// Keeps the memory backend's sweeper running.
     _sweeper: Option<SweeperGuard>,
+    /// Keeps the TLS files checked for changes.
+    _tls_reloads: Option<TlsReloadGuard>,
 }
 
 /// Builds everything in the order start-up needs it, then starts both
@@ -205,6 +224,7 @@ async fn start(
     stop: &mut StopSignals,
 ) -> Result<Serving, Aborted> {
     let (grpc_limits, http_limits) = limits(&settings.limits, redis_sockets(&settings.redis));
+    let tls_files = tls_files(&settings.tls).map_err(Aborted::Failed)?;
     let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
     let status = Arc::new(ConfigStatus::new(
         settings.config.clone(),
@@ -220,6 +240,10 @@ async fn start(
     let reloader = reloader(&settings, &rules, &metrics, &status);
     let reloads = reload_triggers(reloader.as_ref(), settings.watch_config, hangups);
     let options = limiter_options(&settings)?;
+    let tls = match tls_files {
+        Some(files) => Some(load_tls(files, &metrics)?),
+        None => None,
+    };
     let (backend, sweeper) = backend(&settings, &metrics, stop).await?;
     let grpc_listener = bind(settings.grpc_addr).await?;
     let http_listener = bind(settings.http_addr).await?;
@@ -227,9 +251,11 @@ async fn start(
         grpc_addr = %grpc_listener.local_addr().map_or(settings.grpc_addr, |it| it),
         http_addr = %http_listener.local_addr().map_or(settings.http_addr, |it| it),
         backend = backend.name(),
+        tls = tls.is_some(),
+        mutual_tls = settings.tls.client_ca.is_some(),
         "serving"
     );
-    let (grpc_app, http_app) = server_apps(
+    let (mut grpc_app, mut http_app) = server_apps(
         rules,
         status,
         backend,
@@ -237,6 +263,9 @@ async fn start(
         metrics,
         settings.drain_timeout,
     );
+    grpc_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Grpc));
+    http_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Http));
+    let tls_reloads = tls.as_ref().map(|it| it.spawn_reloader(tls::CHECK_EVERY));
     let (control, shutdown) = shutdown_channel();
     let http = tokio::spawn(http::serve_limited(
         http_listener,
@@ -253,7 +282,52 @@ async fn start(
         drain_timeout: settings.drain_timeout,
         _reloads: reloads,
         _sweeper: sweeper,
+        _tls_reloads: tls_reloads,
     })
+}
+
+/// The TLS files the flags name; `None` without TLS. A key without a
+/// certificate (or the reverse), or a client CA without both, is refused.
+fn tls_files(flags: &TlsFlags) -> Result<Option<TlsFiles>, String> {
+    let (cert, key) = match (&flags.cert, &flags.key) {
+        (Some(cert), Some(key)) => (cert.clone(), key.clone()),
+        (Some(_), None) => return Err("--tls-cert needs --tls-key (its private key)".to_owned()),
+        (None, Some(_)) => return Err("--tls-key needs --tls-cert (its certificate)".to_owned()),
+        (None, None) => {
+            if flags.client_ca.is_some() || flags.client_san.is_some() {
+                return Err(
+                    "--tls-client-ca and --tls-client-san need --tls-cert and --tls-key: \
+                     client certificates are asked for only over TLS"
+                        .to_owned(),
+                );
+            }
+            return Ok(None);
+        }
+    };
+    if flags.client_san.is_some() && flags.client_ca.is_none() {
+        return Err(
+            "--tls-client-san needs --tls-client-ca: only a verified client certificate's \
+             names can be trusted"
+                .to_owned(),
+        );
+    }
+    Ok(Some(TlsFiles {
+        cert,
+        key,
+        client_ca: flags.client_ca.clone(),
+        client_san: flags.client_san.clone(),
+    }))
+}
+
+/// Loads the TLS files (an error names the file); their reloads are counted
+/// in `metrics`.
+fn load_tls(files: TlsFiles, metrics: &Arc<Metrics>) -> Result<Arc<Tls>, Aborted> {
+    let tls = Tls::load(files).map_err(|err| Aborted::Failed(format!("tls: {err}")))?;
+    metrics.enable_tls_reloads();
+    let metrics = metrics.clone();
+    Ok(Arc::new(
+        tls.with_observer(move |ok| metrics.record_tls_reload(ok)),
+    ))
 }
 
 /// What the two servers serve: one limiter over `rules` and `backend`,
@@ -280,12 +354,14 @@ pub fn server_apps(
         health: health.clone(),
         rules,
         config: status,
+        tls: None,
     };
     let grpc = grpc::App {
         limiter,
         metrics,
         health,
         drain_timeout,
+        tls: None,
     };
     (grpc, http)
 }
@@ -401,6 +477,7 @@ async fn backend(
     metrics: &Metrics,
     stop: &mut StopSignals,
 ) -> Result<(Arc<dyn Backend>, Option<SweeperGuard>), Aborted> {
+    warn_about_redis_tls(&settings.redis.tls);
     let redis = match redis_settings(&settings.redis).map_err(Aborted::Failed)? {
         None => {
             tracing::warn!("no --redis-url: using the in-memory backend, limits are per instance");
@@ -420,6 +497,21 @@ async fn backend(
         Some(Ok(it)) => Ok((Arc::new(it.with_hash_tag(hash_tag)), None)),
         Some(Err(err)) => Err(Aborted::Failed(format!("redis: {err}"))),
         None => Err(Aborted::Stopped),
+    }
+}
+
+/// Verification turned off, in part or whole, is said at start-up.
+fn warn_about_redis_tls(tls: &RedisTls) {
+    if tls.insecure {
+        tracing::warn!(
+            "--redis-tls-insecure: the redis server's certificate is not verified; \
+             anyone on the path can pose as redis"
+        );
+    } else if tls.skip_hostname_verification {
+        tracing::warn!(
+            "--redis-tls-skip-hostname-verification: any certificate the trusted CAs \
+             signed is accepted for redis, whatever host it names"
+        );
     }
 }
 
@@ -461,6 +553,7 @@ fn redis_settings(flags: &RedisFlags) -> Result<Option<RedisTarget>, String> {
         clock: flags.clock.clone(),
         expiry_grace_ms: flags.expiry_grace_ms,
         batch: flags.batch,
+        tls: flags.tls.clone(),
     })))
 }
 
@@ -478,6 +571,7 @@ fn cluster_settings(flags: &RedisFlags) -> Result<ClusterSettings, String> {
         keys: KeyFormat::new(flags.key_prefix.clone(), flags.hash_tag),
         clock: flags.clock.clone(),
         expiry_grace_ms: flags.expiry_grace_ms,
+        tls: flags.tls.clone(),
     })
 }
 
@@ -774,6 +868,7 @@ mod tests {
             sentinel_nodes: Vec::new(),
             sentinel_master: None,
             sentinel_password: None,
+            tls: RedisTls::default(),
         }
     }
 

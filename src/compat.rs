@@ -15,8 +15,13 @@ pub type FlagValue = (&'static str, String);
 /// envoyproxy/ratelimit variables read by [`from_envoyproxy_env`].
 pub const TRANSLATED: &[&str] = &[
     "CACHE_KEY_PREFIX",
+    "GRPC_CLIENT_TLS_CACERT",
+    "GRPC_CLIENT_TLS_SAN",
     "GRPC_HOST",
     "GRPC_PORT",
+    "GRPC_SERVER_TLS_CERT",
+    "GRPC_SERVER_TLS_KEY",
+    "GRPC_SERVER_USE_TLS",
     "HOST",
     "LIMIT_LIMIT_HEADER",
     "LIMIT_REMAINING_HEADER",
@@ -31,6 +36,10 @@ pub const TRANSLATED: &[&str] = &[
     "REDIS_POOL_SIZE",
     "REDIS_SOCKET_TYPE",
     "REDIS_TLS",
+    "REDIS_TLS_CACERT",
+    "REDIS_TLS_CLIENT_CERT",
+    "REDIS_TLS_CLIENT_KEY",
+    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
     "REDIS_TYPE",
     "REDIS_URL",
     "RUNTIME_APPDIRECTORY",
@@ -50,13 +59,8 @@ pub const UNSUPPORTED: &[&str] = &[
     "EXPIRATION_JITTER_MAX_SECONDS",
     "EXTRA_TAGS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
-    "GRPC_CLIENT_TLS_CACERT",
-    "GRPC_CLIENT_TLS_SAN",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
-    "GRPC_SERVER_TLS_CERT",
-    "GRPC_SERVER_TLS_KEY",
-    "GRPC_SERVER_USE_TLS",
     "GRPC_UDS",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "LOCAL_CACHE_SIZE_IN_BYTES",
@@ -66,10 +70,6 @@ pub const UNSUPPORTED: &[&str] = &[
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "REDIS_PIPELINE_LIMIT",
     "REDIS_PIPELINE_WINDOW",
-    "REDIS_TLS_CACERT",
-    "REDIS_TLS_CLIENT_CERT",
-    "REDIS_TLS_CLIENT_KEY",
-    "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION",
     "RUNTIME_IGNOREDOTFILES",
     "RUNTIME_WATCH_ROOT",
     "STATSD_HOST",
@@ -115,6 +115,31 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
     };
 
     redis(vars, &mut flags, &mut problems);
+    if server_tls(vars) == Some(true) {
+        for (name, flag) in SERVER_TLS {
+            if let Some(value) = get(name) {
+                flags.push((flag, value.to_owned()));
+            }
+        }
+    }
+    for (name, flag) in [
+        ("REDIS_TLS_CACERT", "redis-tls-ca"),
+        ("REDIS_TLS_CLIENT_CERT", "redis-tls-cert"),
+        ("REDIS_TLS_CLIENT_KEY", "redis-tls-key"),
+    ] {
+        if let Some(value) = get(name) {
+            flags.push((flag, value.to_owned()));
+        }
+    }
+    if let Some(value) = get("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
+        match parse_bool(value) {
+            Some(true) => flags.push(("redis-tls-skip-hostname-verification", "true".into())),
+            Some(false) => {}
+            None => problems.push(format!(
+                "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION={value} is not a boolean; host names are verified"
+            )),
+        }
+    }
     if let Some(size) = get("REDIS_POOL_SIZE") {
         match size.parse::<u32>() {
             Ok(size) if size > 0 => flags.push(("redis-pool-size", size.to_string())),
@@ -188,6 +213,60 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
     }
     warnings.extend(problems);
     (flags, warnings)
+}
+
+/// envoyproxy/ratelimit's server TLS variables besides
+/// `GRPC_SERVER_USE_TLS`, and the flags they become when it is true.
+const SERVER_TLS: [(&str, &str); 4] = [
+    ("GRPC_SERVER_TLS_CERT", "tls-cert"),
+    ("GRPC_SERVER_TLS_KEY", "tls-key"),
+    ("GRPC_CLIENT_TLS_CACERT", "tls-client-ca"),
+    ("GRPC_CLIENT_TLS_SAN", "tls-client-san"),
+];
+
+/// `GRPC_SERVER_USE_TLS`: `None` when unset, or not a boolean.
+fn server_tls(vars: &HashMap<String, String>) -> Option<bool> {
+    let value = vars.get("GRPC_SERVER_USE_TLS")?.trim();
+    if value.is_empty() {
+        return None;
+    }
+    parse_bool(value)
+}
+
+/// envoyproxy/ratelimit security settings in `vars` that cannot be honoured:
+/// `serve` refuses to start with these messages rather than serve plain
+/// text an operator asked to encrypt or authenticate. Envoy's server TLS
+/// needs `GRPC_SERVER_USE_TLS=true` with a certificate and key; a CA or
+/// name for client certificates, a certificate or key without it, are
+/// refused (they would be ignored).
+pub fn refusals(vars: &HashMap<String, String>) -> Vec<String> {
+    let set = |name: &str| vars.get(name).is_some_and(|it| !it.trim().is_empty());
+    let mut refusals = Vec::new();
+    let given: Vec<&str> = SERVER_TLS
+        .iter()
+        .map(|(name, _)| *name)
+        .filter(|name| set(name))
+        .collect();
+    match (set("GRPC_SERVER_USE_TLS"), server_tls(vars)) {
+        (true, None) => refusals.push(format!(
+            "GRPC_SERVER_USE_TLS={} is not a boolean",
+            vars["GRPC_SERVER_USE_TLS"].trim()
+        )),
+        (_, Some(true)) => {
+            for name in ["GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY"] {
+                if !set(name) {
+                    refusals.push(format!("GRPC_SERVER_USE_TLS=true needs {name}"));
+                }
+            }
+        }
+        _ if !given.is_empty() => refusals.push(format!(
+            "{} set without GRPC_SERVER_USE_TLS=true would be ignored: set it to serve TLS, \
+             or unset them",
+            given.join(", ")
+        )),
+        _ => {}
+    }
+    refusals
 }
 
 /// `BACKEND_TYPE=redis` and `CONFIG_TYPE=FILE` name what this service does
@@ -580,6 +659,90 @@ mod tests {
         ]);
         assert!(flags.is_empty());
         assert_eq!(warnings.len(), 3, "{warnings:?}");
+    }
+
+    #[test]
+    fn server_tls_variables_become_the_tls_flags() {
+        let vars = [
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy.internal"),
+        ];
+        assert_eq!(
+            flags(&vars),
+            vec![
+                ("tls-cert", "/tls/cert.pem".to_owned()),
+                ("tls-key", "/tls/key.pem".to_owned()),
+                ("tls-client-ca", "/tls/ca.pem".to_owned()),
+                ("tls-client-san", "envoy.internal".to_owned()),
+            ]
+        );
+        let vars: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        assert!(refusals(&vars).is_empty());
+    }
+
+    #[test]
+    fn server_tls_that_cannot_be_honoured_is_refused() {
+        let refused = |pairs: &[(&str, &str)]| {
+            let vars = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            refusals(&vars)
+        };
+        assert_eq!(
+            refused(&[("GRPC_SERVER_USE_TLS", "true")]),
+            [
+                "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT",
+                "GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_KEY",
+            ]
+        );
+        assert_eq!(
+            refused(&[("GRPC_SERVER_USE_TLS", "yes")]),
+            ["GRPC_SERVER_USE_TLS=yes is not a boolean"]
+        );
+        let ignored = refused(&[
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
+            ("GRPC_CLIENT_TLS_CACERT", "/ca.pem"),
+        ]);
+        assert_eq!(ignored.len(), 1, "{ignored:?}");
+        assert!(
+            ignored[0].starts_with("GRPC_CLIENT_TLS_CACERT, GRPC_CLIENT_TLS_SAN set without"),
+            "{ignored:?}"
+        );
+        // Without GRPC_SERVER_USE_TLS=true nothing becomes a TLS flag.
+        assert_eq!(
+            translate(&[("GRPC_SERVER_TLS_CERT", "/c.pem")]).0,
+            Vec::<FlagValue>::new()
+        );
+        assert!(refused(&[("GRPC_SERVER_USE_TLS", "false")]).is_empty());
+    }
+
+    #[test]
+    fn redis_tls_variables_become_the_redis_tls_flags() {
+        assert_eq!(
+            flags(&[
+                ("REDIS_TLS_CACERT", "/r/ca.pem"),
+                ("REDIS_TLS_CLIENT_CERT", "/r/cert.pem"),
+                ("REDIS_TLS_CLIENT_KEY", "/r/key.pem"),
+                ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
+            ]),
+            vec![
+                ("redis-tls-ca", "/r/ca.pem".to_owned()),
+                ("redis-tls-cert", "/r/cert.pem".to_owned()),
+                ("redis-tls-key", "/r/key.pem".to_owned()),
+                ("redis-tls-skip-hostname-verification", "true".to_owned()),
+            ]
+        );
+        assert_eq!(
+            flags(&[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")]),
+            vec![]
+        );
     }
 
     #[test]

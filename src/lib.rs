@@ -16,6 +16,7 @@
 //!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
 //! - `log_gate`: rate-limited log lines;
+//! - `pem`: certificates and keys read from PEM files, errors naming files;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
 //! - `proto`: generated Envoy wire types;
 //! - `compat`: envoyproxy/ratelimit's environment variables as `serve` flags.
@@ -31,6 +32,7 @@ pub mod decision;
 pub mod fuzzing;
 pub mod log_gate;
 pub mod metrics;
+pub mod pem;
 pub mod proto;
 pub mod rules;
 pub mod simulate;
@@ -84,6 +86,7 @@ mod tests {
                 "transport",
                 &[
                     "decision", "backends", "rules", "config", "metrics", "log_gate", "proto",
+                    "pem",
                 ],
             ),
             (
@@ -98,7 +101,7 @@ mod tests {
                 ],
             ),
             ("config", &["rules", "algorithms"]),
-            ("backends", &["algorithms", "clock", "log_gate"]),
+            ("backends", &["algorithms", "clock", "log_gate", "pem"]),
             ("metrics", &["backends"]),
             ("rules", &["algorithms"]),
             ("algorithms", &[]),
@@ -131,6 +134,7 @@ mod tests {
                     "transport",
                 ],
             ),
+            ("pem", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

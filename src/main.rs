@@ -14,10 +14,10 @@ use std::time::Duration;
 use clap::{Arg, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use throttlegate::algorithms::Algorithm;
-use throttlegate::app::{self, Limits, RedisFlags, Settings};
+use throttlegate::app::{self, Limits, RedisFlags, Settings, TlsFlags};
 use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
-use throttlegate::backends::redis::{BatchSettings, ClockSource};
+use throttlegate::backends::redis::{BatchSettings, ClockSource, RedisTls};
 use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
@@ -140,6 +140,21 @@ struct ServeArgs {
     /// HTTP listen address (health, debugging endpoints).
     #[arg(long, env = "THROTTLEGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
+    /// Serve TLS on both ports with this certificate chain (PEM, leaf
+    /// first); needs --tls-key. Reloaded when the file changes.
+    #[arg(long, env = "THROTTLEGATE_TLS_CERT", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(long, env = "THROTTLEGATE_TLS_KEY", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: refuse clients without a certificate signed by a CA in
+    /// this PEM file, at the handshake. Needs --tls-cert and --tls-key.
+    #[arg(long, env = "THROTTLEGATE_TLS_CLIENT_CA", value_name = "FILE")]
+    tls_client_ca: Option<PathBuf>,
+    /// With --tls-client-ca: the client certificate must also be valid for
+    /// this DNS name or IP address (one of its subject alternative names).
+    #[arg(long, env = "THROTTLEGATE_TLS_CLIENT_SAN", value_name = "NAME")]
+    tls_client_san: Option<String>,
     /// `redis://`, `rediss://` (TLS) or `redis+unix://`; without it (and
     /// without Sentinel) the in-memory backend is used and limits are per
     /// instance. With `--redis-sentinel-nodes` it is optional and gives
@@ -205,6 +220,25 @@ struct ServeArgs {
     /// master's password goes in `--redis-url`.
     #[arg(long, env = "THROTTLEGATE_REDIS_SENTINEL_PASSWORD")]
     redis_sentinel_password: Option<String>,
+    /// TLS to Redis (`rediss://` only): trust the CA certificates in this
+    /// PEM file instead of the built-in web roots.
+    #[arg(long, env = "THROTTLEGATE_REDIS_TLS_CA", value_name = "FILE")]
+    redis_tls_ca: Option<PathBuf>,
+    /// TLS to Redis: present this client certificate (PEM chain) to servers
+    /// that require one (`tls-auth-clients yes`); needs --redis-tls-key.
+    #[arg(long, env = "THROTTLEGATE_REDIS_TLS_CERT", value_name = "FILE")]
+    redis_tls_cert: Option<PathBuf>,
+    /// The private key of --redis-tls-cert (PEM).
+    #[arg(long, env = "THROTTLEGATE_REDIS_TLS_KEY", value_name = "FILE")]
+    redis_tls_key: Option<PathBuf>,
+    /// TLS to Redis without verifying the server's certificate at all
+    /// (logged as a warning at start-up). Never for production.
+    #[arg(long, env = "THROTTLEGATE_REDIS_TLS_INSECURE")]
+    redis_tls_insecure: bool,
+    /// TLS to Redis verifying the server's certificate chain but not the
+    /// host name in it (logged as a warning at start-up).
+    #[arg(long, env = "THROTTLEGATE_REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")]
+    redis_tls_skip_hostname_verification: bool,
     /// What to answer when the backend fails: `error` fails the RPC with
     /// UNAVAILABLE so Envoy's `failure_mode_deny` decides.
     #[arg(long, env = "THROTTLEGATE_FAILURE_MODE", value_enum, default_value_t = FailureArg::Error)]
@@ -414,15 +448,29 @@ fn main() -> ExitCode {
     let takes_redis_url = vars.get("REDIS_URL").is_some_and(|it| !it.contains("://"));
     let matches = with_defaults(Cli::command(), &flags, takes_redis_url).get_matches_from(args);
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    let refusals = compat::refusals(&vars);
     match cli.command {
         Some(Command::CheckConfig(args)) => check_config(&args),
         Some(Command::Simulate(args)) => simulate(args),
-        Some(Command::Serve(args)) => serve(*args, log_filter, &warnings),
-        None => serve(cli.serve, log_filter, &warnings),
+        Some(Command::Serve(args)) => serve(*args, log_filter, &warnings, &refusals),
+        None => serve(cli.serve, log_filter, &warnings, &refusals),
     }
 }
 
-fn serve(args: ServeArgs, log_filter: Option<String>, warnings: &[String]) -> ExitCode {
+fn serve(
+    args: ServeArgs,
+    log_filter: Option<String>,
+    warnings: &[String],
+    refusals: &[String],
+) -> ExitCode {
+    // A security setting that cannot be honoured stops the start: serving
+    // plain text where TLS was asked for would be worse than not serving.
+    if !refusals.is_empty() {
+        for refusal in refusals {
+            eprintln!("error: {refusal}");
+        }
+        return ExitCode::from(2);
+    }
     for warning in warnings {
         if args.log_format == LogFormat::Json {
             let line = serde_json::json!({
@@ -607,6 +655,12 @@ fn settings(args: ServeArgs) -> Settings {
         watch_config: args.watch_config == Switch::On,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
+        tls: TlsFlags {
+            cert: args.tls_cert,
+            key: args.tls_key,
+            client_ca: args.tls_client_ca,
+            client_san: args.tls_client_san,
+        },
         redis: RedisFlags {
             url: args.redis_url,
             pool_size: args.redis_pool_size,
@@ -630,6 +684,13 @@ fn settings(args: ServeArgs) -> Settings {
             sentinel_nodes: args.redis_sentinel_nodes,
             sentinel_master: args.redis_sentinel_master,
             sentinel_password: args.redis_sentinel_password,
+            tls: RedisTls {
+                ca: args.redis_tls_ca,
+                client_cert: args.redis_tls_cert,
+                client_key: args.redis_tls_key,
+                insecure: args.redis_tls_insecure,
+                skip_hostname_verification: args.redis_tls_skip_hostname_verification,
+            },
         },
         memory_max_counters: args.memory_max_counters,
         failure_mode: match args.failure_mode {
@@ -718,6 +779,15 @@ mod tests {
             ("LIMIT_REMAINING_HEADER", "X-Left"),
             ("RUNTIME_ROOT", "/data"),
             ("RUNTIME_SUBDIRECTORY", "rl"),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", "/tls/cert.pem"),
+            ("GRPC_SERVER_TLS_KEY", "/tls/key.pem"),
+            ("GRPC_CLIENT_TLS_CACERT", "/tls/ca.pem"),
+            ("GRPC_CLIENT_TLS_SAN", "envoy"),
+            ("REDIS_TLS_CACERT", "/r/ca.pem"),
+            ("REDIS_TLS_CLIENT_CERT", "/r/cert.pem"),
+            ("REDIS_TLS_CLIENT_KEY", "/r/key.pem"),
+            ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "true"),
         ];
         for argv in [&["throttlegate"][..], &["throttlegate", "serve"]] {
             let args = serve_args(&env, argv);
@@ -734,6 +804,15 @@ mod tests {
             assert_eq!(args.response_headers, Switch::Off);
             assert_eq!(args.remaining_header, "X-Left");
             assert_eq!(args.config, Some(PathBuf::from("/data/rl/config")));
+            assert_eq!(args.tls_cert, Some(PathBuf::from("/tls/cert.pem")));
+            assert_eq!(args.tls_key, Some(PathBuf::from("/tls/key.pem")));
+            assert_eq!(args.tls_client_ca, Some(PathBuf::from("/tls/ca.pem")));
+            assert_eq!(args.tls_client_san.as_deref(), Some("envoy"));
+            assert_eq!(args.redis_tls_ca, Some(PathBuf::from("/r/ca.pem")));
+            assert_eq!(args.redis_tls_cert, Some(PathBuf::from("/r/cert.pem")));
+            assert_eq!(args.redis_tls_key, Some(PathBuf::from("/r/key.pem")));
+            assert!(args.redis_tls_skip_hostname_verification);
+            assert!(!args.redis_tls_insecure);
         }
     }
 

@@ -315,6 +315,8 @@ pub struct Metrics {
     over_limit_cache_entries: Gauge<i64, AtomicI64>,
     open_connections: Family<ListenerLabels, Gauge>,
     accept_errors: Family<AcceptErrorLabels, Counter>,
+    tls_handshake_errors: Family<ListenerLabels, Counter>,
+    tls_reloads: Family<ReloadLabels, Counter>,
     stored_source: Mutex<Option<CounterSource>>,
 }
 
@@ -466,6 +468,18 @@ impl Metrics {
             "Failed accepts by listener and kind (descriptors: out of file descriptors, other)",
             accept_errors.clone(),
         );
+        let tls_handshake_errors = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "tls_handshake_errors",
+            "TLS handshakes that failed, by listener (refused or missing client certificates, plain text on a TLS port, deadlines)",
+            tls_handshake_errors.clone(),
+        );
+        let tls_reloads = Family::<ReloadLabels, Counter>::default();
+        registry.register(
+            "tls_reloads",
+            "Reloads of the TLS certificate, key and client CA files by result (ok; error: the certificate in force stays)",
+            tls_reloads.clone(),
+        );
         Self {
             registry: Mutex::new(registry),
             series,
@@ -482,6 +496,8 @@ impl Metrics {
             over_limit_cache_entries,
             open_connections,
             accept_errors,
+            tls_handshake_errors,
+            tls_reloads,
             stored_source: Mutex::new(None),
         }
     }
@@ -619,6 +635,29 @@ impl Metrics {
                 .get_or_create_owned(&ListenerLabels { listener: name }),
             accept_errors_descriptors: error("descriptors"),
             accept_errors_other: error("other"),
+        }
+    }
+
+    /// The counter of failed TLS handshakes on the listener `name`.
+    pub fn tls_handshake_errors(&self, name: &'static str) -> Counter {
+        self.tls_handshake_errors
+            .get_or_create_owned(&ListenerLabels { listener: name })
+    }
+
+    /// Counts one reload of the TLS files, swapped in or refused. Both
+    /// series exist once TLS is on, so `increase()` sees the first one.
+    pub fn record_tls_reload(&self, ok: bool) {
+        let result = if ok { "ok" } else { "error" };
+        self.tls_reloads
+            .get_or_create(&ReloadLabels { result })
+            .inc();
+    }
+
+    /// Creates both TLS reload series at 0 (TLS is on).
+    pub fn enable_tls_reloads(&self) {
+        for result in ["ok", "error"] {
+            self.tls_reloads
+                .get_or_create_owned(&ReloadLabels { result });
         }
     }
 

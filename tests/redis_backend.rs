@@ -514,6 +514,7 @@ fn settings_for(url: &str) -> throttlegate::backends::redis::RedisSettings {
         clock: ClockSource::Redis,
         expiry_grace_ms: 0,
         batch: None,
+        tls: Default::default(),
     }
 }
 

@@ -98,6 +98,7 @@ fn cluster_settings(cluster: &Cluster, hash_tag: HashTag) -> ClusterSettings {
         keys: KeyFormat::new("tg", hash_tag),
         clock: ClockSource::Redis,
         expiry_grace_ms: 0,
+        tls: Default::default(),
     }
 }
 

@@ -73,6 +73,11 @@ impl Listener {
         }
     }
 
+    /// What labels its metrics and log lines (`grpc`, `http`).
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
     /// The next connection, once fewer than the cap are open; its watchdog
     /// starts with `first_deadline` (`None`: no deadline), and its IO fails
     /// after `lifetime` whatever the watchdog says.

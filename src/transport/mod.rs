@@ -1,5 +1,6 @@
 //! The edges of the service: the gRPC and HTTP servers, what both share
-//! (bounded accepting, the health answer, the stages of a graceful stop),
+//! (bounded accepting, TLS, the health answer, the stages of a graceful
+//! stop),
 //! and the one mapping between wire messages and decisions.
 //!
 //! Prost types stop here: [`wire`] turns them into `crate::decision`'s
@@ -10,4 +11,5 @@ pub mod health;
 pub mod http;
 pub mod listener;
 pub mod shutdown;
+pub mod tls;
 pub mod wire;

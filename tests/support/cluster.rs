@@ -4,6 +4,7 @@
 //! read command statistics). Every node is stopped on drop.
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -29,6 +30,22 @@ impl Cluster {
     /// [`Cluster::start`] with every node requiring `password` (replicas
     /// authenticate to their primaries with it).
     pub async fn start_with(primaries: usize, replicas: usize, password: Option<&str>) -> Cluster {
+        Cluster::start_on(primaries, replicas, password, None).await
+    }
+
+    /// A cluster of primaries only that speaks TLS only, on its client
+    /// ports and its bus, with `cert`/`key` signed by `ca`; clients need no
+    /// certificate.
+    pub async fn start_tls(primaries: usize, cert: &Path, key: &Path, ca: &Path) -> Cluster {
+        Cluster::start_on(primaries, 0, None, Some((cert, key, ca))).await
+    }
+
+    async fn start_on(
+        primaries: usize,
+        replicas: usize,
+        password: Option<&str>,
+        tls: Option<(&Path, &Path, &Path)>,
+    ) -> Cluster {
         let auth: Vec<&str> = match password {
             Some(password) => vec!["--requirepass", password, "--masterauth", password],
             None => Vec::new(),
@@ -51,7 +68,13 @@ impl Cluster {
                     "0",
                 ];
                 args.extend(&auth);
-                RedisServer::start_with(&args)
+                match tls {
+                    Some((cert, key, ca)) => {
+                        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"]);
+                        RedisServer::start_tls_and(cert, key, ca, false, &args)
+                    }
+                    None => RedisServer::start_with(&args),
+                }
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -59,6 +82,9 @@ impl Cluster {
             .map(|it| format!("127.0.0.1:{}", it.port()))
             .collect();
         let mut cli = Command::new("redis-cli");
+        if let Some((_, _, ca)) = tls {
+            cli.arg("--tls").arg("--cacert").arg(ca);
+        }
         if let Some(password) = password {
             cli.args(["--no-auth-warning", "-a", password]);
         }

@@ -2,6 +2,7 @@
 #![allow(dead_code, reason = "every test binary uses a different subset")]
 
 pub mod backend;
+pub mod certs;
 pub mod cluster;
 pub mod config;
 pub mod keys;
@@ -12,3 +13,4 @@ pub mod reflection;
 pub mod request;
 pub mod sentinel;
 pub mod service;
+pub mod tls;

@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -90,6 +90,60 @@ impl RedisServer {
         server
     }
 
+    /// Starts a server that speaks TLS only, with the given certificate,
+    /// key and CA files (PEM); `auth_clients`: clients must present a
+    /// certificate the CA signed (`--tls-auth-clients yes`).
+    pub fn start_tls_with(cert: &Path, key: &Path, ca: &Path, auth_clients: bool) -> RedisServer {
+        RedisServer::start_tls_and(cert, key, ca, auth_clients, &[])
+    }
+
+    /// [`RedisServer::start_tls_with`] with extra command-line arguments.
+    pub fn start_tls_and(
+        cert: &Path,
+        key: &Path,
+        ca: &Path,
+        auth_clients: bool,
+        extra_args: &[&str],
+    ) -> RedisServer {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let path = |it: &Path| it.display().to_string();
+        let mut args = vec![
+            "--tls-cert-file".to_owned(),
+            path(cert),
+            "--tls-key-file".to_owned(),
+            path(key),
+            "--tls-ca-cert-file".to_owned(),
+            path(ca),
+            "--tls-auth-clients".to_owned(),
+            if auth_clients { "yes" } else { "no" }.to_owned(),
+        ];
+        args.extend(extra_args.iter().map(|it| (*it).to_owned()));
+        let mut server = RedisServer {
+            port: 0,
+            dir,
+            child: None,
+            extra_args: args,
+            tls: true,
+        };
+        server.run_on_a_free_port();
+        server
+    }
+
+    /// A `rediss://` URL to its TLS port, verifying its certificate.
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}/", self.port)
+    }
+
+    /// Where tests reach it themselves: the unix socket for a TLS server
+    /// (which may require client certificates), else [`RedisServer::url`].
+    fn inspection_url(&self) -> String {
+        if self.tls {
+            format!("redis+unix://{}", self.socket_path().display())
+        } else {
+            self.url()
+        }
+    }
+
     fn run_on_a_free_port(&mut self) {
         // A port picked this way can be taken by another test before the
         // server binds it: try a few.
@@ -155,7 +209,7 @@ impl RedisServer {
 
     /// A plain connection for inspecting keys (not through the backend).
     pub async fn connection(&self) -> ::redis::aio::MultiplexedConnection {
-        ::redis::Client::open(self.url())
+        ::redis::Client::open(self.inspection_url())
             .expect("valid url")
             .get_multiplexed_async_connection()
             .await
@@ -288,7 +342,7 @@ impl RedisServer {
             ),
         };
         self.child = Some(child);
-        let client = ::redis::Client::open(self.url()).expect("valid url");
+        let client = ::redis::Client::open(self.inspection_url()).expect("valid url");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Some(child) = self.child.as_mut()
@@ -341,6 +395,7 @@ pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
         clock,
         expiry_grace_ms: 0,
         batch: None,
+        tls: Default::default(),
     }
 }
 

@@ -98,6 +98,7 @@ impl SentinelSetup {
             clock: ClockSource::Redis,
             expiry_grace_ms: 0,
             batch: None,
+            tls: Default::default(),
         }
     }
 

@@ -36,14 +36,14 @@ use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, Slot,
     SlotAddr,
 };
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, TlsMode, Value};
 use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::engine::{self, Engine, Entry};
 use super::gate::{self, Gate};
 use super::script::{self, HeaderArgs, LimitArgs, Receipt, RefundArgs, RefundHeader};
-use super::{ClockSource, classify, redact};
+use super::{ClockSource, RedisTls, classify, redact};
 use crate::algorithms::{Outcome, Verdict};
 use crate::backends::keys::KeyFormat;
 use crate::backends::{Backend, Error, KeyedCheck};
@@ -74,6 +74,8 @@ pub struct ClusterSettings {
     pub clock: ClockSource,
     /// As [`super::RedisSettings::expiry_grace_ms`].
     pub expiry_grace_ms: u64,
+    /// As [`super::RedisSettings::tls`]: for every node.
+    pub tls: RedisTls,
 }
 
 /// Counters in a Redis Cluster, shared by every replica pointed at it.
@@ -142,18 +144,47 @@ impl ClusterSettings {
         // rustls needs a process-wide crypto provider for `rediss://`.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let timeout = Duration::from_millis(self.timeout_ms);
-        let nodes = seed_urls(&self.nodes);
-        ClusterClientBuilder::new(nodes)
+        let nodes = if self.tls.is_set() {
+            // A bare `host:port` is reached the way the TLS settings say.
+            let nodes: Vec<String> = self
+                .nodes
+                .iter()
+                .map(|it| match it.contains("://") {
+                    true => it.clone(),
+                    false => format!("rediss://{}", it.trim()),
+                })
+                .collect();
+            seed_urls(&nodes)
+        } else {
+            seed_urls(&self.nodes)
+        };
+        let mut builder = ClusterClientBuilder::new(nodes.clone())
             .retries(0)
             .connection_timeout(timeout)
-            .response_timeout(timeout)
-            .build()
-            .map_err(|err| {
-                Error::Protocol(format!(
-                    "invalid redis cluster nodes {}: {err}",
-                    redact_nodes(&self.nodes)
-                ))
-            })
+            .response_timeout(timeout);
+        if self.tls.is_set() {
+            if let Some(plain) = nodes.iter().find(|it| !it.starts_with("rediss://")) {
+                return Err(Error::Protocol(format!(
+                    "redis tls settings need rediss:// cluster nodes, not {}",
+                    redact(plain)
+                )));
+            }
+            if let Some(certs) = self.tls.certificates()? {
+                builder = builder.certs(certs);
+            }
+            if self.tls.insecure {
+                builder = builder.tls(TlsMode::Insecure);
+            }
+            if self.tls.skip_hostname_verification {
+                builder = builder.danger_accept_invalid_hostnames(true);
+            }
+        }
+        builder.build().map_err(|err| {
+            Error::Protocol(format!(
+                "invalid redis cluster nodes {}: {err}",
+                redact_nodes(&self.nodes)
+            ))
+        })
     }
 }
 
@@ -210,6 +241,7 @@ impl fmt::Debug for ClusterSettings {
             .field("keys", &self.keys)
             .field("clock", &self.clock)
             .field("expiry_grace_ms", &self.expiry_grace_ms)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -841,6 +873,7 @@ mod tests {
             keys: KeyFormat::default(),
             clock: ClockSource::Redis,
             expiry_grace_ms: 0,
+            tls: RedisTls::default(),
         };
         assert!(ClusterBackend::connect(settings.clone()).is_ok());
         for bad in [

@@ -22,10 +22,14 @@ pub mod script;
 mod sentinel;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError, ServerErrorKind};
+use redis::{
+    ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind,
+    TlsCertificates,
+};
 use tokio::time::{Instant, timeout_at};
 
 use self::batch::Batcher;
@@ -40,6 +44,7 @@ use super::keys::{HashTag, KeyFormat};
 use super::{Backend, Error, KeyedCheck};
 use crate::algorithms::Verdict;
 use crate::clock::{Clock, MonotonicClock};
+use crate::pem;
 
 /// Which clock the script uses.
 #[derive(Debug, Clone)]
@@ -86,6 +91,99 @@ pub struct RedisSettings {
     pub expiry_grace_ms: u64,
     /// Coalesce concurrent requests into one call; `None`: one call each.
     pub batch: Option<BatchSettings>,
+    /// How TLS connections (`rediss://`) verify and authenticate.
+    pub tls: RedisTls,
+}
+
+/// TLS to Redis beyond what a `rediss://` URL says: whom to trust, the
+/// client certificate, verification. Any of it needs `rediss://`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// Trust the CA certificates in this PEM file instead of the built-in
+    /// web roots.
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM chain) for servers that ask for one
+    /// (`tls-auth-clients yes`); comes with `client_key`.
+    pub client_cert: Option<PathBuf>,
+    pub client_key: Option<PathBuf>,
+    /// Accept any server certificate: no verification at all.
+    pub insecure: bool,
+    /// Verify the server's certificate chain but not the name in it.
+    pub skip_hostname_verification: bool,
+}
+
+impl RedisTls {
+    /// Whether anything is asked of TLS.
+    pub fn is_set(&self) -> bool {
+        *self != RedisTls::default()
+    }
+
+    /// The CA and client certificate the redis client is built with, read
+    /// (and checked) from their files now; `None` when neither is given.
+    fn certificates(&self) -> Result<Option<TlsCertificates>, Error> {
+        let failed = |err: pem::Error| Error::Protocol(format!("redis tls: {err}"));
+        let client_tls = match (&self.client_cert, &self.client_key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => {
+                let client_cert = pem::read(cert).map_err(failed)?;
+                pem::certificates_in(cert, &client_cert).map_err(failed)?;
+                let client_key = pem::read(key).map_err(failed)?;
+                pem::private_key_in(key, &client_key).map_err(failed)?;
+                Some(redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                })
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(Error::Protocol(
+                    "a redis client certificate and its key come together".into(),
+                ));
+            }
+        };
+        let root_cert = match &self.ca {
+            Some(path) => {
+                let text = pem::read(path).map_err(failed)?;
+                pem::certificates_in(path, &text).map_err(failed)?;
+                Some(text)
+            }
+            None => None,
+        };
+        if client_tls.is_none() && root_cert.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(TlsCertificates {
+            client_tls,
+            root_cert,
+        }))
+    }
+
+    /// `info` with these settings; refused unless it is TLS (`rediss://`)
+    /// when any is given.
+    fn apply(&self, info: ConnectionInfo, redacted_url: &str) -> Result<ConnectionInfo, Error> {
+        if !self.is_set() {
+            return Ok(info);
+        }
+        if !matches!(info.addr(), ConnectionAddr::TcpTls { .. }) {
+            return Err(Error::Protocol(format!(
+                "redis tls settings need a rediss:// url, not {redacted_url}"
+            )));
+        }
+        let info = match self.certificates()? {
+            Some(certs) => redis::Client::build_with_tls(info, certs)
+                .map_err(|err| Error::Protocol(format!("redis tls: {err}")))?
+                .get_connection_info()
+                .clone(),
+            None => info,
+        };
+        let mut addr = info.addr().clone();
+        if let ConnectionAddr::TcpTls { insecure, .. } = &mut addr {
+            *insecure |= self.insecure;
+        }
+        if self.skip_hostname_verification {
+            addr.set_danger_accept_invalid_hostnames(true);
+        }
+        Ok(info.set_addr(addr))
+    }
 }
 
 /// Bounds of one batch (see `batch`): requests wait to be batched only
@@ -156,11 +254,15 @@ impl RedisSettings {
         let _ = rustls::crypto::ring::default_provider().install_default();
         if let Some(sentinel) = &self.sentinel {
             let timeout = Duration::from_millis(self.timeout_ms);
-            let sentinel = Sentinel::new(sentinel, &self.url, timeout)?;
+            let sentinel = Sentinel::new(sentinel, &self.url, &self.tls, timeout)?;
             let name = sentinel.describe();
             return Ok((Target::Sentinel(Arc::new(sentinel)), name));
         }
-        let client = redis::Client::open(self.url.as_str()).map_err(|err| {
+        let info = self.url.as_str().into_connection_info().map_err(|err| {
+            Error::Protocol(format!("invalid redis url {}: {err}", redact(&self.url)))
+        })?;
+        let info = self.tls.apply(info, &redact(&self.url))?;
+        let client = redis::Client::open(info).map_err(|err| {
             Error::Protocol(format!("invalid redis url {}: {err}", redact(&self.url)))
         })?;
         Ok((Target::Direct(Box::new(client)), redact(&self.url)))
@@ -178,6 +280,7 @@ impl fmt::Debug for RedisSettings {
             .field("clock", &self.clock)
             .field("expiry_grace_ms", &self.expiry_grace_ms)
             .field("batch", &self.batch)
+            .field("tls", &self.tls)
             .finish()
     }
 }

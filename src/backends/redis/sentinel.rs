@@ -17,7 +17,7 @@ use redis::{
 };
 use tokio::time::timeout;
 
-use super::Error;
+use super::{Error, RedisTls};
 
 /// The Sentinel flags.
 #[derive(Clone)]
@@ -36,7 +36,8 @@ pub(super) struct Sentinel {
     master: String,
     password: Option<String>,
     /// How to reach the master once its address is known: user, password,
-    /// db and TLS from the URL; its host and port are replaced.
+    /// db and TLS from the URL (and the TLS flags); its host and port are
+    /// replaced. The sentinels themselves are asked over plain TCP.
     template: ConnectionInfo,
     /// Bound on each sentinel's answer, and on connecting to the master.
     timeout: Duration,
@@ -70,6 +71,7 @@ impl Sentinel {
     pub(super) fn new(
         settings: &SentinelSettings,
         url: &str,
+        tls: &RedisTls,
         timeout: Duration,
     ) -> Result<Sentinel, Error> {
         if settings.master.is_empty() {
@@ -94,6 +96,7 @@ impl Sentinel {
                     .into(),
             ));
         }
+        let template = tls.apply(template, &super::redact(url))?;
         Ok(Sentinel {
             nodes,
             master: settings.master.clone(),
@@ -293,7 +296,9 @@ mod tests {
     fn settings_that_cannot_work_are_refused() {
         let timeout = Duration::from_secs(1);
         let url = "redis://:pw@ignored:1/2";
-        assert!(Sentinel::new(&settings(&["s:1"], "m"), url, timeout).is_ok());
+        assert!(
+            Sentinel::new(&settings(&["s:1"], "m"), url, &RedisTls::default(), timeout).is_ok()
+        );
         let cases = [
             (settings(&[], "m"), url, "no redis sentinel nodes"),
             (settings(&["s:1"], ""), url, "master name is empty"),
@@ -306,7 +311,7 @@ mod tests {
             (settings(&["s:1"], "m"), "nope://x", "invalid redis url"),
         ];
         for (settings, url, message) in cases {
-            let Err(err) = Sentinel::new(&settings, url, timeout) else {
+            let Err(err) = Sentinel::new(&settings, url, &RedisTls::default(), timeout) else {
                 panic!("{settings:?} {url} accepted");
             };
             assert!(err.to_string().contains(message), "{err}");

@@ -7,10 +7,13 @@ mod layers;
 pub mod reflection;
 pub mod service;
 
+use std::convert::Infallible;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::{Stream, StreamExt};
 use tokio::net::TcpListener;
 
 use crate::decision::Limiter;
@@ -20,6 +23,7 @@ use crate::transport::grpc::reflection::{ShortStatus, reflection_v1, reflection_
 use crate::transport::grpc::service::RateLimitService;
 use crate::transport::health::Health;
 use crate::transport::listener::Listener;
+use crate::transport::tls::{self, Io, TlsAcceptor};
 
 pub use crate::transport::grpc::health::HEALTH_SERVICES;
 pub use crate::transport::grpc::reflection::MAX_REFLECTION_STATUS_MESSAGE;
@@ -45,6 +49,8 @@ pub struct App {
     pub health: Health,
     /// How long in-flight RPCs may take to finish once the listener closes.
     pub drain_timeout: Duration,
+    /// TLS on every connection (offering ALPN `h2`); `None`: plain text.
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// What one client may hold of the gRPC server: connections, streams, time.
@@ -130,13 +136,26 @@ pub async fn serve_limited(
     let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone())
         .into_server()
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let incoming = Listener::new(listener, "grpc", limits.max_connections, &app.metrics)
-        // tonic's own grace period skips the GOAWAY when set (it only closes
-        // the connection at age + grace), so the connection closes itself.
-        .into_incoming(
-            Some(limits.handshake_timeout),
-            Some(limits.max_connection_age + limits.max_connection_age_grace),
-        );
+    let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
+    // The handshake deadline bounds the TLS handshake too. tonic's own
+    // grace period skips the GOAWAY when set (it only closes the
+    // connection at age + grace), so the connection closes itself.
+    let first_deadline = Some(limits.handshake_timeout);
+    let lifetime = Some(limits.max_connection_age + limits.max_connection_age_grace);
+    let incoming: Pin<Box<dyn Stream<Item = Result<Io, Infallible>> + Send>> = match &app.tls {
+        None => Box::pin(
+            listener
+                .into_incoming(first_deadline, lifetime)
+                .map(|conn| conn.map(Io::Plain)),
+        ),
+        Some(acceptor) => Box::pin(tls::handshaken(
+            listener,
+            acceptor.clone(),
+            app.metrics.tls_handshake_errors("grpc"),
+            first_deadline,
+            lifetime,
+        )),
+    };
     let closing = shutdown.clone();
     let server = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)

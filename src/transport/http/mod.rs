@@ -18,11 +18,13 @@ use axum::routing::{get, post};
 
 use crate::config::ConfigStatus;
 use crate::decision::Limiter;
+use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 use crate::transport::health::Health;
 use crate::transport::listener::Listener;
 use crate::transport::shutdown::Shutdown;
+use crate::transport::tls::{Io, TlsAcceptor, handshake_failed};
 
 /// What the routes answer from.
 #[derive(Debug, Clone)]
@@ -37,6 +39,9 @@ pub struct App {
     pub rules: Arc<ArcSwap<RuleSet>>,
     /// Where those rules came from, when, and the last refused reload.
     pub config: Arc<ConfigStatus>,
+    /// TLS on every connection (offering ALPN `http/1.1`); `None`: plain
+    /// text.
+    pub tls: Option<TlsAcceptor>,
 }
 
 /// The HTTP routes over `app`.
@@ -101,6 +106,9 @@ pub async fn serve_limited(
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
     let mut listener = Listener::new(listener, "http", limits.max_connections, &app.metrics);
+    let tls = app.tls.clone();
+    let handshake_errors = app.metrics.tls_handshake_errors("http");
+    let handshake_log = Arc::new(LogGate::new());
     let router = router(App {
         health: app.health.following(shutdown.clone()),
         ..app
@@ -119,24 +127,43 @@ pub async fn serve_limited(
             conn = listener.accept(Some(limits.header_timeout), None) => conn,
             () = &mut shutdown => break,
         };
-        let watchdog = conn.watchdog();
+        // Watched from now on: the graceful stop waits for this connection
+        // even while its TLS handshake is still running.
+        let watcher = graceful.watcher();
         let router = router.clone();
-        let service =
-            hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-                watchdog.request_started();
-                let watchdog = watchdog.clone();
-                let router = router.clone();
-                async move {
-                    let request = request.map(|body| TimedBody::new(body, limits.body_timeout));
-                    let response = tower::ServiceExt::oneshot(router, request).await;
-                    watchdog.idle(limits.idle_timeout, limits.header_timeout);
-                    response
-                }
-            });
-        let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(conn), service);
-        let connection = graceful.watch(connection);
+        let builder = builder.clone();
+        let tls = tls.clone();
+        let handshake_errors = handshake_errors.clone();
+        let handshake_log = handshake_log.clone();
+        // The handshake (bounded by the header deadline armed at accept)
+        // runs here, never in the accept loop.
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
+            let io = match &tls {
+                None => Io::Plain(conn),
+                Some(acceptor) => match acceptor.handshake(conn).await {
+                    Ok(io) => io,
+                    Err(err) => {
+                        handshake_failed("http", &err, &handshake_errors, &handshake_log);
+                        return;
+                    }
+                },
+            };
+            let watchdog = io.watchdog();
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    watchdog.request_started();
+                    let watchdog = watchdog.clone();
+                    let router = router.clone();
+                    async move {
+                        let request = request.map(|body| TimedBody::new(body, limits.body_timeout));
+                        let response = tower::ServiceExt::oneshot(router, request).await;
+                        watchdog.idle(limits.idle_timeout, limits.header_timeout);
+                        response
+                    }
+                },
+            );
+            let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+            if let Err(err) = watcher.watch(connection).await {
                 tracing::debug!("http connection ended: {err}");
             }
         });
