@@ -754,6 +754,7 @@ async fn cluster_calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time
             keys: KeyFormat::new("tg", HashTag::None),
             clock: ClockSource::Redis,
             expiry_grace_ms: 0,
+            tls: Default::default(),
         })
         .expect("settings"),
     );
