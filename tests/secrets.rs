@@ -1,5 +1,6 @@
 //! Secrets never leave the process: Redis and Sentinel passwords given in
-//! URLs or flags appear in no log line (at the most verbose level), no gRPC
+//! URLs or flags, and the private keys of TLS certificates (the servers'
+//! and Redis's client certificate), appear in no log line (at the most verbose level), no gRPC
 //! answer or status message, no HTTP page (`/healthcheck`, `/metrics`,
 //! `/rlconfig`, `/json`) and no start-up error, whether Redis answers,
 //! refuses the password or goes away.
@@ -18,6 +19,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
+use support::certs::{Ca, client_config};
 use support::cluster::Cluster;
 use support::process::{Serve, ServiceProcess, command, free_addr, http_get, spawn_with_env};
 use support::redis::RedisServer;
@@ -33,6 +35,8 @@ const CONFIG: &str = "\
 domain: secrets
 descriptors:
   - key: client
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: k
     rate_limit: {unit: minute, requests_per_unit: 2}
 ";
 
@@ -354,4 +358,147 @@ async fn envoyproxy_redis_auth_from_the_environment_never_appears() {
 
     out.assert_mentions(&redis_url);
     out.assert_free_of(PASSWORD);
+}
+
+/// The lines of a PEM private key between its BEGIN and END lines: the
+/// secret itself.
+fn key_lines(pem: &str) -> Vec<String> {
+    let lines: Vec<String> = pem
+        .lines()
+        .filter(|line| !line.starts_with("-----") && !line.trim().is_empty())
+        .map(str::to_owned)
+        .collect();
+    assert!(!lines.is_empty(), "a PEM key has a body: {pem}");
+    lines
+}
+
+#[tokio::test]
+async fn tls_private_keys_never_appear_in_handshakes_reloads_or_redis_failures() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ca = Ca::new("secrets test ca");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let server_cert = ca.server();
+    let server_files = server_cert.write(dir.path(), "server");
+    let redis_side = ca.server().write(dir.path(), "redis-server");
+    let redis_client = ca.client("throttlegate");
+    let redis_client_files = redis_client.write(dir.path(), "redis-client");
+    let redis = RedisServer::start_tls_and(
+        &redis_side.cert,
+        &redis_side.key,
+        &ca_file,
+        true,
+        &["--requirepass", PASSWORD],
+    );
+    let url = format!("rediss://:{PASSWORD}@127.0.0.1:{}/", redis.port());
+    let ca_flag = ca_file.to_str().expect("utf-8 path");
+    let server = Serve::yaml(CONFIG)
+        .args(&[
+            "--tls-cert",
+            server_files.cert(),
+            "--tls-key",
+            server_files.key(),
+            "--tls-client-ca",
+            ca_flag,
+            "--redis-url",
+            &url,
+            "--redis-tls-ca",
+            ca_flag,
+            "--redis-tls-cert",
+            redis_client_files.cert(),
+            "--redis-tls-key",
+            redis_client_files.key(),
+            "--redis-timeout-ms",
+            "500",
+        ])
+        .rust_log("trace")
+        .spawn();
+    server
+        .wait_for_log("serving", Duration::from_secs(20))
+        .await;
+    let mut out = Outputs::default();
+    let envoy = client_config(&ca, Some(&ca.client("envoy")), &[b"h2"]);
+    let anonymous = client_config(&ca, None, &[b"h2"]);
+    let stranger = Ca::new("another ca");
+    let stranger = client_config(&stranger, Some(&stranger.client("envoy")), &[b"h2"]);
+    let http = client_config(&ca, Some(&ca.client("prometheus")), &[b"http/1.1"]);
+    let mut exercise_tls = async |stage: &str, out: &mut Outputs| {
+        for n in 0..3 {
+            let answer = support::tls::decide(server.grpc, envoy.clone(), "secrets").await;
+            out.add(format!("{stage}: gRPC answer {n}"), format!("{answer:?}"));
+        }
+        for (name, config) in [("no certificate", &anonymous), ("another CA", &stranger)] {
+            let answer = support::tls::decide(server.grpc, config.clone(), "secrets").await;
+            assert!(answer.is_err(), "{name}: served: {answer:?}");
+            out.add(
+                format!("{stage}: refused client, {name}"),
+                format!("{answer:?}"),
+            );
+        }
+        for path in ["/healthcheck", "/metrics", "/rlconfig"] {
+            let page = support::tls::https_get(server.http, http.clone(), path).await;
+            out.add(format!("{stage}: GET {path}"), format!("{page:?}"));
+        }
+        let json = support::tls::https_json(server.http, http.clone(), "secrets").await;
+        out.add(format!("{stage}: POST /json"), format!("{json:?}"));
+    };
+    exercise_tls("TLS everywhere", &mut out).await;
+    out.assert_mentions("OverLimit");
+
+    // A key file replaced by a malformed one holding secret-looking text:
+    // refused, and nothing of it quoted.
+    let garbage = "-----BEGIN PRIVATE KEY-----\nTUFMRk9STUVELUtFWS1TRUNSRVQtbWFya2VyLTc3MjE=\n-----END PRIVATE KEY-----\n";
+    std::fs::write(&server_files.key, garbage).expect("rewrite the key");
+    server
+        .wait_for_log("tls files refused", Duration::from_secs(10))
+        .await;
+    exercise_tls("after a refused key", &mut out).await;
+
+    drop(redis);
+    exercise_tls("Redis gone", &mut out).await;
+    let log = server.stop().await;
+    out.add("the service's log", log);
+
+    out.assert_mentions("tls handshake failed");
+    out.assert_mentions(server_files.key());
+    for line in key_lines(&server_cert.key)
+        .into_iter()
+        .chain(key_lines(&redis_client.key))
+        .chain(key_lines(garbage))
+    {
+        out.assert_free_of(&line);
+    }
+    out.assert_free_of(PASSWORD);
+}
+
+#[tokio::test]
+async fn a_malformed_key_at_start_up_is_named_not_quoted() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let ca = Ca::new("secrets test ca");
+    let files = ca.server().write(dir.path(), "server");
+    let body = "U0VDUkVULUtFWS1NQVRFUklBTC1tYXJrZXItNDQxOQ==";
+    std::fs::write(
+        &files.key,
+        format!("-----BEGIN PRIVATE KEY-----\n{body}\n-----END PRIVATE KEY-----\n"),
+    )
+    .expect("write the key");
+    for flag in ["--tls-key", "--redis-tls-key"] {
+        let mut args = vec!["--tls-cert", files.cert(), "--tls-key", files.key()];
+        if flag == "--redis-tls-key" {
+            args = vec![
+                "--redis-url",
+                "rediss://127.0.0.1:6390/",
+                "--redis-tls-cert",
+                files.cert(),
+                "--redis-tls-key",
+                files.key(),
+            ];
+        }
+        let (code, text) = refused(&args).await;
+        assert_eq!(code, Some(2), "{flag}: should be refused:\n{text}");
+        assert!(
+            text.contains(files.key()),
+            "{flag}: the file is named: {text}"
+        );
+        assert!(!text.contains(body), "{flag}: the key is quoted:\n{text}");
+    }
 }

@@ -135,10 +135,15 @@ impl RedisServer {
     }
 
     /// Where tests reach it themselves: the unix socket for a TLS server
-    /// (which may require client certificates), else [`RedisServer::url`].
+    /// (which may require client certificates; with its password when it
+    /// has one), else [`RedisServer::url`].
     fn inspection_url(&self) -> String {
         if self.tls {
-            format!("redis+unix://{}", self.socket_path().display())
+            let socket = self.socket_path().display().to_string();
+            match self.password() {
+                Some(password) => format!("redis+unix://{socket}?pass={password}"),
+                None => format!("redis+unix://{socket}"),
+            }
         } else {
             self.url()
         }

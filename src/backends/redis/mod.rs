@@ -126,9 +126,16 @@ impl RedisTls {
             (None, None) => None,
             (Some(cert), Some(key)) => {
                 let client_cert = pem::read(cert).map_err(failed)?;
-                pem::certificates_in(cert, &client_cert).map_err(failed)?;
+                let chain = pem::certificates_in(cert, &client_cert).map_err(failed)?;
                 let client_key = pem::read(key).map_err(failed)?;
-                pem::private_key_in(key, &client_key).map_err(failed)?;
+                let key_der = pem::private_key_in(key, &client_key).map_err(failed)?;
+                usable_client_certificate(chain, key_der).map_err(|err| {
+                    Error::Protocol(format!(
+                        "redis tls: {} and {} do not make a usable client certificate: {err}",
+                        cert.display(),
+                        key.display()
+                    ))
+                })?;
                 Some(redis::ClientTlsConfig {
                     client_cert,
                     client_key,
@@ -220,6 +227,21 @@ struct Encoded {
     keys: Vec<String>,
     header: HeaderArgs,
     limits: Vec<LimitArgs>,
+}
+
+/// Whether `chain` and `key` make a client certificate rustls can present
+/// (the key parses and is of a supported kind), so that a bad pair is a
+/// start-up error rather than a connection that can never be made.
+fn usable_client_certificate(
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+    key: rustls::pki_types::PrivateKeyDer<'static>,
+) -> Result<(), rustls::Error> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain, key)
+        .map(drop)
 }
 
 // === impl RedisSettings ===
