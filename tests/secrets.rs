@@ -421,7 +421,7 @@ async fn tls_private_keys_never_appear_in_handshakes_reloads_or_redis_failures()
     let stranger = Ca::new("another ca");
     let stranger = client_config(&stranger, Some(&stranger.client("envoy")), &[b"h2"]);
     let http = client_config(&ca, Some(&ca.client("prometheus")), &[b"http/1.1"]);
-    let mut exercise_tls = async |stage: &str, out: &mut Outputs| {
+    let exercise_tls = async |stage: &str, out: &mut Outputs| {
         for n in 0..3 {
             let answer = support::tls::decide(server.grpc, envoy.clone(), "secrets").await;
             out.add(format!("{stage}: gRPC answer {n}"), format!("{answer:?}"));
