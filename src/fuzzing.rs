@@ -29,8 +29,8 @@ use crate::backends::memory::MemoryBackend;
 use crate::clock::{Clock as _, ManualClock};
 use crate::config::{self, ConfigLimits, LoadOptions};
 use crate::decision::{
-    self, Code, DEFAULT_OVER_LIMIT_CACHE, Decision, Descriptor, Entry, FailureMode, HeaderNames,
-    Limiter, MAX_DESCRIPTORS, MAX_ENTRIES, NearLimitRatio, Options, Request,
+    self, Code, Decision, Descriptor, Entry, Limiter, MAX_DESCRIPTORS, MAX_ENTRIES, Options,
+    Request,
 };
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -175,13 +175,7 @@ fn request_rules() -> Arc<RuleSet> {
 
 /// Limiter options as `serve` starts by default.
 fn limiter_options() -> Options {
-    Options {
-        shadow_mode: false,
-        response_headers: Some(HeaderNames::standard()),
-        failure_mode: FailureMode::Error,
-        near_limit_ratio: NearLimitRatio::DEFAULT,
-        over_limit_cache: DEFAULT_OVER_LIMIT_CACHE,
-    }
+    Options::default()
 }
 
 /// A limiter over `rules` on a fresh memory backend reading `clock`.

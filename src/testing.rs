@@ -13,9 +13,7 @@ use crate::backends::memory::MemoryBackend;
 use crate::backends::{self, Backend, KeyedCheck};
 use crate::clock::{Clock, ManualClock};
 use crate::config::{self, LoadOptions};
-use crate::decision::{
-    DEFAULT_OVER_LIMIT_CACHE, FailureMode, HeaderNames, Limiter, NearLimitRatio, Options,
-};
+use crate::decision::{Limiter, Options};
 use crate::metrics::Metrics;
 use crate::rules::RuleSet;
 
@@ -55,13 +53,7 @@ pub(crate) fn rules_from(file_name: &str, yaml: &str) -> RuleSet {
 
 /// Limiter options as `serve` starts by default: headers on, errors fail.
 pub(crate) fn default_options() -> Options {
-    Options {
-        shadow_mode: false,
-        response_headers: Some(HeaderNames::standard()),
-        failure_mode: FailureMode::Error,
-        near_limit_ratio: NearLimitRatio::DEFAULT,
-        over_limit_cache: DEFAULT_OVER_LIMIT_CACHE,
-    }
+    Options::default()
 }
 
 /// A memory backend on `clock`.

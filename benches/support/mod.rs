@@ -8,9 +8,7 @@ use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::SystemClock;
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::decision::{
-    Decision, FailureMode, HeaderNames, Limiter, NearLimitRatio, Options, Request,
-};
+use throttlegate::decision::{Decision, Limiter, Options, Request};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -58,12 +56,9 @@ pub fn limiter() -> Limiter {
         .expect("bench rules are valid")
         .rules;
     let options = Options {
-        shadow_mode: false,
-        response_headers: Some(HeaderNames::standard()),
-        failure_mode: FailureMode::Error,
-        near_limit_ratio: NearLimitRatio::DEFAULT,
         // The memory backend has no local clock: nothing would be cached.
         over_limit_cache: 0,
+        ..Default::default()
     };
     Limiter::new(
         Arc::new(ArcSwap::from_pointee(rules)),

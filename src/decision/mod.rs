@@ -120,6 +120,21 @@ pub struct Options {
     pub over_limit_cache: usize,
 }
 
+/// `serve`'s defaults: not in shadow mode, the standard response headers,
+/// a failing backend answered as an error, the default near-limit ratio and
+/// over-limit cache.
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            shadow_mode: false,
+            response_headers: Some(HeaderNames::standard()),
+            failure_mode: FailureMode::Error,
+            near_limit_ratio: NearLimitRatio::DEFAULT,
+            over_limit_cache: DEFAULT_OVER_LIMIT_CACHE,
+        }
+    }
+}
+
 /// Why a request got no decision.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {

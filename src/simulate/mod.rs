@@ -20,8 +20,7 @@ use crate::backends::memory::MemoryBackend;
 use crate::clock::ManualClock;
 use crate::config::{self, LoadOptions};
 use crate::decision::{
-    Code, Decision, Descriptor, Entry, FailureMode, HeaderNames, Limiter, NearLimitRatio,
-    Options as LimiterOptions, Request,
+    Code, Decision, Descriptor, Entry, HeaderNames, Limiter, Options as LimiterOptions, Request,
 };
 use crate::metrics::Metrics;
 
@@ -259,12 +258,9 @@ fn simulate_lane(
     let clock = ManualClock::new(start_us);
     let backend = Arc::new(MemoryBackend::new(Arc::new(clock.clone())));
     let options = LimiterOptions {
-        shadow_mode: false,
-        response_headers: Some(HeaderNames::standard()),
-        failure_mode: FailureMode::Error,
-        near_limit_ratio: NearLimitRatio::DEFAULT,
         // The memory backend has no local clock: nothing would be cached.
         over_limit_cache: 0,
+        ..Default::default()
     };
     let rules = Arc::new(ArcSwap::from_pointee(variant.rules));
     let limiter = Limiter::new(rules, backend, options, Arc::new(Metrics::new()));

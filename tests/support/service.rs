@@ -16,7 +16,7 @@ use throttlegate::backends::Backend;
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::clock::ManualClock;
 use throttlegate::config::{self, ConfigStatus};
-use throttlegate::decision::{FailureMode, HeaderNames, Limiter, Options};
+use throttlegate::decision::{Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -48,13 +48,7 @@ pub struct TestService {
 
 /// Limiter options as `serve` starts by default: headers on, errors fail.
 pub fn default_options() -> Options {
-    Options {
-        shadow_mode: false,
-        response_headers: Some(HeaderNames::standard()),
-        failure_mode: FailureMode::Error,
-        near_limit_ratio: Default::default(),
-        over_limit_cache: throttlegate::decision::DEFAULT_OVER_LIMIT_CACHE,
-    }
+    Options::default()
 }
 
 /// A memory backend on a manual clock starting at [`T0`].
