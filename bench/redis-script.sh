@@ -29,13 +29,30 @@
 #
 # Environment: ROUNDS (default 3), REQUESTS per variant and round (default
 # 100000), CASES (default "hot spread").
+#
+# CALLGRIND=1 runs redis-server under `valgrind --tool=callgrind` and
+# measures instructions per call instead (`callgrind_control --zero` before
+# a variant, `--dump` after, its total Ir over the calls): exact and
+# unmoved by the machine's load, but about 50x slower, so the defaults
+# become ROUNDS=1 and REQUESTS=2000, and the hot limit 20 per second (a
+# slow server must still deny most calls). The figure counts everything
+# the server does per call (reading the command, the reply), alike for
+# every variant.
 
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/common.sh
 
-ROUNDS=${ROUNDS:-3}
-REQUESTS=${REQUESTS:-100000}
+CALLGRIND=${CALLGRIND:-0}
+if [[ $CALLGRIND == 1 ]]; then
+    ROUNDS=${ROUNDS:-1}
+    REQUESTS=${REQUESTS:-2000}
+    HOT_LIMIT=20
+else
+    ROUNDS=${ROUNDS:-3}
+    REQUESTS=${REQUESTS:-100000}
+    HOT_LIMIT=1000
+fi
 CASES=${CASES:-hot spread}
 SOURCES=("$@")
 if [[ ${#SOURCES[@]} -eq 0 ]]; then
@@ -43,7 +60,21 @@ if [[ ${#SOURCES[@]} -eq 0 ]]; then
 fi
 
 free_port PORT
-start_redis "$PORT"
+if [[ $CALLGRIND == 1 ]]; then
+    mkdir -p "$WORK/callgrind"
+    valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind/out" \
+        redis-server --port "$PORT" --bind 127.0.0.1 --dir "$WORK/callgrind" --save "" \
+        --appendonly no --daemonize no --logfile "$WORK/callgrind/log" \
+        2>"$WORK/callgrind/valgrind" &
+    REDIS_STARTED=$!
+    PIDS+=("$REDIS_STARTED")
+    for _ in $(seq 600); do
+        redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+else
+    start_redis "$PORT"
+fi
 cli() { redis-cli -p "$PORT" "$@"; }
 
 # The yardstick: the smallest sliding log worth the name (TIME, drop what
@@ -68,8 +99,9 @@ NOTHING=$(cli SCRIPT LOAD 'return 1')
 # up to its key, and what follows the key (%s is the algorithm's fields).
 LABELS=() STATS=() HEADS=() TAILS=()
 variant() { LABELS+=("$1") STATS+=("$2") HEADS+=("$3") TAILS+=("$4"); }
-LOG='sliding_window_log 1000 1000000 1000 0 1 1 enforce'
-FIXED='fixed_window 1000 1000000 1000 1 1 1 enforce'
+# The spread case's keys never reach 1,000; the hot key does (HOT_LIMIT).
+LOG='sliding_window_log LIMIT 1000000 LIMIT 0 1 1 enforce'
+FIXED='fixed_window LIMIT 1000000 LIMIT 1 1 1 enforce'
 for source in "${SOURCES[@]}"; do
     label=${source%%=*} binary=${source#*=}
     "$binary" print-lua library >"$WORK/$label.library"
@@ -81,7 +113,7 @@ for source in "${SOURCES[@]}"; do
     variant "$label-fcall-fixed" fcall "FCALL ${names[1]} 1" "'' 0 0 $FIXED"
     variant "$label-evalsha-log" evalsha "EVALSHA $sha 1" "'' 0 0 $LOG"
 done
-variant minimal evalsha "EVALSHA $MINIMAL 1" "1000000 1000"
+variant minimal evalsha "EVALSHA $MINIMAL 1" "1000000 LIMIT"
 variant return-1 evalsha "EVALSHA $NOTHING 1" ""
 
 # usec_per_call of command $1 since the last CONFIG RESETSTAT.
@@ -90,9 +122,20 @@ usec_per_call() {
         sed -n "s/^cmdstat_$1:.*usec_per_call=\([0-9.]*\).*/\1/p"
 }
 
+# Instructions per call since the last `callgrind_control --zero`: dump,
+# read the newest dump's total, divide.
+instructions_per_call() {
+    callgrind_control --dump "$REDIS_STARTED" >/dev/null
+    local dump
+    dump=$(ls -t "$WORK"/callgrind/out.* | head -1)
+    awk -v n="$REQUESTS" '/^(summary|totals):/ { printf "%.0f", $2 / n; exit }' "$dump"
+}
+UNIT=usec/call
+[[ $CALLGRIND == 1 ]] && UNIT=Ir/call
+
 RESULTS=$WORK/results
 : >"$RESULTS"
-printf '%-6s %-5s %-22s %10s %8s\n' case round variant usec/call /minimal
+printf '%-6s %-5s %-22s %10s %8s\n' case round variant "$UNIT" /minimal
 for round in $(seq "$ROUNDS"); do
     for case in $CASES; do
         cli FLUSHALL >/dev/null
@@ -102,15 +145,22 @@ for round in $(seq "$ROUNDS"); do
             if [[ $case == hot ]]; then
                 key="tg:hot:$label:$round"
                 random=()
+                limit=$HOT_LIMIT
             else
                 key="tg:spread:$label:$round:__rand_int__"
                 random=(-r 1000000)
+                limit=1000
             fi
             cli CONFIG RESETSTAT >/dev/null
+            [[ $CALLGRIND == 1 ]] && callgrind_control --zero "$REDIS_STARTED" >/dev/null
             # eval: the tails hold '' (an empty now_us: the server's TIME).
             eval "redis-benchmark -p $PORT -n $REQUESTS -c 50 -P 16 -q ${random[*]} \
-                ${HEADS[$idx]} $key ${TAILS[$idx]}" >/dev/null
-            usec[$label]=$(usec_per_call "${STATS[$idx]}")
+                ${HEADS[$idx]} $key ${TAILS[$idx]//LIMIT/$limit}" >/dev/null
+            if [[ $CALLGRIND == 1 ]]; then
+                usec[$label]=$(instructions_per_call)
+            else
+                usec[$label]=$(usec_per_call "${STATS[$idx]}")
+            fi
         done
         for label in "${LABELS[@]}"; do
             ratio=$(awk -v a="${usec[$label]}" -v b="${usec[minimal]}" 'BEGIN { printf "%.2f", a / b }')
@@ -123,7 +173,7 @@ done
 
 echo
 echo "median over $ROUNDS rounds (load average: $(cut -d' ' -f1-3 /proc/loadavg))"
-printf '%-6s %-22s %10s %8s\n' case variant usec/call /minimal
+printf '%-6s %-22s %10s %8s\n' case variant "$UNIT" /minimal
 for case in $CASES; do
     for label in "${LABELS[@]}"; do
         awk -v c="$case" -v l="$label" '$1 == c && $2 == l { u[n] = $3; r[n++] = $4 }
