@@ -227,12 +227,7 @@ function log.advance(c, s, key, now)
     oldest = tonumber(front[2])
   end
   s.stale = stale
-  -- A log of one entry in the window (a quiet key) has it at both ends:
-  -- members are interned strings, so the comparison is cheap.
-  local oldest_end, oldest_cost = newest_end, newest_cost
-  if front[1] ~= back[1] then
-    oldest_end, oldest_cost = log_member(front[1])
-  end
+  local oldest_end, oldest_cost = log_member(front[1])
   s.oldest = oldest
   s.oldest_cost = oldest_cost
   if oldest_end == nil then
