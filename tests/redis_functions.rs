@@ -172,7 +172,10 @@ async fn remembered_limits_answer_as_the_script_does() {
             let key = cost % 7;
             for (suffixes, args) in [(&["a", "b"][..], &pair), (&["c"][..], &one)] {
                 let keys = |side: &str| -> Vec<String> {
-                    suffixes.iter().map(|it| format!("{side}:{key}:{it}")).collect()
+                    suffixes
+                        .iter()
+                        .map(|it| format!("{side}:{key}:{it}"))
+                        .collect()
                 };
                 let by_function: Vec<i64> = redis::cmd("FCALL")
                     .arg(&library.decide)
@@ -196,8 +199,26 @@ async fn remembered_limits_answer_as_the_script_does() {
     }
     // A limit the library has seen, its fields shifted across the ':'
     // that joins them: refused, and nothing written.
-    let seen = ["fixed_window", "2000", "60000000", "2000", "1", "1", "1", "enforce"];
-    let shifted = ["fixed_window:2000", "60000000", "2000", "1", "1", "1", "enforce", ""];
+    let seen = [
+        "fixed_window",
+        "2000",
+        "60000000",
+        "2000",
+        "1",
+        "1",
+        "1",
+        "enforce",
+    ];
+    let shifted = [
+        "fixed_window:2000",
+        "60000000",
+        "2000",
+        "1",
+        "1",
+        "1",
+        "enforce",
+        "",
+    ];
     for fields in [&seen, &shifted] {
         let reply: redis::RedisResult<Vec<i64>> = redis::cmd("FCALL")
             .arg(&library.decide)
