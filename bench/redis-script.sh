@@ -125,7 +125,7 @@ usec_per_call() {
 # Instructions per call since the last `callgrind_control --zero`: dump,
 # read the newest dump's total, divide.
 instructions_per_call() {
-    callgrind_control --dump "$REDIS_STARTED" >/dev/null
+    callgrind_control --dump "$REDIS_STARTED" >/dev/null 2>&1
     local dump
     dump=$(ls -t "$WORK"/callgrind/out.* | head -1)
     awk -v n="$REQUESTS" '/^(summary|totals):/ { printf "%.0f", $2 / n; exit }' "$dump"
@@ -152,7 +152,7 @@ for round in $(seq "$ROUNDS"); do
                 limit=1000
             fi
             cli CONFIG RESETSTAT >/dev/null
-            [[ $CALLGRIND == 1 ]] && callgrind_control --zero "$REDIS_STARTED" >/dev/null
+            [[ $CALLGRIND == 1 ]] && callgrind_control --zero "$REDIS_STARTED" >/dev/null 2>&1
             # eval: the tails hold '' (an empty now_us: the server's TIME).
             eval "redis-benchmark -p $PORT -n $REQUESTS -c 50 -P 16 -q ${random[*]} \
                 ${HEADS[$idx]} $key ${TAILS[$idx]//LIMIT/$limit}" >/dev/null
