@@ -7,7 +7,7 @@
 
 -- Globals read once: as a script, every call runs this whole body; in the
 -- library, once per server.
-local call, format, floor, gmatch = redis.call, string.format, math.floor, string.gmatch
+local call, format, floor, gmatch, match = redis.call, string.format, math.floor, string.gmatch, string.match
 local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
 
 local TWO53 = 9007199254740992
@@ -45,6 +45,10 @@ local function parts(raw, count)
   return out
 end
 
+-- The states of two and three integers (every layout there is) as one
+-- match each, in place of a split into a table.
+local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(%d+):(%d+):(%d+)$' }
+
 -- A string state: its integers joined by ':', one per name of `fields`, in
 -- order. nil when the key is absent.
 local function load_fields(key, fields)
@@ -52,7 +56,18 @@ local function load_fields(key, fields)
   if not raw then
     return nil
   end
-  local it = parts(raw, #fields)
+  local n = #fields
+  local pattern = STATE_PATTERNS[n]
+  if pattern then
+    local a, b, c = match(raw, pattern)
+    if n == 2 and a then
+      return { [fields[1]] = tonumber(a), [fields[2]] = tonumber(b) }
+    elseif a then
+      return { [fields[1]] = tonumber(a), [fields[2]] = tonumber(b), [fields[3]] = tonumber(c) }
+    end
+  end
+  -- Anything else these scripts never write: split it, as before.
+  local it = parts(raw, n)
   if not it then
     error('throttlegate: unreadable state at ' .. key)
   end
@@ -73,7 +88,7 @@ end
 -- The running total and the cost of a member, or nil for a member of the
 -- older layout (one member "<µs>:<seq>" per unit of cost).
 local function log_member(member)
-  local e, cost = string.match(member, '^(%d+),(%d+)$')
+  local e, cost = match(member, '^(%d+),(%d+)$')
   if not e then
     return nil
   end

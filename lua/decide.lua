@@ -105,12 +105,12 @@ local function mul_div(a, b, c)
   return q + hi
 end
 
+-- Each layout's text in one format: '%d:%d' and '%d:%d:%d'.
+local STATE_FORMATS = { [2] = '%d:%d', [3] = '%d:%d:%d' }
+
 local function store_fields(key, s, fields, ttl_ms)
-  local out = {}
-  for idx, name in ipairs(fields) do
-    out[idx] = fmt(s[name])
-  end
-  call('SET', key, concat(out, ':'), 'PX', fmt(ttl_ms))
+  local value = format(STATE_FORMATS[#fields], s[fields[1]], s[fields[2]], s[fields[3]])
+  call('SET', key, value, 'PX', fmt(ttl_ms))
 end
 
 -- max(a, b): effective times never move backwards.
@@ -177,8 +177,13 @@ local function log_convert(c, key, at, newest)
   end
 end
 
+-- Every field is in the constructor, false where unknown yet: a field added
+-- later would grow the table.
 function log.load(c, key)
-  return { total = 0, newest = nil, newest_end = 0, newest_cost = 0, base = 0, stale = 0 }
+  return {
+    total = 0, newest = false, newest_end = 0, newest_cost = 0, base = 0, stale = 0,
+    oldest = 0, oldest_cost = 0,
+  }
 end
 
 function log.advance(c, s, key, now)
@@ -197,26 +202,33 @@ function log.advance(c, s, key, now)
     end
     newest_end, newest_cost = log_member(back[1])
   end
-  -- An entry at `ts` counts while `ts > at - W`. At most LOG_EXPIRE_MAX
-  -- expired members are removed per call, so a request meeting a whole
-  -- expired log (or 64 of them) stays quick; the rest are skipped by rank
-  -- here and removed by the next calls or with the key.
-  local stale = call('ZCOUNT', key, '-inf', fmt(at - c.window_us))
-  if stale > 0 then
+  -- An entry at `ts` counts while `ts > at - W`. Usually the oldest member
+  -- still does: then nothing expired and it is the front, one read. Else at
+  -- most LOG_EXPIRE_MAX expired members are removed per call, so a request
+  -- meeting a whole expired log (or 64 of them) stays quick; the rest are
+  -- skipped by rank here and removed by the next calls or with the key.
+  local horizon = at - c.window_us
+  local front = call('ZRANGE', key, '0', '0', 'WITHSCORES')
+  local oldest = tonumber(front[2])
+  local stale = 0
+  if oldest <= horizon then
+    stale = call('ZCOUNT', key, '-inf', fmt(horizon))
     local drop = stale
     if drop > LOG_EXPIRE_MAX then
       drop = LOG_EXPIRE_MAX
     end
     call('ZREMRANGEBYRANK', key, '0', fmt(drop - 1))
     stale = stale - drop
+    front = call('ZRANGE', key, fmt(stale), fmt(stale), 'WITHSCORES')
+    if not front[1] then
+      s.stale = stale
+      return at
+    end
+    oldest = tonumber(front[2])
   end
   s.stale = stale
-  local front = call('ZRANGE', key, fmt(stale), fmt(stale), 'WITHSCORES')
-  if not front[1] then
-    return at
-  end
   local oldest_end, oldest_cost = log_member(front[1])
-  s.oldest = tonumber(front[2])
+  s.oldest = oldest
   s.oldest_cost = oldest_cost
   if oldest_end == nil then
     error('throttlegate: unreadable log entry at ' .. key)
@@ -244,18 +256,18 @@ function log.consume(c, s, key, at, cost)
   -- order (for the binary search) and the last rank the newest entry.
   local entry_cost = cost
   if s.newest == at then
-    call('ZREM', key, fmt(s.newest_end) .. ',' .. fmt(s.newest_cost))
+    call('ZREM', key, format('%d,%d', s.newest_end, s.newest_cost))
     entry_cost = s.newest_cost + cost
   end
   s.newest_end = wrap_add(s.newest_end, cost)
   s.newest_cost = entry_cost
-  call('ZADD', key, fmt(at), fmt(s.newest_end) .. ',' .. fmt(entry_cost))
+  call('ZADD', key, fmt(at), format('%d,%d', s.newest_end, entry_cost))
   s.total = s.total + cost
   s.newest = at
 end
 
 function log.until_full(c, s, at)
-  if s.newest == nil then
+  if not s.newest then
     return 0
   end
   return s.newest + c.window_us - at
@@ -633,7 +645,7 @@ local function cost_of(raw, capacity)
   if n == nil or n < 0 or n ~= floor(n) then
     return nil
   end
-  if capacity ~= nil and n > capacity then
+  if n > capacity then
     return capacity + 1
   end
   return n
@@ -647,23 +659,52 @@ local H, L = positions(HEADER_FIELDS), positions(LIMIT_FIELDS)
 local B, R = positions(BATCH_FIELDS), positions(REQUEST_FIELDS)
 
 -- One limit's fields, argv[at + 1] on; nil when one is bad.
-local function parse_limit(argv, at)
+local function parse_limit_fields(argv, at)
+  local capacity = integer(argv[at + L.capacity])
   local c = {
     algorithm = ALGORITHMS[argv[at + L.algorithm]],
     limit = integer(argv[at + L.limit]),
     window_us = integer(argv[at + L.window_us]),
-    capacity = integer(argv[at + L.capacity]),
+    capacity = capacity,
     per_us = integer(argv[at + L.per_us]),
     scale = integer(argv[at + L.scale]),
-    cost = cost_of(argv[at + L.cost]),
+    cost = capacity and cost_of(argv[at + L.cost], capacity),
     mode = argv[at + L.mode],
   }
-  if c.algorithm == nil or c.limit == nil or c.window_us == nil or c.capacity == nil
-    or c.per_us == nil or c.scale == nil or c.cost == nil or not MODES[c.mode]
+  if c.algorithm == nil or c.limit == nil or c.window_us == nil or not c.capacity
+    or c.per_us == nil or c.scale == nil or not c.cost or not MODES[c.mode]
     or c.window_us == 0 or c.scale == 0 then
     return nil
   end
-  c.cost = cost_of(c.cost, c.capacity)
+  return c
+end
+
+-- Limits already parsed, by their fields as sent joined by ':'. The same
+-- few limits come with nearly every call: in the function library, which
+-- lives as long as the server, a limit seen before is neither converted
+-- nor validated again (tonumber of each field was a good part of a call's
+-- cost); as a script the table starts empty at each call. The text names
+-- one list of fields only: no field of a valid limit holds a ':' (integers
+-- and names), so the text of a valid one has exactly seven, each between
+-- two fields; only valid limits are kept. Entries are shared, never
+-- written to, and the table is emptied when it holds PARSED_MAX (costs
+-- vary from call to call).
+local PARSED_MAX = 256
+local parsed, n_parsed = {}, 0
+
+local function parse_limit(argv, at)
+  local text = concat(argv, ':', at + 1, at + N_LIMIT)
+  local c = parsed[text]
+  if c then
+    return c
+  end
+  c = parse_limit_fields(argv, at)
+  if c then
+    if n_parsed >= PARSED_MAX then
+      parsed, n_parsed = {}, 0
+    end
+    parsed[text], n_parsed = c, n_parsed + 1
+  end
   return c
 end
 
@@ -678,35 +719,41 @@ local function parse_request(argv, at, n)
       return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx)
     end
   end
-  local header = { grace_ms = integer(argv[at + H.grace_ms]), checks = checks }
-  if header.grace_ms == nil then
+  local grace = integer(argv[at + H.grace_ms])
+  if grace == nil then
     return nil, 'ERR throttlegate: bad expiry grace'
   end
   local flag = argv[at + H.receipts]
   if flag ~= '0' and flag ~= '1' then
     return nil, 'ERR throttlegate: bad receipts flag'
   end
-  header.receipts = flag == '1'
-  local now_us = argv[at + H.now_us]
+  local now_us, now = argv[at + H.now_us], false
   if now_us ~= '' then
-    header.now = integer(now_us)
-    if header.now == nil then
+    now = integer(now_us)
+    if now == nil then
       return nil, 'ERR throttlegate: bad time'
     end
   end
-  return header
+  return { grace_ms = grace, checks = checks, receipts = flag == '1', now = now, first = 0 }
 end
+
+-- What `run` learns of limit idx between its check and its answer: its
+-- state, effective time and whether it has room. Kept from call to call
+-- in the library (a run only reads entries it wrote first), rather than
+-- three tables per call.
+local states, effective_now, has_room = {}, {}, {}
 
 -- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
 -- appending its section to `reply`: allowed, now, then per limit has_room,
 -- consumed, remaining, reset_us (and the receipt when asked for).
 local function run(keys, first, header, now, reply)
   local checks = header.checks
+  local n = #checks
   grace_ms = header.grace_ms
   -- Check every limit first.
-  local has_room, effective_now, states = {}, {}, {}
   local enforced_ok, quota_seen, quota_ok = true, false, false
-  for idx, c in ipairs(checks) do
+  for idx = 1, n do
+    local c = checks[idx]
     local key = keys[first + idx]
     local s = load(c.algorithm, c, key, now)
     local at = c.algorithm.advance(c, s, key, now)
@@ -722,9 +769,12 @@ local function run(keys, first, header, now, reply)
   local allowed = enforced_ok and (quota_ok or not quota_seen)
 
   -- Then consume all or nothing, and answer.
-  reply[#reply + 1] = allowed and 1 or 0
-  reply[#reply + 1] = now
-  for idx, c in ipairs(checks) do
+  local out = #reply
+  reply[out + 1] = allowed and 1 or 0
+  reply[out + 2] = now
+  out = out + 2
+  for idx = 1, n do
+    local c = checks[idx]
     local key, s, at, room = keys[first + idx], states[idx], effective_now[idx], has_room[idx]
     local impl = c.algorithm
     local consumed = allowed and room and c.cost > 0
@@ -753,10 +803,11 @@ local function run(keys, first, header, now, reply)
     else
       store(impl, c, s, key, div_ceil(keep_for, 1000) + grace_ms)
     end
-    reply[#reply + 1] = room and 1 or 0
-    reply[#reply + 1] = consumed and 1 or 0
-    reply[#reply + 1] = remaining
-    reply[#reply + 1] = reset_us
+    reply[out + 1] = room and 1 or 0
+    reply[out + 2] = consumed and 1 or 0
+    reply[out + 3] = remaining
+    reply[out + 4] = reset_us
+    out = out + 4
     if header.receipts then
       -- What a refund may take back: only what an enforcing limit consumed
       -- (shadow and quota limits never deny, a cost of 0 takes nothing).
@@ -764,8 +815,9 @@ local function run(keys, first, header, now, reply)
       if consumed and c.mode == 'enforce' then
         at_us, units = impl.receipt(c, s, at, c.cost)
       end
-      reply[#reply + 1] = at_us
-      reply[#reply + 1] = units
+      reply[out + 1] = at_us
+      reply[out + 2] = units
+      out = out + 2
     end
   end
 end
@@ -818,7 +870,7 @@ local function decide_batch(keys, argv)
   local reply, server_now = {}, nil
   for _, header in ipairs(requests) do
     local now = header.now
-    if now == nil then
+    if not now then
       server_now = server_now or now_of('')
       now = server_now
     end

@@ -54,6 +54,19 @@ enum Command {
     /// Replay a traffic pattern through one rule with each algorithm (on the
     /// memory backend and a simulated clock); print the counts, draw an SVG.
     Simulate(SimulateArgs),
+    /// Print the Lua the Redis backend sends (for measuring it by hand).
+    #[command(hide = true)]
+    PrintLua(PrintLuaArgs),
+}
+
+#[derive(Debug, Args)]
+struct PrintLuaArgs {
+    /// `library`: the function library's source (FUNCTION LOAD), then
+    /// nothing else; `names`: the library's name and its functions' names,
+    /// one a line (decide, decide_batch, refund); `decide`, `decide-batch`,
+    /// `refund`: the EVALSHA scripts.
+    #[arg(value_parser = ["library", "names", "decide", "decide-batch", "refund"])]
+    what: String,
 }
 
 #[derive(Debug, Args)]
@@ -452,6 +465,7 @@ fn main() -> ExitCode {
     match cli.command {
         Some(Command::CheckConfig(args)) => check_config(&args),
         Some(Command::Simulate(args)) => simulate(args),
+        Some(Command::PrintLua(args)) => print_lua(&args),
         Some(Command::Serve(args)) => serve(*args, log_filter, &warnings, &refusals),
         None => serve(cli.serve, log_filter, &warnings, &refusals),
     }
@@ -592,6 +606,22 @@ fn load_options(args: &ConfigArgs) -> LoadOptions {
             max_descriptors: args.max_config_descriptors,
         },
     }
+}
+
+fn print_lua(args: &PrintLuaArgs) -> ExitCode {
+    use throttlegate::backends::redis::script;
+    let library = script::library();
+    match args.what.as_str() {
+        "library" => print!("{}", library.source),
+        "names" => println!(
+            "{}\n{}\n{}\n{}",
+            library.name, library.decide, library.decide_batch, library.refund
+        ),
+        "decide" => print!("{}", script::DECIDE_LUA),
+        "decide-batch" => print!("{}", script::DECIDE_BATCH_LUA),
+        _ => print!("{}", script::REFUND_LUA),
+    }
+    ExitCode::SUCCESS
 }
 
 fn check_config(args: &CheckConfigArgs) -> ExitCode {
@@ -756,7 +786,9 @@ mod tests {
         match cli.command {
             Some(Command::Serve(args)) => *args,
             None => cli.serve,
-            Some(Command::CheckConfig(_) | Command::Simulate(_)) => panic!("not serve"),
+            Some(Command::CheckConfig(_) | Command::Simulate(_) | Command::PrintLua(_)) => {
+                panic!("not serve")
+            }
         }
     }
 

@@ -140,6 +140,116 @@ async fn the_library_and_the_script_answer_alike() {
     }
 }
 
+/// The library keeps the limits it parsed from call to call (by their
+/// fields joined with ':', up to a bound): past that bound, with the same
+/// limit on several keys of one request, and for look-alike fields that
+/// hold the separator, it answers as the script, which parses every call
+/// afresh.
+#[tokio::test]
+async fn remembered_limits_answer_as_the_script_does() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let _ = backend(&server, ClockSource::Redis).await;
+    let library = script::library();
+    support::redis::load_library(&mut conn).await;
+    let t0 = 1_700_000_000_000_000_u64;
+    let fixed = |limit: u64, cost: u64| {
+        let params = LimitParams::new(FixedWindow, limit, 60_000_000, None).unwrap();
+        LimitArgs::of(&Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        })
+    };
+    // 300 distinct limits (more than the library keeps), twice over, each
+    // request twice the same limit on two keys, then alone on a third.
+    for round in 0..2_u64 {
+        for cost in 0..300_u64 {
+            let now = t0 + round * 1_000 + cost;
+            let limit = fixed(2_000, cost);
+            let pair = argv(&header(now), &[limit, limit]);
+            let one = argv(&header(now), &[limit]);
+            let key = cost % 7;
+            for (suffixes, args) in [(&["a", "b"][..], &pair), (&["c"][..], &one)] {
+                let keys = |side: &str| -> Vec<String> {
+                    suffixes
+                        .iter()
+                        .map(|it| format!("{side}:{key}:{it}"))
+                        .collect()
+                };
+                let by_function: Vec<i64> = redis::cmd("FCALL")
+                    .arg(&library.decide)
+                    .arg(suffixes.len())
+                    .arg(keys("f"))
+                    .arg(args)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                let by_script: Vec<i64> = redis::cmd("EVAL")
+                    .arg(DECIDE_LUA)
+                    .arg(suffixes.len())
+                    .arg(keys("s"))
+                    .arg(args)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                assert_eq!(by_function, by_script, "round {round} cost {cost}");
+            }
+        }
+    }
+    // A limit the library has seen, its fields shifted across the ':'
+    // that joins them: refused, and nothing written.
+    let seen = [
+        "fixed_window",
+        "2000",
+        "60000000",
+        "2000",
+        "1",
+        "1",
+        "1",
+        "enforce",
+    ];
+    let shifted = [
+        "fixed_window:2000",
+        "60000000",
+        "2000",
+        "1",
+        "1",
+        "1",
+        "enforce",
+        "",
+    ];
+    for fields in [&seen, &shifted] {
+        let reply: redis::RedisResult<Vec<i64>> = redis::cmd("FCALL")
+            .arg(&library.decide)
+            .arg(1)
+            .arg("look-alike")
+            .arg(t0)
+            .arg(0)
+            .arg(0)
+            .arg(&fields[..])
+            .query_async(&mut conn)
+            .await;
+        if fields == &seen {
+            assert!(reply.is_ok(), "{reply:?}");
+            let _: () = redis::cmd("DEL")
+                .arg("look-alike")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        } else {
+            let err = reply.unwrap_err();
+            assert!(err.to_string().contains("bad parameters"), "{err}");
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg("look-alike")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            assert_eq!(exists, 0);
+        }
+    }
+}
+
 fn header(now: u64) -> HeaderArgs {
     HeaderArgs {
         now_us: Some(now),
