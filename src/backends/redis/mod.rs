@@ -416,13 +416,22 @@ impl Core {
     ) -> Result<Vec<i64>, Error> {
         let send_by = gate::send_by(deadline, self.timeout);
         let _permit = self.gate.admit(send_by, self.timeout_ms).await?;
-        let conn = timeout_at(deadline, self.pool.connection())
-            .await
-            .map_err(|_| self.pool.checkout_timeout())??;
-        let engine: Engine = match timeout_at(deadline, conn.engine()).await {
-            Err(_) => return Err(Error::Timeout(self.timeout_ms)),
-            Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
-            Ok(Ok(engine)) => engine,
+        // One timer for the checkout and the engine: both are usually ready
+        // at once, and a timer is only registered when they are not.
+        let mut checked_out = false;
+        let ready = timeout_at(deadline, async {
+            let conn = self.pool.connection().await?;
+            checked_out = true;
+            match conn.engine().await {
+                Ok(engine) => Ok((conn, engine)),
+                Err(err) => Err(self.pool.fail(&conn, &err)),
+            }
+        })
+        .await;
+        let (conn, engine): (_, Engine) = match ready {
+            Ok(ready) => ready?,
+            Err(_) if checked_out => return Err(Error::Timeout(self.timeout_ms)),
+            Err(_) => return Err(self.pool.checkout_timeout()),
         };
         if Instant::now() >= send_by {
             // Its caller is (or is about to be) answered under the failure

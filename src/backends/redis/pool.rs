@@ -140,9 +140,12 @@ impl Pool {
         redacted_url: String,
     ) -> Pool {
         let timeout = Duration::from_millis(timeout_ms);
+        // No response timeout of redis-rs's own: every command sent on a
+        // pooled connection is already bounded by its caller's deadline
+        // (`timeout_at`), and a second timer per call is work for nothing.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout));
+            .set_response_timeout(None);
         let epoch = Arc::new(AtomicU64::new(0));
         let last_connect_error = Arc::new(Mutex::new(None));
         let circuit = Arc::new(Circuit::new(redacted_url.clone()));
