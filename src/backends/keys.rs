@@ -157,18 +157,29 @@ fn key_bytes_into(out: &mut String, bytes: &KeyBytes) {
 
 /// Appends `text` with `%`, the separators `:` `=` `~` and the hash-tag
 /// braces `{` `}` percent-escaped; every other character is kept.
+///
+/// Copies the runs between escaped characters whole: they are all ASCII,
+/// so every split falls on a character boundary.
 fn escape_into(out: &mut String, text: &str) {
-    for ch in text.chars() {
-        match ch {
-            '%' => out.push_str("%25"),
-            ':' => out.push_str("%3A"),
-            '=' => out.push_str("%3D"),
-            '~' => out.push_str("%7E"),
-            '{' => out.push_str("%7B"),
-            '}' => out.push_str("%7D"),
-            _ => out.push(ch),
-        }
+    let mut rest = text;
+    while let Some(at) = rest.bytes().position(escaped) {
+        out.push_str(&rest[..at]);
+        out.push_str(match rest.as_bytes()[at] {
+            b'%' => "%25",
+            b':' => "%3A",
+            b'=' => "%3D",
+            b'~' => "%7E",
+            b'{' => "%7B",
+            _ => "%7D",
+        });
+        rest = &rest[at + 1..];
     }
+    out.push_str(rest);
+}
+
+/// Whether [`escape_into`] escapes this byte.
+fn escaped(byte: u8) -> bool {
+    matches!(byte, b'%' | b':' | b'=' | b'~' | b'{' | b'}')
 }
 
 #[cfg(test)]

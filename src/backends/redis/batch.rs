@@ -205,10 +205,12 @@ async fn decide_batch(
     deadline: Instant,
     batch: &[Waiting],
 ) -> Result<Vec<Verdict>, Error> {
-    let keys: Vec<&String> = batch.iter().flat_map(|it| &it.request.keys).collect();
     let sizes: Vec<usize> = batch.iter().map(|it| it.request.keys.len()).collect();
     let reply = core
-        .call(deadline, Entry::DecideBatch, &keys, |cmd| {
+        .call(deadline, Entry::DecideBatch, sizes.iter().sum(), |cmd| {
+            for it in batch {
+                cmd.arg(&it.request.keys);
+            }
             for field in &BATCH_FIELDS {
                 cmd.arg((field.value)(&batch.len()));
             }

@@ -39,6 +39,9 @@ pub enum Entry {
     Refund,
 }
 
+/// Room reserved in a command per key: the key and one limit's fields.
+const BYTES_PER_KEY: usize = 160;
+
 /// The scripts by entry, made once: `redis::Script` hashes the text.
 fn scripts() -> &'static [redis::Script; 3] {
     static SCRIPTS: std::sync::LazyLock<[redis::Script; 3]> = std::sync::LazyLock::new(|| {
@@ -77,20 +80,18 @@ impl Entry {
 impl Engine {
     /// The start of a call of `entry` over `n_keys` keys: `FCALL name n`
     /// or `EVALSHA sha n`; the caller adds the keys, then the arguments.
+    /// Sized for a decision's keys and arguments, so that writing them
+    /// does not grow the command step by step.
     pub fn command(self, entry: Entry, n_keys: usize) -> Cmd {
-        let mut cmd = match self {
-            Engine::Functions => {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(entry.function());
-                cmd
-            }
-            Engine::Scripts => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(entry.script().get_hash());
-                cmd
-            }
+        let (name, target) = match self {
+            Engine::Functions => ("FCALL", entry.function()),
+            Engine::Scripts => ("EVALSHA", entry.script().get_hash()),
         };
-        cmd.arg(n_keys);
+        let args =
+            3 + script::HEADER_FIELDS.len() + n_keys.saturating_mul(2 + script::LIMIT_FIELDS.len());
+        let bytes = 32 + target.len() + n_keys.saturating_mul(BYTES_PER_KEY);
+        let mut cmd = Cmd::with_capacity(args, bytes);
+        cmd.arg(name).arg(target).arg(n_keys);
         cmd
     }
 

@@ -394,9 +394,9 @@ impl RedisBackend {
 // === impl Core ===
 
 impl Core {
-    /// One call of `entry` over `keys` by `deadline` (the end of the
-    /// caller's timeout; a batch's: its oldest request's), its arguments
-    /// written by `args`; the reply's integers. Loads the code and sends
+    /// One call of `entry` over `n_keys` keys by `deadline` (the end of the
+    /// caller's timeout; a batch's: its oldest request's), its keys and
+    /// then its arguments written by `args`; the reply's integers. Loads the code and sends
     /// again only when the server says it lacks it (the call did not run);
     /// NEVER after a timeout or any other error: the call may have run,
     /// and a retry would count its requests twice.
@@ -411,18 +411,27 @@ impl Core {
         &self,
         deadline: Instant,
         entry: Entry,
-        keys: &[&String],
+        n_keys: usize,
         args: impl FnOnce(&mut redis::Cmd),
     ) -> Result<Vec<i64>, Error> {
         let send_by = gate::send_by(deadline, self.timeout);
         let _permit = self.gate.admit(send_by, self.timeout_ms).await?;
-        let conn = timeout_at(deadline, self.pool.connection())
-            .await
-            .map_err(|_| self.pool.checkout_timeout())??;
-        let engine: Engine = match timeout_at(deadline, conn.engine()).await {
-            Err(_) => return Err(Error::Timeout(self.timeout_ms)),
-            Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
-            Ok(Ok(engine)) => engine,
+        // One timer for the checkout and the engine: both are usually ready
+        // at once, and a timer is only registered when they are not.
+        let mut checked_out = false;
+        let ready = timeout_at(deadline, async {
+            let conn = self.pool.connection().await?;
+            checked_out = true;
+            match conn.engine().await {
+                Ok(engine) => Ok((conn, engine)),
+                Err(err) => Err(self.pool.fail(&conn, &err)),
+            }
+        })
+        .await;
+        let (conn, engine): (_, Engine) = match ready {
+            Ok(ready) => ready?,
+            Err(_) if checked_out => return Err(Error::Timeout(self.timeout_ms)),
+            Err(_) => return Err(self.pool.checkout_timeout()),
         };
         if Instant::now() >= send_by {
             // Its caller is (or is about to be) answered under the failure
@@ -430,8 +439,7 @@ impl Core {
             // waits for, delaying the calls behind it.
             return Err(Error::Timeout(self.timeout_ms));
         }
-        let mut cmd = engine.command(entry, keys.len());
-        cmd.arg(keys);
+        let mut cmd = engine.command(entry, n_keys);
         args(&mut cmd);
         let mut multiplexed = conn.conn.clone();
         let value = engine::run(&mut multiplexed, engine, entry, &cmd);
@@ -452,9 +460,9 @@ impl Core {
 
     /// One request in a call of its own, sent only before `deadline`.
     async fn decide_one_by(&self, deadline: Instant, request: &Encoded) -> Result<Verdict, Error> {
-        let keys: Vec<&String> = request.keys.iter().collect();
         let reply = self
-            .call(deadline, Entry::Decide, &keys, |cmd| {
+            .call(deadline, Entry::Decide, request.keys.len(), |cmd| {
+                cmd.arg(&request.keys);
                 script::write_request(cmd, &request.header, &request.limits);
             })
             .await?;

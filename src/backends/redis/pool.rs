@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arc_swap::ArcSwapOption;
 use bb8_redis::bb8;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, RedisError};
@@ -25,6 +26,13 @@ use super::{Error, classify, is_broken, is_demoted};
 /// second while a long outage costs Redis one connect a second per replica.
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// How long calls keep using the connection last checked out of the pool
+/// before the next call checks one out again (see [`Pool::connection`]).
+/// Short enough that the pool sees its connections used (bb8 closes idle
+/// ones and those past their lifetime) and that calls move to the others
+/// in turn; long enough that checkouts are a negligible share of calls.
+const HOLD: Duration = Duration::from_millis(250);
 
 /// Where connections go: one server, or whichever node the sentinels name
 /// master when the connection is made (so every reconnect asks them again).
@@ -46,8 +54,18 @@ pub(super) struct Pool {
     redacted_url: String,
     circuit: Arc<Circuit>,
     reconnector: Arc<Reconnector>,
+    /// The connection calls use without a checkout, until it is due for
+    /// renewal or retired.
+    current: ArcSwapOption<Current>,
     /// Owns the task that reconnects while the circuit is open.
     _reconnecting: ReconnectGuard,
+}
+
+/// A connection cloned out of the pool, shared by the calls made on it
+/// until `until`.
+struct Current {
+    pooled: Arc<Pooled>,
+    until: Instant,
 }
 
 /// A connection cloned out of the pool, with what retires it.
@@ -140,9 +158,12 @@ impl Pool {
         redacted_url: String,
     ) -> Pool {
         let timeout = Duration::from_millis(timeout_ms);
+        // No response timeout of redis-rs's own: every command sent on a
+        // pooled connection is already bounded by its caller's deadline
+        // (`timeout_at`), and a second timer per call is work for nothing.
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout));
+            .set_response_timeout(None);
         let epoch = Arc::new(AtomicU64::new(0));
         let last_connect_error = Arc::new(Mutex::new(None));
         let circuit = Arc::new(Circuit::new(redacted_url.clone()));
@@ -175,6 +196,7 @@ impl Pool {
             redacted_url,
             circuit,
             reconnector,
+            current: ArcSwapOption::empty(),
             _reconnecting: reconnecting,
         }
     }
@@ -190,10 +212,35 @@ impl Pool {
         self.pool.state()
     }
 
+    /// The connection for a call: the one the last checkout cloned out of
+    /// the pool, while it is neither retired nor older than [`HOLD`]; else a
+    /// fresh checkout, which becomes the one later calls use. A multiplexed
+    /// connection serves any number of concurrent calls, so a checkout per
+    /// call (a lock to take it, one to put it back, the timer bb8 arms
+    /// around it) would only cost CPU; the pool still makes, validates and
+    /// retires every connection, and the circuit is checked on every call.
+    pub(super) async fn connection(&self) -> Result<Arc<Pooled>, Error> {
+        if self.circuit.is_open() {
+            return Err(self.circuit.error());
+        }
+        if let Some(current) = &*self.current.load()
+            && !is_retired(&current.pooled, &self.epoch)
+            && Instant::now() < current.until
+        {
+            return Ok(current.pooled.clone());
+        }
+        let pooled = Arc::new(self.checkout().await?);
+        self.current.store(Some(Arc::new(Current {
+            pooled: pooled.clone(),
+            until: Instant::now() + HOLD,
+        })));
+        Ok(pooled)
+    }
+
     /// A connection cloned out of the pool; the pool slot is released
     /// before the caller uses it (a multiplexed connection serves many
     /// concurrent calls, so holding the slot would only serialise them).
-    pub(super) async fn connection(&self) -> Result<Pooled, Error> {
+    async fn checkout(&self) -> Result<Pooled, Error> {
         if self.circuit.is_open() {
             return Err(self.circuit.error());
         }
@@ -285,7 +332,7 @@ impl Pool {
 
     /// One PING; the flag says whether the connection was found dead.
     async fn ping(&self, deadline: Instant) -> Result<(), (Error, bool)> {
-        let mut conn = match timeout_at(deadline, self.connection()).await {
+        let mut conn = match timeout_at(deadline, self.checkout()).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(err)) => return Err((err, false)),
             Err(_) => return Err((self.checkout_timeout(), false)),

@@ -345,13 +345,27 @@ impl ToRedisArgs for Arg {
 /// naming one counter twice, which the script would read and write twice.
 pub fn request_keys(keys: &KeyFormat, checks: &[KeyedCheck]) -> Result<Vec<String>, Error> {
     let encoded: Vec<String> = checks.iter().map(|it| keys.encode(&it.key)).collect();
-    let mut seen = HashSet::with_capacity(encoded.len());
-    if let Some(key) = encoded.iter().find(|it| !seen.insert(it.as_str())) {
+    if let Some(key) = first_repeated(&encoded) {
         return Err(Error::Protocol(format!(
             "counter {key} appears twice in one request"
         )));
     }
     Ok(encoded)
+}
+
+/// The first key that appears twice: by comparing every pair for the few
+/// keys of most requests (no set to allocate), with a set beyond.
+fn first_repeated(keys: &[String]) -> Option<&String> {
+    const PAIRWISE_UP_TO: usize = 16;
+    if keys.len() <= PAIRWISE_UP_TO {
+        return keys
+            .iter()
+            .enumerate()
+            .find(|(idx, key)| keys[..*idx].contains(key))
+            .map(|(_, key)| key);
+    }
+    let mut seen = HashSet::with_capacity(keys.len());
+    keys.iter().find(|it| !seen.insert(it.as_str()))
 }
 
 /// The call of `script` for `checks` (the EVALSHA form, for tests and
