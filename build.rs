@@ -25,6 +25,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Buffers sized for rate-limit messages (src/proto.rs).
+        .codec_path("crate::proto::codec::SmallBuffers")
         .compile_fds(entry_fields_as_bytes(descriptors)?)?;
     println!("cargo:rerun-if-changed=proto");
     Ok(())

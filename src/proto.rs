@@ -38,5 +38,56 @@ pub mod envoy {
     }
 }
 
+/// The codec of the generated clients and servers: tonic-prost's, with
+/// buffers sized for rate-limit messages. tonic's default reserves 8 KiB
+/// to decode each request and 8 KiB to encode each answer; a
+/// `ShouldRateLimit` request or answer is a few hundred bytes, and a larger
+/// one grows its buffer as it needs (up to the server's message limit).
+pub mod codec {
+    use std::marker::PhantomData;
+
+    use tonic::codec::{BufferSettings, Codec};
+    use tonic_prost::{ProstDecoder, ProstEncoder};
+
+    /// Bytes reserved per message to decode or encode it.
+    pub const BUFFER_BYTES: usize = 512;
+    /// tonic's own: how much a streaming response encodes before yielding
+    /// it (unary calls encode one message).
+    const YIELD_THRESHOLD: usize = 32 * 1024;
+
+    /// Prost encoding with [`BUFFER_BYTES`] buffers.
+    #[derive(Debug, Clone)]
+    pub struct SmallBuffers<T, U>(PhantomData<(T, U)>);
+
+    impl<T, U> Default for SmallBuffers<T, U> {
+        fn default() -> Self {
+            Self(PhantomData)
+        }
+    }
+
+    fn settings() -> BufferSettings {
+        BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD)
+    }
+
+    impl<T, U> Codec for SmallBuffers<T, U>
+    where
+        T: prost::Message + Send + 'static,
+        U: prost::Message + Default + Send + 'static,
+    {
+        type Encode = T;
+        type Decode = U;
+        type Encoder = ProstEncoder<T>;
+        type Decoder = ProstDecoder<U>;
+
+        fn encoder(&mut self) -> Self::Encoder {
+            ProstEncoder::new(settings())
+        }
+
+        fn decoder(&mut self) -> Self::Decoder {
+            ProstDecoder::new(settings())
+        }
+    }
+}
+
 /// Encoded `FileDescriptorSet` of our protos, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("rls_descriptor");

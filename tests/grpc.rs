@@ -248,6 +248,38 @@ async fn oversized_message_is_refused_and_the_server_carries_on() {
     assert_eq!(res.statuses[0].limit_remaining, 2);
 }
 
+/// Paths the server has no service or method for are UNIMPLEMENTED, and
+/// the connection carries on.
+#[tokio::test]
+async fn unknown_services_and_methods_are_unimplemented() {
+    let service = start().await;
+    for path in [
+        "/no.such.Service/Method",
+        "/envoy.service.ratelimit.v3.RateLimitService/NoSuchMethod",
+        "/envoy.service.ratelimit.v3.RateLimitService/",
+        "/grpc.health.v1.Health/NoSuchMethod",
+        "/ShouldRateLimit",
+    ] {
+        let mut client = tonic::client::Grpc::new(service.channel.clone());
+        client.ready().await.expect("ready");
+        let status = client
+            .unary(
+                tonic::Request::new(request(vec![desc(&[("user", "alice")])])),
+                tonic::codegen::http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::<RateLimitRequest, RateLimitResponse>::default(),
+            )
+            .await
+            .expect_err(path);
+        assert_eq!(
+            status.code(),
+            tonic::Code::Unimplemented,
+            "{path}: {status:?}"
+        );
+    }
+    let res = call(&service, request(vec![desc(&[("user", "alice")])])).await;
+    assert_eq!(res.statuses[0].limit_remaining, 2);
+}
+
 #[tokio::test]
 async fn health_is_serving_for_every_service_name() {
     let service = start().await;

@@ -393,11 +393,18 @@ fn override_rule(descriptor: &Descriptor) -> Arc<str> {
 
 // === merge ===
 
+/// Plans with at most this many checks find a repeated counter by
+/// comparing keys, without hashing them or cloning one into a map: nearly
+/// every request reaches one or two counters.
+const COMPARED_CHECKS: usize = 8;
+
 /// The plan's checks, one per counter.
 #[derive(Default)]
 struct Checks {
     checks: Vec<KeyedCheck>,
     rules: Vec<Arc<str>>,
+    /// Every check's index by its key, once there are more than
+    /// [`COMPARED_CHECKS`]; empty until then.
     by_key: HashMap<CounterKey, usize>,
 }
 
@@ -409,15 +416,31 @@ impl Checks {
     /// with different numbers in the same request: the first one's number
     /// is enforced.
     fn add(&mut self, key: CounterKey, check: Check, rule: Arc<str>) -> usize {
-        if let Some(&idx) = self.by_key.get(&key) {
+        if let Some(idx) = self.position(&key) {
             let merged = &mut self.checks[idx].check;
             merged.cost = merged.cost.saturating_add(check.cost).min(MAX_EXACT);
             return idx;
         }
-        self.by_key.insert(key.clone(), self.checks.len());
+        let idx = self.checks.len();
+        if idx >= COMPARED_CHECKS {
+            if self.by_key.is_empty() {
+                let known = self.checks.iter().enumerate();
+                self.by_key = known.map(|(i, it)| (it.key.clone(), i)).collect();
+            }
+            self.by_key.insert(key.clone(), idx);
+        }
         self.checks.push(KeyedCheck { key, check });
         self.rules.push(rule);
-        self.checks.len() - 1
+        idx
+    }
+
+    /// The index of the check on `key`, if there is one.
+    fn position(&self, key: &CounterKey) -> Option<usize> {
+        if self.checks.len() <= COMPARED_CHECKS {
+            self.checks.iter().position(|it| it.key == *key)
+        } else {
+            self.by_key.get(key).copied()
+        }
     }
 
     fn into_plan(self, descriptors: Vec<DescriptorPlan>) -> Plan {

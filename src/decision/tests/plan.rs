@@ -79,6 +79,47 @@ async fn descriptors_reaching_one_counter_add_their_costs() {
     .await;
 }
 
+/// Past the few checks found by comparing keys, repeated counters are
+/// found through a map: merged all the same, wherever they repeat.
+#[tokio::test]
+async fn many_descriptors_reaching_repeated_counters_are_merged() {
+    let fixture = one_rule("k", limit(3, Unit::Minute));
+    let status = |code, remaining| lim(code, remaining, 60, 3, Unit::Minute, "");
+    // 12 distinct counters, then the first and the last again: 14 descriptors.
+    let values: Vec<String> = (0..12).chain([0, 11]).map(|it| it.to_string()).collect();
+    let request = || req(values.iter().map(|it| desc(&[("k", it)])).collect());
+    let expect = |twice: u32, once: u32| {
+        let mut statuses: Vec<_> = (0..12)
+            .map(|it| match it {
+                0 | 11 => status(OK, twice),
+                _ => status(OK, once),
+            })
+            .collect();
+        statuses.extend([status(OK, twice), status(OK, twice)]);
+        statuses
+    };
+    check(
+        &fixture,
+        &[
+            (request(), OK, expect(1, 2)),
+            // The repeated counters need 2 and have 1: the whole request is denied.
+            (
+                request(),
+                OVER,
+                (0..12)
+                    .map(|it| match it {
+                        0 | 11 => status(OVER, 0),
+                        _ => status(OK, 2),
+                    })
+                    .chain([status(OVER, 0), status(OVER, 0)])
+                    .collect(),
+            ),
+            (req(vec![desc(&[("k", "5")])]), OK, vec![status(OK, 1)]),
+        ],
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn share_threshold_values_share_one_counter() {
     let shared = node(

@@ -15,56 +15,119 @@ pub(super) fn request_received<B>(request: http::Request<B>) -> http::Request<B>
     request
 }
 
-/// tonic refuses an oversized message with OUT_OF_RANGE; Envoy operators
-/// expect RESOURCE_EXHAUSTED for "too big". Nothing else in this server
-/// answers OUT_OF_RANGE, and decode errors are sent as trailers-only
-/// responses, so the status is in the headers.
-pub(super) fn oversized_is_resource_exhausted<B>(
-    mut response: http::Response<B>,
-) -> http::Response<B> {
-    replace_status(
-        response.headers_mut(),
-        tonic::Code::OutOfRange,
-        tonic::Code::ResourceExhausted,
-    );
-    response
-}
-
-/// tonic answers INTERNAL when a request cannot be decoded (not protobuf, a
-/// truncated frame, a bad compression flag, no message at all). That is a
-/// malformed request, not a server fault: INVALID_ARGUMENT says so, and
-/// nothing this server decides is ever INTERNAL. Our handlers never answer
-/// INTERNAL, and decode errors are sent as trailers-only responses, so the
-/// status is in the headers. tonic's reason is kept after our own prefix
-/// (`grpc-message` is percent-encoded, so a plain ASCII prefix keeps it valid).
-pub(super) fn undecodable_is_invalid_argument<B>(
-    mut response: http::Response<B>,
-) -> http::Response<B> {
+/// The status codes tonic's own decode failures are answered with, mapped
+/// to those Envoy operators expect, in one pass over the response headers
+/// (a decode failure is sent as a trailers-only response, so its status is
+/// in the headers; a decided call has none there and costs one lookup).
+///
+/// - tonic refuses an oversized message with OUT_OF_RANGE; Envoy operators
+///   expect RESOURCE_EXHAUSTED for "too big". Nothing else in this server
+///   answers OUT_OF_RANGE.
+/// - tonic answers INTERNAL when a request cannot be decoded (not protobuf,
+///   a truncated frame, a bad compression flag, no message at all). That is
+///   a malformed request, not a server fault: INVALID_ARGUMENT says so, and
+///   nothing this server decides is ever INTERNAL (our handlers never
+///   answer it). tonic's reason is kept after our own prefix
+///   (`grpc-message` is percent-encoded, so a plain ASCII prefix keeps it
+///   valid).
+pub(super) fn decode_failure_statuses<B>(mut response: http::Response<B>) -> http::Response<B> {
     let headers = response.headers_mut();
-    if !replace_status(headers, tonic::Code::Internal, tonic::Code::InvalidArgument) {
+    let Some(status) = headers.get(GRPC_STATUS) else {
         return response;
-    }
-    let mut message = b"malformed request: ".to_vec();
-    if let Some(reason) = headers.get("grpc-message") {
-        message.extend_from_slice(reason.as_bytes());
-    } else {
-        message.truncate(message.len() - 2);
-    }
-    if let Ok(value) = http::HeaderValue::from_bytes(&message) {
-        headers.insert("grpc-message", value);
+    };
+    let status = status.as_bytes();
+    if status == code_digits(tonic::Code::OutOfRange).as_bytes() {
+        set_status(headers, tonic::Code::ResourceExhausted);
+    } else if status == code_digits(tonic::Code::Internal).as_bytes() {
+        set_status(headers, tonic::Code::InvalidArgument);
+        let mut message = b"malformed request: ".to_vec();
+        if let Some(reason) = headers.get(GRPC_MESSAGE) {
+            message.extend_from_slice(reason.as_bytes());
+        } else {
+            message.truncate(message.len() - 2);
+        }
+        if let Ok(value) = http::HeaderValue::from_bytes(&message) {
+            headers.insert(GRPC_MESSAGE, value);
+        }
     }
     response
 }
 
-/// Sets the `grpc-status` header to `to` if it is `from`; true if it was.
-fn replace_status(headers: &mut http::HeaderMap, from: tonic::Code, to: tonic::Code) -> bool {
-    let from = (from as i32).to_string();
-    if headers
-        .get("grpc-status")
-        .is_none_or(|it| it.as_bytes() != from.as_bytes())
-    {
-        return false;
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
+/// gRPC status codes as `grpc-status` writes them, by number.
+const CODE_DIGITS: [&str; 17] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+];
+
+fn code_digits(code: tonic::Code) -> &'static str {
+    CODE_DIGITS[code as usize]
+}
+
+fn set_status(headers: &mut http::HeaderMap, code: tonic::Code) {
+    headers.insert(
+        GRPC_STATUS,
+        http::HeaderValue::from_static(code_digits(code)),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_digits_are_the_numbers_of_the_codes() {
+        for number in 0..=16 {
+            let code = tonic::Code::from_i32(number);
+            assert_eq!(code as i32, number);
+            assert_eq!(code_digits(code), number.to_string());
+        }
     }
-    headers.insert("grpc-status", http::HeaderValue::from(to as i32));
-    true
+
+    fn trailers_only(code: tonic::Code, message: Option<&str>) -> http::Response<()> {
+        let mut response = http::Response::new(());
+        response
+            .headers_mut()
+            .insert(GRPC_STATUS, http::HeaderValue::from(code as i32));
+        if let Some(message) = message {
+            let value = http::HeaderValue::from_str(message).expect("ascii");
+            response.headers_mut().insert(GRPC_MESSAGE, value);
+        }
+        response
+    }
+
+    fn status_of(response: &http::Response<()>) -> (Option<&str>, Option<&str>) {
+        let text = |name| {
+            response
+                .headers()
+                .get(name)
+                .map(|it: &http::HeaderValue| it.to_str().expect("ascii"))
+        };
+        (text(GRPC_STATUS), text(GRPC_MESSAGE))
+    }
+
+    #[test]
+    fn decode_failures_get_the_codes_envoy_operators_expect() {
+        let oversized =
+            decode_failure_statuses(trailers_only(tonic::Code::OutOfRange, Some("big")));
+        assert_eq!(status_of(&oversized), (Some("8"), Some("big")));
+        let undecodable =
+            decode_failure_statuses(trailers_only(tonic::Code::Internal, Some("bad%20frame")));
+        assert_eq!(
+            status_of(&undecodable),
+            (Some("3"), Some("malformed request: bad%20frame"))
+        );
+        let no_reason = decode_failure_statuses(trailers_only(tonic::Code::Internal, None));
+        assert_eq!(
+            status_of(&no_reason),
+            (Some("3"), Some("malformed request"))
+        );
+        for code in [tonic::Code::Unavailable, tonic::Code::InvalidArgument] {
+            let kept = decode_failure_statuses(trailers_only(code, Some("m")));
+            assert_eq!(status_of(&kept), (Some(code_digits(code)), Some("m")));
+        }
+        let decided = decode_failure_statuses(http::Response::new(()));
+        assert_eq!(status_of(&decided), (None, None));
+    }
 }

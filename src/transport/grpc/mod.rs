@@ -5,6 +5,7 @@
 pub mod health;
 mod layers;
 pub mod reflection;
+mod routes;
 pub mod service;
 
 use std::convert::Infallible;
@@ -20,6 +21,7 @@ use crate::decision::Limiter;
 use crate::metrics::Metrics;
 use crate::transport::grpc::health::HealthReports;
 use crate::transport::grpc::reflection::{ShortStatus, reflection_v1, reflection_v1alpha};
+use crate::transport::grpc::routes::Services;
 use crate::transport::grpc::service::RateLimitService;
 use crate::transport::health::Health;
 use crate::transport::listener::Listener;
@@ -156,6 +158,12 @@ pub async fn serve_limited(
             lifetime,
         )),
     };
+    let services = Services {
+        rate_limit,
+        health: health_service,
+        reflection_v1: ShortStatus(reflection_v1()),
+        reflection_v1alpha: ShortStatus(reflection_v1alpha()),
+    };
     let closing = shutdown.clone();
     let server = tonic::transport::Server::builder()
         .max_concurrent_streams(limits.max_concurrent_streams)
@@ -170,16 +178,9 @@ pub async fn serve_limited(
         .timeout(limits.request_timeout)
         .layer(tower::util::MapRequestLayer::new(layers::request_received))
         .layer(tower::util::MapResponseLayer::new(
-            layers::oversized_is_resource_exhausted,
+            layers::decode_failure_statuses,
         ))
-        .layer(tower::util::MapResponseLayer::new(
-            layers::undecodable_is_invalid_argument,
-        ))
-        .add_service(health_service)
-        .add_service(ShortStatus(reflection_v1()))
-        .add_service(ShortStatus(reflection_v1alpha()))
-        .add_service(rate_limit)
-        .serve_with_incoming_shutdown(incoming, closing.closing());
+        .serve_with_incoming_shutdown(services, incoming, closing.closing());
     follow_stages(server, reports, &shutdown, app.drain_timeout).await
 }
 

@@ -1,0 +1,129 @@
+//! The gRPC server's one router: a request goes to the service its path
+//! names (`/SERVICE/METHOD`), found by comparing the name with each
+//! service's. tonic's own router matches a path pattern per request,
+//! decodes and stores the pattern's parameter, and clones the matched
+//! service into a box; with four services a comparison of names does the
+//! same job, and the service's own future is returned as it is.
+
+use std::convert::Infallible;
+use std::task::{Context, Poll};
+
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, http};
+use tonic::server::NamedService;
+
+/// Each service behind the server: its methods are `/NAME/METHOD`.
+pub(super) trait Routed:
+    tower::Service<
+        http::Request<Body>,
+        Response = http::Response<Body>,
+        Error = Infallible,
+        Future = BoxFuture<http::Response<Body>, Infallible>,
+    > + NamedService
+    + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Routed for S where
+    S: tower::Service<
+            http::Request<Body>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+            Future = BoxFuture<http::Response<Body>, Infallible>,
+        > + NamedService
+        + Clone
+        + Send
+        + 'static
+{
+}
+
+/// The services of the gRPC server, routed by the service name in the path;
+/// any other path is UNIMPLEMENTED, as with tonic's router.
+#[derive(Debug, Clone)]
+pub(super) struct Services<R, H, V1, V1A> {
+    pub(super) rate_limit: R,
+    pub(super) health: H,
+    pub(super) reflection_v1: V1,
+    pub(super) reflection_v1alpha: V1A,
+}
+
+impl<R: Routed, H: Routed, V1: Routed, V1A: Routed> tower::Service<http::Request<Body>>
+    for Services<R, H, V1, V1A>
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<http::Response<Body>, Infallible>;
+
+    /// Always ready: the generated servers (and `ShortStatus` around
+    /// them) are always ready themselves and hold no per-call state.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let name = service_name(request.uri().path());
+        if name == Some(R::NAME) {
+            self.rate_limit.call(request)
+        } else if name == Some(H::NAME) {
+            self.health.call(request)
+        } else if name == Some(V1::NAME) {
+            self.reflection_v1.call(request)
+        } else if name == Some(V1A::NAME) {
+            self.reflection_v1alpha.call(request)
+        } else {
+            Box::pin(async { Ok(unimplemented()) })
+        }
+    }
+}
+
+/// `SERVICE` of a path `/SERVICE/METHOD` (the method not empty).
+fn service_name(path: &str) -> Option<&str> {
+    let (service, method) = path.strip_prefix('/')?.split_once('/')?;
+    (!method.is_empty()).then_some(service)
+}
+
+/// What tonic's router answers for a service it does not have.
+fn unimplemented() -> http::Response<Body> {
+    let (parts, ()) = tonic::Status::unimplemented("")
+        .into_http::<()>()
+        .into_parts();
+    http::Response::from_parts(parts, Body::empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_service_is_the_first_segment_of_a_method_path() {
+        let cases = [
+            (
+                "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                Some("envoy.service.ratelimit.v3.RateLimitService"),
+            ),
+            (
+                "/grpc.health.v1.Health/Check",
+                Some("grpc.health.v1.Health"),
+            ),
+            ("/grpc.health.v1.Health/a/b", Some("grpc.health.v1.Health")),
+            ("/grpc.health.v1.Health/", None),
+            ("/grpc.health.v1.Health", None),
+            ("grpc.health.v1.Health/Check", None),
+            ("/", None),
+            ("", None),
+        ];
+        for (path, expected) in cases {
+            assert_eq!(service_name(path), expected, "{path}");
+        }
+    }
+
+    #[test]
+    fn unknown_services_are_unimplemented() {
+        let response = unimplemented();
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let status = response.headers().get("grpc-status").expect("grpc-status");
+        assert_eq!(status.as_bytes(), b"12");
+    }
+}
