@@ -20,8 +20,9 @@
 #   LIMITADOR  path to limitador-server: adds the systems
 #              limitador-memory and limitador-redis
 #   SYSTEMS    which systems to run, in order (default "memory redis", plus
-#              "limitador-memory limitador-redis" with LIMITADOR; "redis-batch"
-#              is the Redis backend with --redis-batch on)
+#              "limitador-memory limitador-redis" with LIMITADOR; "redis" is
+#              the Redis backend with --redis-batch off, one call per
+#              request; "redis-batch" with --redis-batch on, the default)
 #   LOADS      CONNECTIONSxSTREAMS per connection, space-separated
 #              (default "50x10 10x1": throughput, like h2load -c50 -m10,
 #              and latency, like -c10 -m1)
@@ -159,7 +160,11 @@ start_system() {
     memory | redis | redis-batch)
         local redis_args=()
         [[ $system == redis* ]] && redis_args=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
-        [[ $system == redis-batch ]] && redis_args+=(--redis-batch on)
+        if [[ $system == redis-batch ]]; then
+            redis_args+=(--redis-batch on)
+        elif [[ $system == redis ]]; then
+            redis_args+=(--redis-batch off)
+        fi
         RUST_LOG=warn "$BIN/throttlegate" serve --config "$WORK/config.yaml" --watch-config off \
             --grpc-addr "127.0.0.1:$grpc" --http-addr "127.0.0.1:$http" "${redis_args[@]}" \
             2>>"$WORK/service.log" &

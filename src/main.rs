@@ -198,7 +198,7 @@ struct ServeArgs {
     /// while earlier calls are in flight (one per pooled connection); an
     /// idle service still sends each request at once. Single server and
     /// Sentinel only: a Redis Cluster keeps one call per request and slot.
-    #[arg(long, env = "THROTTLEGATE_REDIS_BATCH", value_enum, default_value_t = Switch::Off)]
+    #[arg(long, env = "THROTTLEGATE_REDIS_BATCH", value_enum, default_value_t = Switch::On)]
     redis_batch: Switch,
     /// Most requests in one batched Redis call.
     #[arg(
