@@ -153,14 +153,6 @@ async fn remembered_limits_answer_as_the_script_does() {
     let library = script::library();
     support::redis::load_library(&mut conn).await;
     let t0 = 1_700_000_000_000_000_u64;
-    let fixed = |limit: u64, cost: u64| {
-        let params = LimitParams::new(FixedWindow, limit, 60_000_000, None).unwrap();
-        LimitArgs::of(&Check {
-            params,
-            cost,
-            mode: Mode::Enforce,
-        })
-    };
     // 300 distinct limits (more than the library keeps), twice over, each
     // request twice the same limit on two keys, then alone on a third.
     for round in 0..2_u64 {
@@ -259,7 +251,16 @@ fn header(now: u64) -> HeaderArgs {
 }
 
 fn limit_of(algorithm: Algorithm, cost: u64) -> LimitArgs {
-    let params = LimitParams::new(algorithm, 5, 60_000_000, None).unwrap();
+    enforced(algorithm, 5, cost)
+}
+
+/// A fixed window of `limit` a minute, enforced, at `cost`.
+fn fixed(limit: u64, cost: u64) -> LimitArgs {
+    enforced(FixedWindow, limit, cost)
+}
+
+fn enforced(algorithm: Algorithm, limit: u64, cost: u64) -> LimitArgs {
+    let params = LimitParams::new(algorithm, limit, 60_000_000, None).unwrap();
     LimitArgs::of(&Check {
         params,
         cost,
@@ -277,14 +278,6 @@ async fn a_batch_decides_each_request_on_its_own_in_order() {
     let library = script::library();
     support::redis::load_library(&mut conn).await;
     let now = 1_700_000_000_000_000_u64;
-    let fixed = |limit: u64, cost: u64| {
-        let params = LimitParams::new(FixedWindow, limit, 60_000_000, None).unwrap();
-        LimitArgs::of(&Check {
-            params,
-            cost,
-            mode: Mode::Enforce,
-        })
-    };
     // Request 1: a (limit 2) takes 2. Request 2: b (limit 10) and a (full):
     // denied, b untouched. Request 3: b alone takes 1.
     let requests: [(&[&str], Vec<LimitArgs>); 3] = [
