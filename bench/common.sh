@@ -29,16 +29,20 @@ free_port() {
 }
 
 # redis-server on PORT with no persistence, its log in $WORK/redis-PORT;
-# extra arguments are passed on. Sets REDIS_STARTED to its pid.
+# extra arguments are passed on. Sets REDIS_STARTED to its pid. With
+# REDIS_WRAPPER (an array, e.g. valgrind and its options) the server runs
+# under it, its stderr in $WORK/redis-PORT/wrapper; it must answer within
+# REDIS_START_SECONDS (default 5).
 start_redis() {
     local port=$1 dir=$WORK/redis-$1
     shift
     mkdir -p "$dir"
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" \
-        --appendonly no --daemonize no --logfile "$dir/log" "$@" &
+    ${REDIS_WRAPPER[@]+"${REDIS_WRAPPER[@]}"} \
+        redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" --save "" \
+        --appendonly no --daemonize no --logfile "$dir/log" "$@" 2>>"$dir/wrapper" &
     REDIS_STARTED=$!
     PIDS+=("$REDIS_STARTED")
-    for _ in $(seq 100); do
+    for _ in $(seq $((${REDIS_START_SECONDS:-5} * 20))); do
         redis-cli -p "$port" ping >/dev/null 2>&1 && return
         sleep 0.05
     done

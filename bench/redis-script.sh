@@ -62,19 +62,10 @@ fi
 free_port PORT
 if [[ $CALLGRIND == 1 ]]; then
     mkdir -p "$WORK/callgrind"
-    valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind/out" \
-        redis-server --port "$PORT" --bind 127.0.0.1 --dir "$WORK/callgrind" --save "" \
-        --appendonly no --daemonize no --logfile "$WORK/callgrind/log" \
-        2>"$WORK/callgrind/valgrind" &
-    REDIS_STARTED=$!
-    PIDS+=("$REDIS_STARTED")
-    for _ in $(seq 600); do
-        redis-cli -p "$PORT" ping >/dev/null 2>&1 && break
-        sleep 0.1
-    done
-else
-    start_redis "$PORT"
+    REDIS_WRAPPER=(valgrind --tool=callgrind --callgrind-out-file="$WORK/callgrind/out")
+    REDIS_START_SECONDS=60
 fi
+start_redis "$PORT"
 cli() { redis-cli -p "$PORT" "$@"; }
 
 # The yardstick: the smallest sliding log worth the name (TIME, drop what
