@@ -61,12 +61,25 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct PrintLuaArgs {
-    /// `library`: the function library's source (FUNCTION LOAD), then
-    /// nothing else; `names`: the library's name and its functions' names,
-    /// one a line (decide, decide_batch, refund); `decide`, `decide-batch`,
-    /// `refund`: the EVALSHA scripts.
-    #[arg(value_parser = ["library", "names", "decide", "decide-batch", "refund"])]
-    what: String,
+    /// Which text to print.
+    #[arg(value_enum)]
+    what: LuaText,
+}
+
+/// What `print-lua` prints.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LuaText {
+    /// The function library's source (FUNCTION LOAD), and nothing else.
+    Library,
+    /// The library's name and its functions' names, one a line (decide,
+    /// decide_batch, refund).
+    Names,
+    /// The EVALSHA script deciding one request.
+    Decide,
+    /// The EVALSHA script deciding a batch.
+    DecideBatch,
+    /// The EVALSHA script of a refund.
+    Refund,
 }
 
 #[derive(Debug, Args)]
@@ -611,15 +624,15 @@ fn load_options(args: &ConfigArgs) -> LoadOptions {
 fn print_lua(args: &PrintLuaArgs) -> ExitCode {
     use throttlegate::backends::redis::script;
     let library = script::library();
-    match args.what.as_str() {
-        "library" => print!("{}", library.source),
-        "names" => println!(
+    match args.what {
+        LuaText::Library => print!("{}", library.source),
+        LuaText::Names => println!(
             "{}\n{}\n{}\n{}",
             library.name, library.decide, library.decide_batch, library.refund
         ),
-        "decide" => print!("{}", script::DECIDE_LUA),
-        "decide-batch" => print!("{}", script::DECIDE_BATCH_LUA),
-        _ => print!("{}", script::REFUND_LUA),
+        LuaText::Decide => print!("{}", script::DECIDE_LUA),
+        LuaText::DecideBatch => print!("{}", script::DECIDE_BATCH_LUA),
+        LuaText::Refund => print!("{}", script::REFUND_LUA),
     }
     ExitCode::SUCCESS
 }

@@ -31,6 +31,32 @@ fn check_config_prints_the_summary_of_a_good_file() {
     assert!(stdout.contains("2/minute"), "{stdout}");
 }
 
+/// `print-lua` prints exactly the code the Redis backend sends (what
+/// bench/redis-script.sh loads to measure it).
+#[test]
+fn print_lua_prints_the_code_the_redis_backend_sends() {
+    use throttlegate::backends::redis::script;
+    let library = script::library();
+    let names = format!(
+        "{}\n{}\n{}\n{}\n",
+        library.name, library.decide, library.decide_batch, library.refund
+    );
+    let cases = [
+        ("library", library.source.as_str()),
+        ("names", names.as_str()),
+        ("decide", script::DECIDE_LUA),
+        ("decide-batch", script::DECIDE_BATCH_LUA),
+        ("refund", script::REFUND_LUA),
+    ];
+    for (what, expected) in cases {
+        let out = run(&["print-lua", what]);
+        assert!(out.status.success(), "{what}: {out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), expected, "{what}");
+    }
+    let out = run(&["print-lua", "everything"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
 #[test]
 fn check_config_names_the_file_and_the_reason_of_a_bad_one() {
     let dir = tempfile::tempdir().unwrap();
