@@ -389,6 +389,12 @@ struct LimitArgs {
     /// with CANCELLED.
     #[arg(long, env = "THROTTLEGATE_GRPC_REQUEST_TIMEOUT_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     grpc_request_timeout_ms: u64,
+    /// Threads serving gRPC connections, each with its own single-threaded
+    /// runtime; connections are dealt to them in turn and stay on theirs. 0
+    /// serves them on the shared runtime with everything else [default: one
+    /// per CPU on the memory backend, 0 with Redis].
+    #[arg(long, env = "THROTTLEGATE_GRPC_THREADS", value_parser = clap::value_parser!(u16))]
+    grpc_threads: Option<u16>,
     /// Most HTTP connections open at once [default: from the descriptor
     /// limit, see README].
     #[arg(long, env = "THROTTLEGATE_HTTP_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
@@ -757,6 +763,7 @@ fn settings(args: ServeArgs) -> Settings {
 fn limits(args: &LimitArgs) -> Limits {
     Limits {
         grpc_max_connections: args.grpc_max_connections.map(|it| it as usize),
+        grpc_threads: args.grpc_threads.map(usize::from),
         http_max_connections: args.http_max_connections.map(|it| it as usize),
         grpc: GrpcLimits {
             max_concurrent_streams: args.grpc_max_concurrent_streams,

@@ -2,7 +2,9 @@
 
 mod support;
 
-use support::service::{connect, default_options, one_entry_request, start_on_memory};
+use support::service::{
+    connect, default_options, one_entry_request, start_on_memory, start_on_memory_threaded,
+};
 use throttlegate::algorithms::Algorithm;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
@@ -13,12 +15,28 @@ const PER_TASK: usize = 5;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn exactly_the_limit_is_allowed_under_contention() {
+    race_every_algorithm(0).await;
+}
+
+/// The same race with the connections dealt to serving threads, as the
+/// binary serves by default: requests on one key decided on different
+/// threads still admit exactly the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exactly_the_limit_is_allowed_across_serving_threads() {
+    race_every_algorithm(3).await;
+}
+
+async fn race_every_algorithm(threads: usize) {
     for algorithm in Algorithm::ALL {
         let config = format!(
             "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}, algorithm: {algorithm}}}\n"
         );
         // The manual clock stands still: nothing refills during the race.
-        let service = start_on_memory(&config, default_options()).await;
+        let service = if threads == 0 {
+            start_on_memory(&config, default_options()).await
+        } else {
+            start_on_memory_threaded(&config, default_options(), threads).await
+        };
         let mut tasks = Vec::with_capacity(TASKS);
         for _ in 0..TASKS {
             // Separate clients, one shared HTTP/2 connection per task.

@@ -10,10 +10,11 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use support::backend::FakeBackend;
 use support::request::descriptor;
 use support::service::{
-    HEALTH_SERVICES, TestService, call, default_options, memory_backend, refusal, start_on_memory,
-    start_with_config,
+    HEALTH_SERVICES, TestService, call, default_options, memory_backend, refusal, rules_from,
+    start_on_memory, start_service_on_threads, start_with_config,
 };
 use throttlegate::decision::Options;
+use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -489,10 +490,47 @@ async fn reflection_lists_the_service() {
 
 #[tokio::test]
 async fn shutdown_reports_not_serving_then_drains_in_flight_requests() {
+    shutdown_drains_on(0).await;
+}
+
+/// The same stop with connections on serving threads (`--grpc-threads`,
+/// the binary's default): the request in flight on a serving thread is
+/// answered, and every serving thread ends with the server.
+#[tokio::test]
+async fn shutdown_drains_requests_on_serving_threads_and_ends_the_threads() {
+    let before = serving_threads();
+    shutdown_drains_on(2).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while serving_threads() > before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serving threads outlived the server"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Threads of this process named as serving threads are (`grpc-N`).
+fn serving_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("grpc-"))
+        .count()
+}
+
+async fn shutdown_drains_on(threads: usize) {
     let (inner, _clock) = memory_backend();
     // Every decision lags, to have requests in flight at shutdown.
     let backend = Arc::new(FakeBackend::slow(inner, Duration::from_millis(500)));
-    let service = start_with_config(CONFIG, backend, default_options()).await;
+    let service = start_service_on_threads(
+        rules_from(CONFIG),
+        backend,
+        default_options(),
+        Metrics::new(),
+        threads,
+    )
+    .await;
     let addr = service.addr;
 
     let mut health = tonic_health::pb::health_client::HealthClient::new(service.channel.clone());

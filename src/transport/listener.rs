@@ -9,7 +9,6 @@
 //! [`Watchdog`]: while it holds a deadline, a read or write still pending
 //! past it fails with `TimedOut`, which makes hyper drop the connection.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
@@ -111,15 +110,16 @@ impl Listener {
         }
     }
 
-    /// The listener as the stream of connections tonic serves.
+    /// The listener as an endless stream of connections, each accepted
+    /// as by [`Listener::accept`].
     pub fn into_incoming(
         self,
         first_deadline: Option<Duration>,
         lifetime: Option<Duration>,
-    ) -> impl Stream<Item = Result<Conn, Infallible>> + Send + 'static {
+    ) -> impl Stream<Item = Conn> + Send + 'static {
         futures_util::stream::unfold(self, move |mut listener| async move {
             let conn = listener.accept(first_deadline, lifetime).await;
-            Some((Ok(conn), listener))
+            Some((conn, listener))
         })
     }
 
@@ -299,8 +299,19 @@ pub struct Conn {
     /// The end of the connection's lifetime, whatever the watchdog says.
     end_of_life: Option<Instant>,
     sleep: Pin<Box<Sleep>>,
-    open: prometheus_client::metrics::gauge::Gauge,
-    _permit: OwnedSemaphorePermit,
+    open: OpenConnection,
+    permit: OwnedSemaphorePermit,
+}
+
+/// The open-connections gauge's count of one connection, taken back when
+/// dropped.
+#[derive(Debug)]
+struct OpenConnection(prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Conn {
@@ -321,9 +332,34 @@ impl Conn {
             watchdog,
             end_of_life,
             sleep,
-            open: metrics.open.clone(),
-            _permit: permit,
+            open: OpenConnection(metrics.open.clone()),
+            permit,
         }
+    }
+
+    /// The same connection (deadlines, slot, count) moved to the runtime
+    /// this is called on: its socket and its timer are registered with
+    /// that runtime's reactor and clock instead of the accepting one's.
+    /// Must be called within a tokio runtime.
+    pub fn rehome(self) -> io::Result<Conn> {
+        let Conn {
+            stream,
+            watchdog,
+            end_of_life,
+            sleep,
+            open,
+            permit,
+        } = self;
+        let stream = TcpStream::from_std(stream.into_std()?)?;
+        let sleep = Box::pin(tokio::time::sleep_until(sleep.deadline()));
+        Ok(Conn {
+            stream,
+            watchdog,
+            end_of_life,
+            sleep,
+            open,
+            permit,
+        })
     }
 
     /// The watchdog the server updates as requests come and go.
@@ -349,12 +385,6 @@ impl Conn {
             )),
             Poll::Pending => Poll::Pending,
         }
-    }
-}
-
-impl Drop for Conn {
-    fn drop(&mut self) {
-        self.open.dec();
     }
 }
 

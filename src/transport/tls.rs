@@ -36,7 +36,7 @@ use tonic::transport::server::Connected;
 
 use crate::log_gate::LogGate;
 use crate::pem;
-use crate::transport::listener::{Conn, ConnInfo, Listener};
+use crate::transport::listener::{Conn, ConnInfo};
 
 /// How often the files are checked for a change.
 pub const CHECK_EVERY: Duration = Duration::from_secs(1);
@@ -375,28 +375,30 @@ impl std::fmt::Debug for TlsAcceptor {
     }
 }
 
-/// The connections of `listener` after their handshakes, for tonic: a
-/// task accepts (within the cap, each connection with its deadlines) and
+/// The connections of `conns` (accepted within the cap, each with its
+/// deadlines) after their handshakes, for tonic: a task takes them and
 /// starts one task per handshake; finished handshakes come out in the
 /// order they finish. A failed handshake (refused certificate, plain text,
-/// the deadline) is counted in `failures` and logged at most once a second.
-/// Dropping the stream stops accepting and closes the listening socket.
+/// the deadline) is counted in `failures` and logged at most once a second
+/// under the listener's `name`. Dropping the stream drops `conns` (for a
+/// listener's, it stops accepting and closes the listening socket).
 pub fn handshaken(
-    listener: Listener,
+    conns: impl Stream<Item = Conn> + Send + 'static,
+    name: &'static str,
     acceptor: TlsAcceptor,
     failures: Counter,
-    first_deadline: Option<Duration>,
-    lifetime: Option<Duration>,
 ) -> impl Stream<Item = Result<Io, Infallible>> + Send + 'static {
     // Unbounded, yet bounded by the connection cap: every item holds a permit.
     let (tx, rx) = mpsc::unbounded_channel::<Io>();
     let log = Arc::new(LogGate::new());
-    let name = listener.name();
     let task = tokio::spawn(async move {
-        let mut listener = listener;
+        let mut conns = std::pin::pin!(conns);
         loop {
             let conn = tokio::select! {
-                conn = listener.accept(first_deadline, lifetime) => conn,
+                conn = conns.next() => match conn {
+                    Some(conn) => conn,
+                    None => return,
+                },
                 () = tx.closed() => return,
             };
             let tx = tx.clone();

@@ -91,6 +91,26 @@ pub async fn start_service_with_metrics(
     options: Options,
     metrics: Metrics,
 ) -> TestService {
+    start_service_on_threads(rules, backend, options, metrics, 0).await
+}
+
+/// [`start_on_memory`] with gRPC connections served by `threads` serving
+/// threads (`--grpc-threads`).
+#[allow(dead_code)]
+pub async fn start_on_memory_threaded(yaml: &str, options: Options, threads: usize) -> TestService {
+    let (backend, _clock) = memory_backend();
+    start_service_on_threads(rules_from(yaml), backend, options, Metrics::new(), threads).await
+}
+
+/// [`start_service_with_metrics`] with gRPC connections served by
+/// `threads` serving threads (0: on the test's runtime).
+pub async fn start_service_on_threads(
+    rules: RuleSet,
+    backend: Arc<dyn Backend>,
+    options: Options,
+    metrics: Metrics,
+    threads: usize,
+) -> TestService {
     let (app, http) = throttlegate::app::server_apps(
         Arc::new(ArcSwap::from_pointee(rules)),
         Arc::new(ConfigStatus::new(None, SystemTime::now())),
@@ -105,9 +125,20 @@ pub async fn start_service_with_metrics(
         .expect("bind an ephemeral port");
     let addr = listener.local_addr().expect("bound address");
     let (shutdown_tx, shutdown_rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(throttlegate::serve(listener, app, async {
-        let _ = shutdown_rx.await;
-    }));
+    let limits = grpc::GrpcLimits {
+        threads,
+        ..grpc::GrpcLimits::standard()
+    };
+    let task = tokio::spawn(async move {
+        let (control, stages) = grpc::shutdown_channel();
+        let serving = grpc::serve_limited(listener, app, limits, stages);
+        tokio::pin!(serving);
+        tokio::select! {
+            res = &mut serving => return res,
+            _ = shutdown_rx => control.close(),
+        }
+        serving.await
+    });
     let channel = connect(addr).await;
     TestService {
         addr,

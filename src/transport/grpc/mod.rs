@@ -7,6 +7,7 @@ mod layers;
 pub mod reflection;
 mod routes;
 pub mod service;
+mod threads;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -16,6 +17,7 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::net::TcpListener;
+use tonic::codegen::http;
 
 use crate::decision::Limiter;
 use crate::metrics::Metrics;
@@ -24,7 +26,7 @@ use crate::transport::grpc::reflection::{ShortStatus, reflection_v1, reflection_
 use crate::transport::grpc::routes::Services;
 use crate::transport::grpc::service::RateLimitService;
 use crate::transport::health::Health;
-use crate::transport::listener::Listener;
+use crate::transport::listener::{Conn, Listener};
 use crate::transport::tls::{self, Io, TlsAcceptor};
 
 pub use crate::transport::grpc::health::HEALTH_SERVICES;
@@ -78,6 +80,10 @@ pub struct GrpcLimits {
     /// A request not answered within this time (an unfinished body
     /// included) is ended with CANCELLED, freeing its stream.
     pub request_timeout: Duration,
+    /// Threads serving connections, each with its own single-threaded
+    /// runtime (a connection stays on the thread that accepted it); 0:
+    /// connections are served on the caller's runtime.
+    pub threads: usize,
 }
 
 impl GrpcLimits {
@@ -93,6 +99,7 @@ impl GrpcLimits {
             max_connection_age: Duration::from_secs(3600),
             max_connection_age_grace: Duration::from_secs(30),
             request_timeout: Duration::from_secs(10),
+            threads: 0,
         }
     }
 }
@@ -101,6 +108,10 @@ impl GrpcLimits {
 pub enum Error {
     #[error("grpc server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
+    #[error("grpc serving threads could not start: {0}")]
+    Threads(std::io::Error),
+    #[error("a grpc serving thread stopped unexpectedly")]
+    ThreadLost,
 }
 
 // === serve ===
@@ -138,76 +149,134 @@ pub async fn serve_limited(
     let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone())
         .into_server()
         .max_decoding_message_size(MAX_MESSAGE_BYTES);
-    let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
-    // The handshake deadline bounds the TLS handshake too. tonic's own
-    // grace period skips the GOAWAY when set (it only closes the
-    // connection at age + grace), so the connection closes itself.
-    let first_deadline = Some(limits.handshake_timeout);
-    let lifetime = Some(limits.max_connection_age + limits.max_connection_age_grace);
-    let incoming: Pin<Box<dyn Stream<Item = Result<Io, Infallible>> + Send>> = match &app.tls {
-        None => Box::pin(
-            listener
-                .into_incoming(first_deadline, lifetime)
-                .map(|conn| conn.map(Io::Plain)),
-        ),
-        Some(acceptor) => Box::pin(tls::handshaken(
-            listener,
-            acceptor.clone(),
-            app.metrics.tls_handshake_errors("grpc"),
-            first_deadline,
-            lifetime,
-        )),
-    };
     let services = Services {
         rate_limit,
         health: health_service,
         reflection_v1: ShortStatus(reflection_v1()),
         reflection_v1alpha: ShortStatus(reflection_v1alpha()),
     };
-    let closing = shutdown.clone();
-    let server = tonic::transport::Server::builder()
-        .max_concurrent_streams(limits.max_concurrent_streams)
-        // tonic's unset default turns hyper's limits off; a peer that keeps
-        // opening streams past the limit (each refused) or resetting them
-        // gets GOAWAY instead (RUSTSEC-2024-0003, CVE-2023-44487).
-        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
-        .http2_keepalive_interval(Some(limits.keepalive_interval))
-        .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-        .max_connection_age(limits.max_connection_age)
-        .timeout(limits.request_timeout)
-        .layer(tower::util::MapRequestLayer::new(layers::request_received))
-        .layer(tower::util::MapResponseLayer::new(
-            layers::decode_failure_statuses,
-        ))
-        .serve_with_incoming_shutdown(services, incoming, closing.closing());
+    let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
+    // The handshake deadline bounds the TLS handshake too. tonic's own
+    // grace period skips the GOAWAY when set (it only closes the
+    // connection at age + grace), so the connection closes itself.
+    let first_deadline = Some(limits.handshake_timeout);
+    let lifetime = Some(limits.max_connection_age + limits.max_connection_age_grace);
+    let conns = listener.into_incoming(first_deadline, lifetime);
+    let connections = Connections {
+        app: app.clone(),
+        limits,
+        services,
+        shutdown: shutdown.clone(),
+    };
+    if limits.threads == 0 {
+        let server = connections.serve(conns);
+        return follow_stages(server, reports, &shutdown, app.drain_timeout).await;
+    }
+    let server = threads::spawn(conns, limits.threads, connections)?;
     follow_stages(server, reports, &shutdown, app.drain_timeout).await
+}
+
+/// What serves gRPC connections, on whichever runtime polls
+/// [`Connections::serve`]: one per serving thread, or one on the caller's
+/// runtime.
+#[derive(Clone)]
+struct Connections<S> {
+    app: App,
+    limits: GrpcLimits,
+    /// The gRPC services ([`Services`]).
+    services: S,
+    shutdown: Shutdown,
+}
+
+/// What [`Connections`] can serve: the gRPC services as one tower service.
+trait GrpcServices:
+    tower::Service<
+        http::Request<tonic::body::Body>,
+        Response = http::Response<tonic::body::Body>,
+        Error = Infallible,
+        Future: Send + 'static,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> GrpcServices for S where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
+impl<S: GrpcServices> Connections<S> {
+    /// Serves the connections of `conns` until the stop's closing stage,
+    /// then until the connections it holds are done.
+    async fn serve(self, conns: impl Stream<Item = Conn> + Send + 'static) -> Result<(), Error> {
+        let Connections {
+            app,
+            limits,
+            services,
+            shutdown,
+        } = self;
+        let incoming: Pin<Box<dyn Stream<Item = Result<Io, Infallible>> + Send>> = match &app.tls {
+            None => Box::pin(conns.map(|conn| Ok(Io::Plain(conn)))),
+            Some(acceptor) => Box::pin(tls::handshaken(
+                conns,
+                "grpc",
+                acceptor.clone(),
+                app.metrics.tls_handshake_errors("grpc"),
+            )),
+        };
+        tonic::transport::Server::builder()
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            // tonic's unset default turns hyper's limits off; a peer that keeps
+            // opening streams past the limit (each refused) or resetting them
+            // gets GOAWAY instead (RUSTSEC-2024-0003, CVE-2023-44487).
+            .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+            .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
+            .http2_keepalive_interval(Some(limits.keepalive_interval))
+            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
+            .max_connection_age(limits.max_connection_age)
+            .timeout(limits.request_timeout)
+            .layer(tower::util::MapRequestLayer::new(layers::request_received))
+            .layer(tower::util::MapResponseLayer::new(
+                layers::decode_failure_statuses,
+            ))
+            .serve_with_incoming_shutdown(services, incoming, shutdown.closing())
+            .await
+            .map_err(Error::from)
+    }
 }
 
 /// Runs `server` through the stages of `shutdown`: NOT_SERVING while it
 /// still answers, then (the listener closed) Watch streams end and
 /// in-flight RPCs drain for at most `drain_timeout`.
 async fn follow_stages(
-    server: impl Future<Output = Result<(), tonic::transport::Error>>,
+    server: impl Future<Output = Result<(), Error>>,
     reports: HealthReports,
     shutdown: &Shutdown,
     drain_timeout: Duration,
 ) -> Result<(), Error> {
     tokio::pin!(server);
     tokio::select! {
-        res = &mut server => return res.map_err(Error::from),
+        res = &mut server => return res,
         () = shutdown.not_serving() => {}
     }
     // Load balancers must see NOT_SERVING while we still answer; the
     // listener closes only at the next stage.
     let watches = reports.not_serving().await;
     tokio::select! {
-        res = &mut server => return res.map_err(Error::from),
+        res = &mut server => return res,
         () = shutdown.closing() => {}
     }
     watches.end();
     match tokio::time::timeout(drain_timeout, &mut server).await {
-        Ok(res) => res.map_err(Error::from),
+        Ok(res) => res,
         Err(_) => {
             tracing::warn!(
                 timeout_ms = drain_timeout.as_millis() as u64,
