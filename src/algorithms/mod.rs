@@ -14,6 +14,8 @@ mod token_bucket;
 
 use std::fmt;
 
+use smallvec::SmallVec;
+
 pub use fixed_window::FixedWindow;
 pub use gcra::Gcra;
 pub use sliding_window_counter::SlidingWindowCounter;
@@ -350,8 +352,9 @@ pub struct Verdict {
 /// On return, `states[i]` is the new state, `None` when it equals a fresh one.
 pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdict {
     assert_eq!(checks.len(), states.len(), "one state per check");
-    let mut effective_now = Vec::with_capacity(checks.len());
-    let mut has_room = Vec::with_capacity(checks.len());
+    // Nearly every request has a few checks: no heap for these.
+    let mut effective_now: SmallVec<[u64; 4]> = SmallVec::with_capacity(checks.len());
+    let mut has_room: SmallVec<[bool; 4]> = SmallVec::with_capacity(checks.len());
     for (check, slot) in checks.iter().zip(states.iter_mut()) {
         let state = slot.get_or_insert_with(|| State::fresh(&check.params, now));
         let at = state.advance(&check.params, now);

@@ -116,8 +116,9 @@ struct Slot {
 
 /// The entries a request took out of their tables, once room for its new
 /// keys is reserved: only [`MemoryBackend::reserve`] makes one, so no
-/// request decides before the bound has admitted it.
-struct Reserved(Inline<Option<Entry>>);
+/// request decides before the bound has admitted it. Borrowed: the
+/// entries stay where they were taken into, not copied on each step.
+struct Reserved<'t>(&'t mut [Option<Entry>]);
 
 struct Entry {
     /// The key's hash, kept so that growing the table never rehashes keys.
@@ -211,17 +212,19 @@ impl MemoryBackend {
             locked.iter().map(|&idx| self.shards[idx].lock()).collect();
 
         // One lookup per key: what is stored comes out of its table here.
-        let taken: Inline<Option<Entry>> = slots
+        // The scratch vectors are borrowed from here on, never moved: each
+        // is a few hundred bytes even when it holds a single check.
+        let mut taken: Inline<Option<Entry>> = slots
             .iter()
             .zip(checks)
             .map(|(slot, it)| guards[slot.guard].take(slot.hash, &it.key))
             .collect();
-        let taken = self.reserve(&mut guards, &slots, checks, taken)?;
+        let taken = self.reserve(&mut guards, &slots, checks, &mut taken)?;
         let mut states = live_states(&mut slots, taken, now);
 
         let plain: Inline<Check> = checks.iter().map(|it| it.check).collect();
         let verdict = algorithms::decide(&plain, &mut states, now);
-        self.store(&mut guards, slots, checks, states, now);
+        self.store(&mut guards, &mut slots, checks, &mut states, now);
         Ok(verdict)
     }
 
@@ -257,16 +260,16 @@ impl MemoryBackend {
 
     /// Reserves room for the keys not stored yet, before deciding: a
     /// request refused as full puts back what it took and changes nothing.
-    fn reserve(
+    fn reserve<'t>(
         &self,
         guards: &mut [MutexGuard<'_, Table>],
         slots: &[Slot],
         checks: &[KeyedCheck],
-        taken: Inline<Option<Entry>>,
-    ) -> Result<Reserved, Refused> {
+        taken: &'t mut [Option<Entry>],
+    ) -> Result<Reserved<'t>, Refused> {
         let new: usize = checks
             .iter()
-            .zip(&taken)
+            .zip(taken.iter())
             .filter(|(_, entry)| entry.is_none())
             .map(|(it, _)| weight(&it.key))
             .sum();
@@ -279,7 +282,7 @@ impl MemoryBackend {
         }
         self.len.fetch_sub(new, Ordering::Relaxed);
         for (slot, entry) in slots.iter().zip(taken) {
-            if let Some(entry) = entry {
+            if let Some(entry) = entry.take() {
                 guards[slot.guard].restore(entry);
             }
         }
@@ -291,13 +294,13 @@ impl MemoryBackend {
     fn store(
         &self,
         guards: &mut [MutexGuard<'_, Table>],
-        slots: Inline<Slot>,
+        slots: &mut [Slot],
         checks: &[KeyedCheck],
-        states: Inline<Option<State>>,
+        states: &mut [Option<State>],
         now: Micros,
     ) {
-        for ((slot, it), state) in slots.into_iter().zip(checks).zip(states) {
-            let Some(mut state) = state else {
+        for ((slot, it), state) in slots.iter_mut().zip(checks).zip(states) {
+            let Some(mut state) = state.take() else {
                 // Equal to a fresh state: its entry (or reservation) goes.
                 self.len.fetch_sub(weight(&it.key), Ordering::Relaxed);
                 continue;
@@ -310,7 +313,7 @@ impl MemoryBackend {
             let expires_us = at + state.lifetime(params, at);
             let entry = Entry {
                 hash: slot.hash,
-                key: slot.stored_key.unwrap_or_else(|| it.key.clone()),
+                key: slot.stored_key.take().unwrap_or_else(|| it.key.clone()),
                 state,
                 expires_us,
             };
@@ -549,12 +552,12 @@ fn lock_order(slots: &mut [Slot]) -> Inline<usize> {
 /// The states `decide` starts from: a taken entry's, unless it has expired
 /// (then, like an absent key, none). Each slot keeps its stored key for the
 /// write-back.
-fn live_states(slots: &mut [Slot], taken: Reserved, now: Micros) -> Inline<Option<State>> {
+fn live_states(slots: &mut [Slot], taken: Reserved<'_>, now: Micros) -> Inline<Option<State>> {
     slots
         .iter_mut()
         .zip(taken.0)
         .map(|(slot, entry)| {
-            let entry = entry?;
+            let entry = entry.take()?;
             slot.stored_key = Some(entry.key);
             (entry.expires_us > now).then_some(entry.state)
         })

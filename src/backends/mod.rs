@@ -59,15 +59,32 @@ pub const MAX_INLINE_BYTES: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct KeyBytes(Repr);
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Bytes held in place, without an allocation: the room a digest takes
+/// anyway, and enough for nearly every descriptor key and value.
+const SHORT_BYTES: usize = 32;
+
+/// One form per length, so that equal bytes always have equal forms.
+#[derive(Clone, PartialEq, Eq)]
 enum Repr {
+    /// At most [`SHORT_BYTES`]; the bytes past `len` are zero.
+    Short {
+        len: u8,
+        bytes: [u8; SHORT_BYTES],
+    },
+    /// Longer, up to [`MAX_INLINE_BYTES`].
     Inline(Box<[u8]>),
     Digest([u8; 32]),
 }
 
 impl KeyBytes {
     pub fn new(bytes: &[u8]) -> KeyBytes {
-        if bytes.len() <= MAX_INLINE_BYTES {
+        if bytes.len() <= SHORT_BYTES {
+            let mut short = [0; SHORT_BYTES];
+            short[..bytes.len()].copy_from_slice(bytes);
+            // At most SHORT_BYTES: the cast is exact.
+            let len = bytes.len() as u8;
+            KeyBytes(Repr::Short { len, bytes: short })
+        } else if bytes.len() <= MAX_INLINE_BYTES {
             KeyBytes(Repr::Inline(bytes.into()))
         } else {
             KeyBytes(Repr::Digest(Sha256::digest(bytes).into()))
@@ -77,6 +94,7 @@ impl KeyBytes {
     /// The bytes, when short enough to be kept.
     pub fn inline(&self) -> Option<&[u8]> {
         match &self.0 {
+            Repr::Short { len, bytes } => Some(&bytes[..usize::from(*len)]),
             Repr::Inline(bytes) => Some(bytes),
             Repr::Digest(_) => None,
         }
@@ -91,6 +109,7 @@ impl KeyBytes {
     /// Bytes held: the value's own length, or a digest's 32.
     pub fn len(&self) -> usize {
         match &self.0 {
+            Repr::Short { len, .. } => usize::from(*len),
             Repr::Inline(bytes) => bytes.len(),
             Repr::Digest(digest) => digest.len(),
         }
@@ -103,8 +122,34 @@ impl KeyBytes {
     /// The SHA-256 digest that stands for a long key or value.
     pub fn digest(&self) -> Option<&[u8; 32]> {
         match &self.0 {
-            Repr::Inline(_) => None,
+            Repr::Short { .. } | Repr::Inline(_) => None,
             Repr::Digest(digest) => Some(digest),
+        }
+    }
+}
+
+/// Hashes the bytes kept (or the digest), not a short value's unused room.
+impl std::hash::Hash for Repr {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Repr::Short { len, bytes } => bytes[..usize::from(*len)].hash(state),
+            Repr::Inline(bytes) => bytes.hash(state),
+            Repr::Digest(digest) => digest.hash(state),
+        }
+    }
+}
+
+/// Every kept value shows as `Inline`, short or not: how it is held is no
+/// part of what it is.
+impl std::fmt::Debug for Repr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Repr::Short { len, bytes } => {
+                let kept = &bytes[..usize::from(*len)];
+                f.debug_tuple("Inline").field(&kept).finish()
+            }
+            Repr::Inline(bytes) => f.debug_tuple("Inline").field(bytes).finish(),
+            Repr::Digest(digest) => f.debug_tuple("Digest").field(digest).finish(),
         }
     }
 }

@@ -1,7 +1,9 @@
 //! From the backend's verdict to the answer: for each descriptor its most
 //! restrictive limit, the status reporting it and the decision's metric.
 
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
+
+use smallvec::SmallVec;
 
 use crate::algorithms::{Mode, Outcome, Verdict};
 use crate::metrics;
@@ -47,6 +49,15 @@ pub struct Decision {
     pub headers: Vec<(String, String)>,
 }
 
+impl CurrentLimit {
+    /// The name of an unnamed limit or of an override: empty, one
+    /// allocation shared by every request rather than one per request.
+    pub(super) fn unnamed() -> Arc<str> {
+        static UNNAMED: LazyLock<Arc<str>> = LazyLock::new(|| Arc::from(""));
+        Arc::clone(&UNNAMED)
+    }
+}
+
 impl Status {
     pub(super) fn ok_without_limit() -> Status {
         Status {
@@ -86,10 +97,11 @@ pub(super) fn failure_statuses(plan: &Plan, code: Code) -> Vec<Status> {
         .collect()
 }
 
-/// A limit with the backend's outcome for it.
-#[derive(Debug, Clone)]
-pub(super) struct Candidate {
-    pub(super) limit: PlannedLimit,
+/// A limit with the backend's outcome for it; borrows the limit from the
+/// plan, so comparing limits copies no name.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Candidate<'p> {
+    pub(super) limit: &'p PlannedLimit,
     /// Could deny: no room, and not a shadow limit.
     pub(super) denied: bool,
     /// A shadow limit without room: would have denied.
@@ -98,11 +110,11 @@ pub(super) struct Candidate {
     pub(super) reset_us: u64,
 }
 
-impl Candidate {
-    fn new(limit: &PlannedLimit, outcome: &Outcome) -> Candidate {
+impl<'p> Candidate<'p> {
+    fn new(limit: &'p PlannedLimit, outcome: &Outcome) -> Candidate<'p> {
         let shadow = limit.mode == Mode::Shadow;
         Candidate {
-            limit: limit.clone(),
+            limit,
             denied: !outcome.has_room && !shadow,
             shadowed: !outcome.has_room && shadow,
             remaining: outcome.remaining,
@@ -114,7 +126,10 @@ impl Candidate {
 /// Of `best` and `it`, the more restrictive: the one that denied (the
 /// latest to free up if both), else the one with the least remaining
 /// (ties: the longer window, then `best`).
-pub(super) fn more_restrictive<'a>(best: &'a Candidate, it: &'a Candidate) -> &'a Candidate {
+pub(super) fn more_restrictive<'a, 'p>(
+    best: &'a Candidate<'p>,
+    it: &'a Candidate<'p>,
+) -> &'a Candidate<'p> {
     let better = match (it.denied, best.denied) {
         (true, false) => true,
         (false, true) => false,
@@ -128,7 +143,7 @@ pub(super) fn more_restrictive<'a>(best: &'a Candidate, it: &'a Candidate) -> &'
 }
 
 /// One descriptor's limits against the verdict.
-struct Answered {
+struct Answered<'p> {
     /// Some limit denied.
     over: bool,
     /// Some shadow limit would have denied.
@@ -136,18 +151,20 @@ struct Answered {
     /// The most restrictive limit, its `remaining` never above its limit:
     /// a token bucket or GCRA can hold more than its number per window,
     /// up to its capacity.
-    chosen: Candidate,
+    chosen: Candidate<'p>,
 }
 
-impl Answered {
-    fn new(limits: &PlannedLimits, outcomes: &[Outcome]) -> Answered {
-        let candidate = |it: &PlannedLimit| Candidate::new(it, &outcomes[it.check]);
-        let first = candidate(&limits.first);
-        let rest: Vec<Candidate> = limits.rest.iter().map(candidate).collect();
-        let all = || std::iter::once(&first).chain(&rest);
-        let over = all().any(|it| it.denied);
-        let shadowed = all().any(|it| it.shadowed);
-        let chosen = rest.iter().fold(&first, more_restrictive);
+impl<'p> Answered<'p> {
+    fn new(limits: &'p PlannedLimits, outcomes: &[Outcome]) -> Answered<'p> {
+        let candidate = |it: &'p PlannedLimit| Candidate::new(it, &outcomes[it.check]);
+        let mut chosen = candidate(&limits.first);
+        let mut over = chosen.denied;
+        let mut shadowed = chosen.shadowed;
+        for it in limits.rest.iter().map(candidate) {
+            over |= it.denied;
+            shadowed |= it.shadowed;
+            chosen = *more_restrictive(&chosen, &it);
+        }
         let remaining = if over {
             0
         } else {
@@ -158,7 +175,7 @@ impl Answered {
             shadowed,
             chosen: Candidate {
                 remaining,
-                ..chosen.clone()
+                ..chosen
             },
         }
     }
@@ -191,7 +208,7 @@ impl Limiter {
         let outcomes = verdict.map(|it| it.outcomes.as_slice()).unwrap_or_default();
         let mut statuses = Vec::with_capacity(plan.descriptors.len());
         // The most restrictive limit of each status, for the headers.
-        let mut reported: Vec<Candidate> = Vec::new();
+        let mut reported: SmallVec<[Candidate<'_>; 4]> = SmallVec::new();
         for descriptor in &plan.descriptors {
             let DescriptorPlan::Limits {
                 limits,
@@ -224,7 +241,12 @@ impl Limiter {
     }
 
     /// The `result` label of one descriptor's decision.
-    fn metric_outcome(&self, answered: &Answered, plan: &Plan, allowed: bool) -> metrics::Outcome {
+    fn metric_outcome(
+        &self,
+        answered: &Answered<'_>,
+        plan: &Plan,
+        allowed: bool,
+    ) -> metrics::Outcome {
         if answered.over {
             return if self.options.shadow_mode && !allowed {
                 metrics::Outcome::Shadow

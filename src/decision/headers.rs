@@ -27,7 +27,7 @@ impl HeaderNames {
 /// status reports); `Retry-After` too when `retry`. None without limits.
 pub(super) fn headers(
     names: &HeaderNames,
-    reported: &[Candidate],
+    reported: &[Candidate<'_>],
     retry: bool,
 ) -> Vec<(String, String)> {
     let Some(chosen) = reported.iter().reduce(more_restrictive) else {

@@ -240,14 +240,14 @@ impl Limiter {
 
     /// Logs (rate-limited) a check whose cost exceeds its limit's capacity.
     fn warn_never_pass(&self, request: &Request, plan: &Plan) {
-        for (check, rule) in plan.checks.iter().zip(&plan.check_rules) {
+        for (idx, check) in plan.checks.iter().enumerate() {
             let capacity = check.check.params.capacity();
             if check.check.cost > capacity
                 && let Some(suppressed) = self.never_pass.admit()
             {
                 tracing::warn!(
                     domain = %request.domain,
-                    rule = %rule,
+                    rule = %plan.check_rule(idx),
                     cost = check.check.cost,
                     capacity,
                     suppressed,

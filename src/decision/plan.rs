@@ -6,15 +6,21 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::algorithms::{Algorithm, Check, MAX_EXACT, Mode};
 use crate::backends::{CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
 use crate::metrics::MetricRule;
-use crate::rules::{Domain, Node, NodeLimits, RateLimit, Unit, ValueMatcher};
+use crate::rules::{Domain, Levels, Node, NodeLimits, RateLimit, Unit, ValueMatcher};
 
 use super::answer::clamp_u32;
 use super::labels::{bytes_label, metric_rule};
 use super::overrides::override_params;
-use super::{CurrentLimit, Descriptor, EnforcedOverride, Error, Request};
+use super::{CurrentLimit, Descriptor, EnforcedOverride, Entry, Error, Request};
+
+/// Per-request scratch space: nearly every request has a few descriptors,
+/// each with a few limits, so these stay off the heap.
+type Inline<T> = SmallVec<[T; 4]>;
 
 /// Everything decided before the backend call.
 #[derive(Debug)]
@@ -22,8 +28,28 @@ pub(super) struct Plan {
     pub(super) descriptors: Vec<DescriptorPlan>,
     /// Distinct counters; checks reaching the same counter are merged.
     pub(super) checks: Vec<KeyedCheck>,
-    /// `check_rules[i]`: a label of `checks[i]`'s rule, for logs.
-    pub(super) check_rules: Vec<Arc<str>>,
+}
+
+impl Plan {
+    /// A label of the rule of `checks[idx]`, for logs: the rule's path,
+    /// with the limit's name if it has one; for an override, the
+    /// descriptor's keys. Built only when logged: it is rarely needed.
+    pub(super) fn check_rule(&self, idx: usize) -> String {
+        let rule = &self.checks[idx].key.rule;
+        // The first limit on the check is the one that added it: merged
+        // limits are the same limit of one rule, or overrides.
+        let name = self
+            .descriptors
+            .iter()
+            .filter_map(DescriptorPlan::limits)
+            .flat_map(PlannedLimits::iter)
+            .find(|it| it.check == idx)
+            .map(|it| &it.reported.name);
+        match name {
+            Some(name) if !name.is_empty() => format!("{rule} ({name})"),
+            _ => rule.to_string(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -48,14 +74,18 @@ pub(super) struct PlannedLimits {
     pub(super) rest: Vec<PlannedLimit>,
 }
 
+impl DescriptorPlan {
+    fn limits(&self) -> Option<&PlannedLimits> {
+        match self {
+            DescriptorPlan::Limits { limits, .. } => Some(limits),
+            DescriptorPlan::NoLimit | DescriptorPlan::Unlimited => None,
+        }
+    }
+}
+
 impl PlannedLimits {
-    fn new(limits: Vec<PlannedLimit>) -> Option<PlannedLimits> {
-        let mut limits = limits.into_iter();
-        let first = limits.next()?;
-        Some(PlannedLimits {
-            first,
-            rest: limits.collect(),
-        })
+    pub(super) fn iter(&self) -> impl Iterator<Item = &PlannedLimit> {
+        std::iter::once(&self.first).chain(&self.rest)
     }
 
     fn one(limit: PlannedLimit) -> PlannedLimits {
@@ -87,7 +117,7 @@ pub(super) fn plan(
 ) -> Result<Plan, Error> {
     // First, what every descriptor matched: `replaces` looks at every
     // matched limit of the request.
-    let matched: Vec<Matched<'_>> = request
+    let matched: Inline<Matched<'_>> = request
         .descriptors
         .iter()
         .map(|it| match_descriptor(domain, it))
@@ -118,7 +148,7 @@ pub(super) fn plan(
 /// What one descriptor reached in the tree.
 struct Matched<'r> {
     /// The node of every level on the way; empty when no rule matched.
-    levels: Vec<&'r Node>,
+    levels: Levels<'r>,
     found: Found<'r>,
 }
 
@@ -136,10 +166,11 @@ enum Found<'r> {
 }
 
 fn match_descriptor<'r>(domain: &'r Domain, descriptor: &Descriptor) -> Matched<'r> {
-    let levels = domain
-        .find(&descriptor.pairs())
-        .map(|it| it.levels)
-        .unwrap_or_default();
+    let pairs = descriptor
+        .entries
+        .iter()
+        .map(|it| (it.key.as_slice(), it.value.as_slice()));
+    let levels = domain.find_levels(pairs).unwrap_or_default();
     // An override ignores the tree's limits (and `replaces`).
     let found = match levels.last() {
         Some(node) if descriptor.enforced_override().is_none() => Found::at(node),
@@ -161,15 +192,14 @@ impl<'r> Found<'r> {
     }
 
     /// Names this descriptor's limits replace.
-    fn replaces(&self) -> Vec<&'r str> {
-        match self {
-            Found::Nothing => Vec::new(),
-            Found::Unlimited { replaces, .. } => replaces.iter().map(|it| &**it).collect(),
-            Found::Limits { limits, .. } => limits
-                .iter()
-                .flat_map(|it| it.replaces().iter().map(|name| &**name))
-                .collect(),
-        }
+    fn replaces(&self) -> impl Iterator<Item = &'r str> + use<'r> {
+        let (unlimited, limits): (&'r [Arc<str>], &'r [RateLimit]) = match *self {
+            Found::Nothing => (&[], &[]),
+            Found::Unlimited { replaces, .. } => (replaces, &[]),
+            Found::Limits { limits, .. } => (&[], limits),
+        };
+        let limited = limits.iter().flat_map(RateLimit::replaces);
+        unlimited.iter().chain(limited).map(|it| &**it)
     }
 }
 
@@ -205,25 +235,29 @@ impl Planner<'_> {
             Found::Unlimited { .. } => return DescriptorPlan::Unlimited,
             Found::Limits { node, limits } => (node, limits),
         };
-        // Once per descriptor: a long key or value is hashed once, not per limit.
-        let entries: Vec<(KeyBytes, KeyBytes)> = descriptor
-            .entries
+        let kept: Inline<&RateLimit> = limits
             .iter()
-            .map(|it| (KeyBytes::new(&it.key), KeyBytes::new(&it.value)))
+            .filter(|it| !self.is_replaced(it.name().map(|name| &**name)))
             .collect();
-        let mut planned = Vec::with_capacity(limits.len());
-        for limit in limits {
-            if !self.is_replaced(limit.name().map(|it| &**it)) {
-                planned.push(self.rule_limit(node, limit, &matched.levels, &entries, cost));
-            }
+        let Some((first, rest)) = kept.split_first() else {
+            return DescriptorPlan::NoLimit;
+        };
+        // Every limit of the rule counts under the same entries: built
+        // once (a long key or value hashed once), cloned only for a rule
+        // with several limits, and moved into the last limit's key.
+        let mut entries = key_entries(&matched.levels, &descriptor.entries);
+        let first_entries = entries_for(&mut entries, !rest.is_empty());
+        let mut planned = PlannedLimits::one(self.rule_limit(node, first, first_entries, cost));
+        for (idx, limit) in rest.iter().enumerate() {
+            let limit_entries = entries_for(&mut entries, idx + 1 < rest.len());
+            planned
+                .rest
+                .push(self.rule_limit(node, limit, limit_entries, cost));
         }
-        match PlannedLimits::new(planned) {
-            None => DescriptorPlan::NoLimit,
-            Some(limits) => DescriptorPlan::Limits {
-                limits,
-                metric: metric_rule(&matched.levels, &descriptor.entries),
-                cost,
-            },
+        DescriptorPlan::Limits {
+            limits: planned,
+            metric: metric_rule(&matched.levels, &descriptor.entries),
+            cost,
         }
     }
 
@@ -232,8 +266,7 @@ impl Planner<'_> {
         &mut self,
         node: &Node,
         limit: &RateLimit,
-        levels: &[&Node],
-        entries: &[(KeyBytes, KeyBytes)],
+        entries: Vec<KeyEntry>,
         cost: u64,
     ) -> PlannedLimit {
         let mode = mode_of(node);
@@ -243,24 +276,20 @@ impl Planner<'_> {
             algorithm: limit.algorithm(),
             window_s: limit.window_seconds(),
             is_override: false,
-            entries: key_entries(levels, entries),
+            entries,
         };
         let check = Check {
             params: limit.params(),
             cost,
             mode,
         };
-        let rule_label: Arc<str> = match limit.name() {
-            Some(name) => Arc::from(format!("{} ({name})", node.path())),
-            None => node.path().clone(),
-        };
         PlannedLimit {
-            check: self.checks.add(key, check, rule_label),
+            check: self.checks.add(key, check),
             mode,
             reported: CurrentLimit {
                 requests_per_unit: limit.requests_per_unit(),
                 unit: limit.unit(),
-                name: limit.name().cloned().unwrap_or_else(|| Arc::from("")),
+                name: limit.name().cloned().unwrap_or_else(CurrentLimit::unnamed),
             },
             window_us: limit.params().window_us(),
             limit: limit.params().capacity(),
@@ -293,20 +322,20 @@ impl Planner<'_> {
                 ))
             })?;
         let rule = override_rule(descriptor);
-        let key = self.override_key(descriptor, rule.clone(), params.algorithm(), unit);
+        let key = self.override_key(descriptor, rule, params.algorithm(), unit);
         let check = Check {
             params,
             cost,
             mode: Mode::Enforce,
         };
         let limit = PlannedLimit {
-            check: self.checks.add(key, check, rule),
+            check: self.checks.add(key, check),
             mode: Mode::Enforce,
             reported: CurrentLimit {
                 // What is enforced, which can be below what was asked.
                 requests_per_unit: clamp_u32(params.limit()),
                 unit,
-                name: Arc::from(""),
+                name: CurrentLimit::unnamed(),
             },
             window_us,
             limit: params.capacity(),
@@ -357,20 +386,30 @@ fn mode_of(node: &Node) -> Mode {
 
 /// A rule's counter key entries: each level's value, or the level's
 /// wildcard pattern where the level shares one counter among its values.
-fn key_entries(levels: &[&Node], entries: &[(KeyBytes, KeyBytes)]) -> Vec<KeyEntry> {
+fn key_entries(levels: &[&Node], entries: &[Entry]) -> Vec<KeyEntry> {
     entries
         .iter()
         .zip(levels)
-        .map(|((key, value), level)| KeyEntry {
-            key: key.clone(),
+        .map(|(entry, level)| KeyEntry {
+            key: KeyBytes::new(&entry.key),
             value: match level.value() {
                 ValueMatcher::Wildcard(pattern) if level.share_threshold() => {
                     KeyValue::Shared(pattern.clone())
                 }
-                _ => KeyValue::Value(value.clone()),
+                _ => KeyValue::Value(KeyBytes::new(&entry.value)),
             },
         })
         .collect()
+}
+
+/// Key entries for one more limit's key: a clone while a later limit
+/// still needs them, else `entries` themselves.
+fn entries_for(entries: &mut Vec<KeyEntry>, needed_later: bool) -> Vec<KeyEntry> {
+    if needed_later {
+        entries.clone()
+    } else {
+        std::mem::take(entries)
+    }
 }
 
 /// The algorithm of the first limit of the rule `levels` reached, if any.
@@ -402,10 +441,10 @@ const COMPARED_CHECKS: usize = 8;
 #[derive(Default)]
 struct Checks {
     checks: Vec<KeyedCheck>,
-    rules: Vec<Arc<str>>,
     /// Every check's index by its key, once there are more than
-    /// [`COMPARED_CHECKS`]; empty until then.
-    by_key: HashMap<CounterKey, usize>,
+    /// [`COMPARED_CHECKS`]; `None` until then, so that nearly every
+    /// request never builds (or seeds) a map.
+    by_key: Option<HashMap<CounterKey, usize>>,
 }
 
 impl Checks {
@@ -415,7 +454,7 @@ impl Checks {
     /// and algorithm), except two overrides of one descriptor and unit
     /// with different numbers in the same request: the first one's number
     /// is enforced.
-    fn add(&mut self, key: CounterKey, check: Check, rule: Arc<str>) -> usize {
+    fn add(&mut self, key: CounterKey, check: Check) -> usize {
         if let Some(idx) = self.position(&key) {
             let merged = &mut self.checks[idx].check;
             merged.cost = merged.cost.saturating_add(check.cost).min(MAX_EXACT);
@@ -423,23 +462,22 @@ impl Checks {
         }
         let idx = self.checks.len();
         if idx >= COMPARED_CHECKS {
-            if self.by_key.is_empty() {
-                let known = self.checks.iter().enumerate();
-                self.by_key = known.map(|(i, it)| (it.key.clone(), i)).collect();
-            }
-            self.by_key.insert(key.clone(), idx);
+            let checks = &self.checks;
+            let by_key = self.by_key.get_or_insert_with(|| {
+                let known = checks.iter().enumerate();
+                known.map(|(i, it)| (it.key.clone(), i)).collect()
+            });
+            by_key.insert(key.clone(), idx);
         }
         self.checks.push(KeyedCheck { key, check });
-        self.rules.push(rule);
         idx
     }
 
     /// The index of the check on `key`, if there is one.
     fn position(&self, key: &CounterKey) -> Option<usize> {
-        if self.checks.len() <= COMPARED_CHECKS {
-            self.checks.iter().position(|it| it.key == *key)
-        } else {
-            self.by_key.get(key).copied()
+        match &self.by_key {
+            Some(by_key) => by_key.get(key).copied(),
+            None => self.checks.iter().position(|it| it.key == *key),
         }
     }
 
@@ -447,7 +485,6 @@ impl Checks {
         Plan {
             descriptors,
             checks: self.checks,
-            check_rules: self.rules,
         }
     }
 }

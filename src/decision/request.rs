@@ -87,14 +87,6 @@ impl Descriptor {
     pub(super) fn cost(&self, request_cost: u64) -> u64 {
         self.hits_addend.unwrap_or(request_cost).min(MAX_EXACT)
     }
-
-    /// The entries as `(key, value)` byte slices, for matching.
-    pub(super) fn pairs(&self) -> Vec<(&[u8], &[u8])> {
-        self.entries
-            .iter()
-            .map(|it| (it.key.as_slice(), it.value.as_slice()))
-            .collect()
-    }
 }
 
 /// Refuses only what no Envoy sends and no rule could decide: an empty

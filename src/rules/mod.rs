@@ -28,6 +28,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use smallvec::SmallVec;
+
 use crate::algorithms::{Algorithm, LimitParams, ParamsError};
 use crate::rules::wildcard::WildcardIndex;
 
@@ -396,17 +398,22 @@ pub struct Domain {
     index: LevelIndex,
 }
 
+/// Maps looked up on every request with request bytes: foldhash rather
+/// than SipHash, which cost more than the rest of matching. Their keys are
+/// the config's, so no client can fill them with colliding keys.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// Index of one level's nodes by key, so matching does not scan every
 /// sibling: per key, the exact values, the wildcards in config order and the
 /// key-only node, as positions in the level's `children`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct LevelIndex {
-    by_key: HashMap<Arc<str>, KeySlot>,
+    by_key: FastMap<Arc<str>, KeySlot>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct KeySlot {
-    exact: HashMap<Arc<str>, usize>,
+    exact: FastMap<Arc<str>, usize>,
     /// Positions of the wildcard nodes, in config order.
     wildcards: Vec<usize>,
     /// Their patterns, indexed: position `i` is `wildcards[i]`.
@@ -422,7 +429,7 @@ pub const DEFAULT_MAX_LOG_ENTRIES: u32 = 10_000;
 /// [`RuleSet::new`], so each domain is found under its own name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSet {
-    domains: HashMap<Arc<str>, Domain>,
+    domains: FastMap<Arc<str>, Domain>,
     /// Most requests per window a sliding-window log may count: a
     /// RateLimitOverride above it on a sliding log uses the
     /// sliding-window counter instead, as a rule that inherits the log does.
@@ -432,7 +439,7 @@ pub struct RuleSet {
 impl Default for RuleSet {
     fn default() -> Self {
         Self {
-            domains: HashMap::new(),
+            domains: FastMap::default(),
             max_log_entries: DEFAULT_MAX_LOG_ENTRIES,
         }
     }
@@ -444,6 +451,10 @@ pub struct Match<'a> {
     /// `levels[i]` matched entry `i`; the last one is the rule.
     pub levels: Vec<&'a Node>,
 }
+
+/// The node of every level a descriptor reached: most rules have a few
+/// levels, held without a heap allocation.
+pub type Levels<'a> = SmallVec<[&'a Node; 4]>;
 
 impl<'a> Match<'a> {
     /// The node reached by the last entry.
@@ -618,20 +629,34 @@ impl Domain {
         &'a self,
         entries: &[(K, V)],
     ) -> Option<Match<'a>> {
-        if entries.is_empty() {
-            return None;
-        }
-        let mut levels = Vec::with_capacity(entries.len());
+        let pairs = entries
+            .iter()
+            .map(|(key, value)| (key.as_ref(), value.as_ref()));
+        let levels = self.find_levels(pairs)?;
+        Some(Match {
+            levels: levels.into_vec(),
+        })
+    }
+
+    /// What [`Domain::find`] finds, from `(key, value)` pairs as they come
+    /// and with the levels on the stack: every request matches its
+    /// descriptors this way, without allocating.
+    pub fn find_levels<'a, 'e>(
+        &'a self,
+        entries: impl Iterator<Item = (&'e [u8], &'e [u8])>,
+    ) -> Option<Levels<'a>> {
+        let mut levels = Levels::new();
         let mut children = &self.children;
         let mut index = &self.index;
         for (key, value) in entries {
-            let key = std::str::from_utf8(key.as_ref()).ok()?;
-            let node = index.lookup(children, key, value.as_ref())?;
+            let key = std::str::from_utf8(key).ok()?;
+            let node = index.lookup(children, key, value)?;
             levels.push(node);
             children = &node.children;
             index = &node.index;
         }
-        Some(Match { levels })
+        // No entries reach no rule.
+        (!levels.is_empty()).then_some(levels)
     }
 }
 
@@ -639,7 +664,7 @@ impl LevelIndex {
     /// Indexes `children`. When two nodes have the same key and value
     /// (config validation refuses that) the first one wins.
     fn new(children: &[Node]) -> LevelIndex {
-        let mut by_key: HashMap<Arc<str>, KeySlot> = HashMap::new();
+        let mut by_key: FastMap<Arc<str>, KeySlot> = FastMap::default();
         for (idx, node) in children.iter().enumerate() {
             let slot = by_key.entry(node.key.clone()).or_default();
             match &node.value {
