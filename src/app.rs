@@ -130,9 +130,6 @@ pub struct RedisFlags {
 /// `max_connections` of `grpc` and `http`.
 pub struct Limits {
     pub grpc_max_connections: Option<usize>,
-    /// gRPC serving threads; `None`: one per CPU on the memory backend,
-    /// none with Redis ([`grpc_threads`]).
-    pub grpc_threads: Option<usize>,
     pub http_max_connections: Option<usize>,
     pub grpc: GrpcLimits,
     pub http: HttpLimits,
@@ -242,8 +239,7 @@ async fn start(
     hangups: Option<Signal>,
     stop: &mut StopSignals,
 ) -> Result<Serving, Aborted> {
-    let (mut grpc_limits, http_limits) = limits(&settings.limits, redis_sockets(&settings.redis));
-    grpc_limits.threads = grpc_threads(settings.limits.grpc_threads, &settings.redis);
+    let (grpc_limits, http_limits) = limits(&settings.limits, redis_sockets(&settings.redis));
     let tls_files = tls_files(&settings.tls).map_err(Aborted::Failed)?;
     let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
     let status = Arc::new(ConfigStatus::new(
@@ -678,22 +674,6 @@ fn redis_sockets(flags: &RedisFlags) -> u64 {
     pool * (flags.cluster_nodes.len() as u64).max(3)
 }
 
-/// The gRPC serving threads (`--grpc-threads`); when not given, one per
-/// CPU on the memory backend and none (connections served on the shared
-/// runtime) with Redis: a Redis connection's task runs on the shared
-/// runtime, and a request crossing from a serving thread to it and back
-/// cost more CPU per decision than the thread saved (docs/benchmarks.md,
-/// "Serving threads").
-fn grpc_threads(given: Option<usize>, redis: &RedisFlags) -> usize {
-    let uses_redis =
-        redis.url.is_some() || !redis.cluster_nodes.is_empty() || !redis.sentinel_nodes.is_empty();
-    match given {
-        Some(threads) => threads,
-        None if uses_redis => 0,
-        None => std::thread::available_parallelism().map_or(1, usize::from),
-    }
-}
-
 /// Both servers' limits, with the connection caps not given derived from
 /// the descriptor budget (warned about when the given ones exceed it).
 fn limits(limits: &Limits, redis_sockets: u64) -> (GrpcLimits, HttpLimits) {
@@ -915,26 +895,5 @@ mod tests {
         assert_eq!(redis_sockets(&flags(8, &["a:1"])), 24);
         let six = ["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"];
         assert_eq!(redis_sockets(&flags(4, &six)), 24);
-    }
-
-    #[test]
-    fn serving_threads_default_to_one_per_cpu_on_memory_and_none_with_redis() {
-        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
-        let memory = flags(8, &[]);
-        assert_eq!(grpc_threads(None, &memory), cpus);
-        let single = RedisFlags {
-            url: Some("redis://127.0.0.1:6379".to_owned()),
-            ..flags(8, &[])
-        };
-        let sentinel = RedisFlags {
-            sentinel_nodes: vec!["127.0.0.1:26379".to_owned()],
-            ..flags(8, &[])
-        };
-        for redis in [&single, &flags(8, &["a:1"]), &sentinel] {
-            assert_eq!(grpc_threads(None, redis), 0);
-            // Given, it holds whatever the backend.
-            assert_eq!(grpc_threads(Some(3), redis), 3);
-        }
-        assert_eq!(grpc_threads(Some(0), &memory), 0);
     }
 }

@@ -391,10 +391,9 @@ struct LimitArgs {
     grpc_request_timeout_ms: u64,
     /// Threads serving gRPC connections, each with its own single-threaded
     /// runtime; connections are dealt to them in turn and stay on theirs. 0
-    /// serves them on the shared runtime with everything else [default: one
-    /// per CPU on the memory backend, 0 with Redis].
-    #[arg(long, env = "THROTTLEGATE_GRPC_THREADS", value_parser = clap::value_parser!(u16))]
-    grpc_threads: Option<u16>,
+    /// serves them on the shared runtime with everything else.
+    #[arg(long, env = "THROTTLEGATE_GRPC_THREADS", default_value_t = 0)]
+    grpc_threads: u16,
     /// Most HTTP connections open at once [default: from the descriptor
     /// limit, see README].
     #[arg(long, env = "THROTTLEGATE_HTTP_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
@@ -763,7 +762,6 @@ fn settings(args: ServeArgs) -> Settings {
 fn limits(args: &LimitArgs) -> Limits {
     Limits {
         grpc_max_connections: args.grpc_max_connections.map(|it| it as usize),
-        grpc_threads: args.grpc_threads.map(usize::from),
         http_max_connections: args.http_max_connections.map(|it| it as usize),
         grpc: GrpcLimits {
             max_concurrent_streams: args.grpc_max_concurrent_streams,
@@ -773,6 +771,7 @@ fn limits(args: &LimitArgs) -> Limits {
             max_connection_age: Duration::from_millis(args.grpc_max_connection_age_ms),
             max_connection_age_grace: Duration::from_millis(args.grpc_max_connection_age_grace_ms),
             request_timeout: Duration::from_millis(args.grpc_request_timeout_ms),
+            threads: usize::from(args.grpc_threads),
             ..GrpcLimits::standard()
         },
         http: HttpLimits {

@@ -2,6 +2,9 @@
 
 mod support;
 
+use std::time::Duration;
+
+use support::process::Serve;
 use support::service::{
     connect, default_options, one_entry_request, start_on_memory, start_on_memory_threaded,
 };
@@ -65,4 +68,57 @@ async fn race_every_algorithm(threads: usize) {
         }
         assert_eq!(allowed, LIMIT, "{algorithm}: {} requests", TASKS * PER_TASK);
     }
+}
+
+/// `serve --grpc-threads 2` as an operator runs it: both serving threads
+/// exist, clients on separate connections racing on one key get exactly
+/// the limit between them, and SIGTERM still ends the process cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_binary_with_serving_threads_allows_exactly_the_limit_and_stops() {
+    let config = format!(
+        "domain: race\ndescriptors:\n  - key: k\n    rate_limit: {{unit: hour, requests_per_unit: {LIMIT}}}\n"
+    );
+    let mut server = Serve::yaml(&config).args(&["--grpc-threads", "2"]).spawn();
+    let mut clients = Vec::with_capacity(TASKS);
+    for _ in 0..TASKS {
+        // A fresh channel each: one connection per client.
+        clients.push(server.client().await);
+    }
+    let threads = thread_names(server.pid());
+    for name in ["grpc-0", "grpc-1"] {
+        assert!(threads.iter().any(|it| it == name), "{threads:?}");
+    }
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .map(|mut client| {
+            tokio::spawn(async move {
+                let mut allowed = 0;
+                for _ in 0..PER_TASK {
+                    let request = one_entry_request("race", "k", "same");
+                    let res = client.should_rate_limit(request).await.expect("rpc");
+                    if res.into_inner().overall_code == Code::Ok as i32 {
+                        allowed += 1;
+                    }
+                }
+                allowed
+            })
+        })
+        .collect();
+    let mut allowed = 0;
+    for task in tasks {
+        allowed += task.await.expect("client task");
+    }
+    assert_eq!(allowed, LIMIT, "{} requests", TASKS * PER_TASK);
+    server.signal("TERM");
+    let (status, log) = server.exit(Duration::from_secs(15)).await;
+    assert!(status.success(), "{status}\n{log}");
+}
+
+/// The names of the threads of process `pid`.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process's tasks")
+        .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+        .map(|name| name.trim().to_owned())
+        .collect()
 }

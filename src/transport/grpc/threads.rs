@@ -1,13 +1,17 @@
-//! Serving threads: gRPC connections dealt in turn to several threads,
-//! each with its own single-threaded runtime.
+//! Serving threads (`--grpc-threads N`, off by default): gRPC connections
+//! dealt in turn to several threads, each with its own single-threaded
+//! runtime.
 //!
-//! Why: on tokio's shared multi-threaded runtime, a request's tasks (the
-//! connection's and the stream's) are woken across worker threads, and an
-//! idle worker is woken to steal work; with few requests in flight that
-//! costs system calls and wake-ups on every request. On a thread of its
-//! own, a connection's tasks wake one another without leaving the thread,
-//! and the answers ready together leave in one write
-//! (docs/benchmarks.md, "Serving threads").
+//! The idea: on tokio's shared multi-threaded runtime a request's tasks
+//! (the connection's and the stream's) can be woken across worker threads,
+//! and idle workers are woken to steal work; on a thread of its own, a
+//! connection's tasks wake one another without leaving the thread. What it
+//! measured on two cores shared with the load generator
+//! (docs/benchmarks.md, "Serving threads"): about 6% less CPU per decision
+//! at 500 requests in flight on the memory backend, but slower answers at
+//! one request per connection, and more CPU with Redis, whose connection
+//! tasks stay on the shared runtime (every call then crosses threads twice).
+//! Hence an option, not the default.
 //!
 //! The listener stays on the caller's runtime: it accepts within the cap
 //! and hands each connection to the next thread, which moves the socket
