@@ -18,7 +18,9 @@
 #   BUILDS    space-separated LABEL=BINARY[,FLAG...] (default
 #             "main=target/release/throttlegate"); flags after commas are
 #             added to `serve`, e.g. "shared=BIN,--grpc-threads,0
-#             threads=BIN,--grpc-threads,2" compares two flag sets
+#             threads=BIN,--grpc-threads,2" compares two flag sets; a
+#             BINARY named limitador-server runs Kuadrant's limitador with
+#             the same limit (memory or redis storage)
 #   BACKENDS  "memory redis" (default both)
 #   LOADS     CONNECTIONSxSTREAMS (default "50x10 10x1"); at one stream
 #             per connection h2load logs each request and the percentiles
@@ -54,7 +56,10 @@ free_port REDIS_PORT
 start_redis "$REDIS_PORT"
 REDIS_PID=$REDIS_STARTED
 
-cat >"$WORK/config.yaml" <<'EOF'
+# The config in a directory of its own: the service watches its config's
+# directory, and h2load's request log is written in $WORK.
+mkdir -p "$WORK/config"
+cat >"$WORK/config/config.yaml" <<'EOF'
 domain: bench
 descriptors:
   - key: method
@@ -62,6 +67,14 @@ descriptors:
     descriptors:
       - key: user
         rate_limit: {unit: minute, requests_per_unit: 1000000000, algorithm: fixed_window}
+EOF
+# The same limit for limitador-server (its namespace is the domain).
+cat >"$WORK/config/limits.yaml" <<'EOF'
+- namespace: bench
+  max_value: 1000000000
+  seconds: 60
+  conditions: []
+  variables: ["descriptors[0].user"]
 EOF
 
 # The request as a gRPC message: a 5-byte frame header, then the
@@ -105,13 +118,21 @@ run() {
     local label=$1 spec=$2 backend=$3 load=$4 round=$5
     local binary=${spec%%,*} flags=() connections=${load%x*} streams=${load#*x}
     [[ $spec == *,* ]] && IFS=, read -r -a flags <<<"${spec#*,}"
-    [[ $backend == redis ]] && flags+=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
     redis-cli -p "$REDIS_PORT" flushall >/dev/null
     free_port PORT
     local pin=()
     [[ -n $TASKSET ]] && pin=(taskset -c "$TASKSET")
-    "${pin[@]}" "$binary" serve --config "$WORK/config.yaml" --grpc-addr "127.0.0.1:$PORT" \
-        --http-addr "127.0.0.1:$((PORT + 10000))" "${flags[@]}" >"$WORK/service.log" 2>&1 &
+    if [[ $(basename "$binary") == limitador-server ]]; then
+        local storage=(memory)
+        [[ $backend == redis ]] && storage=(redis "redis://127.0.0.1:$REDIS_PORT")
+        RUST_LOG=warn "${pin[@]}" "$binary" --rls-ip 127.0.0.1 --rls-port "$PORT" --http-ip 127.0.0.1 \
+            --http-port "$((PORT + 10000))" "$WORK/config/limits.yaml" "${storage[@]}" \
+            >"$WORK/service.log" 2>&1 &
+    else
+        [[ $backend == redis ]] && flags+=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
+        "${pin[@]}" "$binary" serve --config "$WORK/config/config.yaml" --grpc-addr "127.0.0.1:$PORT" \
+            --http-addr "127.0.0.1:$((PORT + 10000))" "${flags[@]}" >"$WORK/service.log" 2>&1 &
+    fi
     local service=$!
     PIDS+=("$service")
     wait_port "$PORT" "$service"

@@ -284,9 +284,17 @@ impl Reloader {
         // Capacity 1 and `try_send`: events arriving while one is pending
         // add nothing, so a flood of events costs no memory.
         let (tx, rx) = mpsc::channel::<()>(1);
+        // The config as events name it: as given (its own watch) and as
+        // seen through its directory's watch (`./config.yaml` for a bare
+        // file name).
+        let mut config = vec![self.path.clone()];
+        if let (Some(parent), Some(name)) = (watch_parent(&self.path), self.path.file_name()) {
+            config.push(parent.join(name));
+        }
         let watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
             match res {
                 Ok(event) if !worth_a_reload(event.kind) => return,
+                Ok(event) if !concerns(&config, &event.paths) => return,
                 Ok(_) => {}
                 // Lost events (a queue overflow, a watch limit): reload to
                 // be sure.
@@ -379,6 +387,22 @@ fn worth_a_reload(kind: EventKind) -> bool {
         EventKind::Access(_) => false,
         _ => true,
     }
+}
+
+/// Whether an event on `paths` can change the config named `config` (its
+/// spellings): the config itself or what is inside it (a directory), or a
+/// name starting with `..` (a Kubernetes ConfigMap's `..data` swap) in its
+/// directory. Other files of the config's directory are not the config: a
+/// log written beside it would otherwise wake the watcher on every write.
+/// An event without paths is taken as one that can.
+fn concerns(config: &[PathBuf], paths: &[PathBuf]) -> bool {
+    paths.is_empty()
+        || paths.iter().any(|path| {
+            config.iter().any(|it| path.starts_with(it))
+                || path
+                    .file_name()
+                    .is_some_and(|name| name.as_encoded_bytes().starts_with(b".."))
+        })
 }
 
 /// The directory containing `path`, where a rename over the file or a
@@ -682,6 +706,36 @@ mod tests {
         assert_eq!(before, Fingerprint::of(root));
         std::fs::write(root.join("nested/b.yml"), ONE).unwrap();
         assert_ne!(before, Fingerprint::of(root));
+    }
+
+    #[test]
+    fn only_events_on_the_config_or_a_configmap_swap_concern_it() {
+        let paths = |list: &[&str]| list.iter().map(PathBuf::from).collect::<Vec<_>>();
+        let file = &paths(&["/etc/tg/config.yaml"]);
+        let dir = &paths(&["/etc/tg/config.d"]);
+        // A bare file name, watched as itself and through `.`.
+        let bare = &paths(&["config.yaml", "./config.yaml"]);
+        assert!(concerns(bare, &paths(&["./config.yaml"])));
+        assert!(concerns(bare, &paths(&["config.yaml"])));
+        assert!(!concerns(bare, &paths(&["./requests.log"])));
+        assert!(concerns(file, &paths(&["/etc/tg/config.yaml"])));
+        // An editor's rename over the file names the file among its paths.
+        assert!(concerns(
+            file,
+            &paths(&["/etc/tg/.config.yaml.swp", "/etc/tg/config.yaml"])
+        ));
+        assert!(concerns(dir, &paths(&["/etc/tg/config.d/more.yaml"])));
+        assert!(concerns(dir, &paths(&["/etc/tg/config.d"])));
+        assert!(concerns(file, &paths(&["/etc/tg/..data"])));
+        assert!(concerns(
+            file,
+            &paths(&["/etc/tg/..2026_12_04_21_50_00.123"])
+        ));
+        assert!(concerns(file, &[]));
+        // Neighbours are not the config.
+        assert!(!concerns(file, &paths(&["/etc/tg/requests.log"])));
+        assert!(!concerns(file, &paths(&["/etc/tg/config.yaml.bak"])));
+        assert!(!concerns(dir, &paths(&["/etc/tg/config.d.old/x.yaml"])));
     }
 
     #[test]
