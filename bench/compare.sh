@@ -85,18 +85,6 @@ fi
 # shellcheck source=bench/common.sh
 source "$HERE/common.sh"
 
-# Waits until 127.0.0.1:$1 accepts a connection, while process $2 lives.
-wait_port() {
-    for _ in $(seq 400); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
-        kill -0 "$2" 2>/dev/null || break
-        sleep 0.05
-    done
-    echo "the service (pid $2) did not listen on $1; its log:" >&2
-    cat "$WORK/service.log" >&2
-    exit 1
-}
-
 free_port REDIS_PORT
 start_redis "$REDIS_PORT"
 REDIS_PID=$REDIS_STARTED

@@ -102,18 +102,6 @@ EOF
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
-# Waits until 127.0.0.1:$1 accepts a connection, while process $2 lives.
-wait_port() {
-    for _ in $(seq 400); do
-        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return
-        kill -0 "$2" 2>/dev/null || break
-        sleep 0.05
-    done
-    echo "the service (pid $2) did not listen on $1; its log:" >&2
-    cat "$WORK/service.log" >&2
-    exit 1
-}
-
 run() {
     local label=$1 spec=$2 backend=$3 load=$4 round=$5
     local binary=${spec%%,*} flags=() connections=${load%x*} streams=${load#*x}
