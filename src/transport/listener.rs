@@ -72,11 +72,6 @@ impl Listener {
         }
     }
 
-    /// What labels its metrics and log lines (`grpc`, `http`).
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
-
     /// The next connection, once fewer than the cap are open; its watchdog
     /// starts with `first_deadline` (`None`: no deadline), and its IO fails
     /// after `lifetime` whatever the watchdog says.
@@ -299,8 +294,8 @@ pub struct Conn {
     /// The end of the connection's lifetime, whatever the watchdog says.
     end_of_life: Option<Instant>,
     sleep: Pin<Box<Sleep>>,
-    open: OpenConnection,
-    permit: OwnedSemaphorePermit,
+    _open: OpenConnection,
+    _permit: OwnedSemaphorePermit,
 }
 
 /// The open-connections gauge's count of one connection, taken back when
@@ -332,8 +327,8 @@ impl Conn {
             watchdog,
             end_of_life,
             sleep,
-            open: OpenConnection(metrics.open.clone()),
-            permit,
+            _open: OpenConnection(metrics.open.clone()),
+            _permit: permit,
         }
     }
 
@@ -342,23 +337,12 @@ impl Conn {
     /// that runtime's reactor and clock instead of the accepting one's.
     /// Must be called within a tokio runtime.
     pub fn rehome(self) -> io::Result<Conn> {
-        let Conn {
-            stream,
-            watchdog,
-            end_of_life,
-            sleep,
-            open,
-            permit,
-        } = self;
-        let stream = TcpStream::from_std(stream.into_std()?)?;
-        let sleep = Box::pin(tokio::time::sleep_until(sleep.deadline()));
+        let deadline = self.sleep.deadline();
+        let stream = TcpStream::from_std(self.stream.into_std()?)?;
         Ok(Conn {
             stream,
-            watchdog,
-            end_of_life,
-            sleep,
-            open,
-            permit,
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            ..self
         })
     }
 

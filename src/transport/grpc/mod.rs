@@ -17,13 +17,12 @@ use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
 use tokio::net::TcpListener;
-use tonic::codegen::http;
 
 use crate::decision::Limiter;
 use crate::metrics::Metrics;
 use crate::transport::grpc::health::HealthReports;
 use crate::transport::grpc::reflection::{ShortStatus, reflection_v1, reflection_v1alpha};
-use crate::transport::grpc::routes::Services;
+use crate::transport::grpc::routes::{GrpcService, Services};
 use crate::transport::grpc::service::RateLimitService;
 use crate::transport::health::Health;
 use crate::transport::listener::{Conn, Listener};
@@ -183,37 +182,12 @@ pub async fn serve_limited(
 struct Connections<S> {
     app: App,
     limits: GrpcLimits,
-    /// The gRPC services ([`Services`]).
+    /// The gRPC services, as one ([`Services`]).
     services: S,
     shutdown: Shutdown,
 }
 
-/// What [`Connections`] can serve: the gRPC services as one tower service.
-trait GrpcServices:
-    tower::Service<
-        http::Request<tonic::body::Body>,
-        Response = http::Response<tonic::body::Body>,
-        Error = Infallible,
-        Future: Send + 'static,
-    > + Clone
-    + Send
-    + 'static
-{
-}
-
-impl<S> GrpcServices for S where
-    S: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-            Error = Infallible,
-            Future: Send + 'static,
-        > + Clone
-        + Send
-        + 'static
-{
-}
-
-impl<S: GrpcServices> Connections<S> {
+impl<S: GrpcService> Connections<S> {
     /// Serves the connections of `conns` until the stop's closing stage,
     /// then until the connections it holds are done.
     async fn serve(self, conns: impl Stream<Item = Conn> + Send + 'static) -> Result<(), Error> {

@@ -12,32 +12,36 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, http};
 use tonic::server::NamedService;
 
-/// Each service behind the server: its methods are `/NAME/METHOD`.
-pub(super) trait Routed:
+/// A gRPC service as the server runs it: every request gets an answer
+/// (errors are statuses inside it), through a boxed future.
+pub(super) trait GrpcService:
     tower::Service<
         http::Request<Body>,
         Response = http::Response<Body>,
         Error = Infallible,
         Future = BoxFuture<http::Response<Body>, Infallible>,
-    > + NamedService
-    + Clone
+    > + Clone
     + Send
     + 'static
 {
 }
 
-impl<S> Routed for S where
+impl<S> GrpcService for S where
     S: tower::Service<
             http::Request<Body>,
             Response = http::Response<Body>,
             Error = Infallible,
             Future = BoxFuture<http::Response<Body>, Infallible>,
-        > + NamedService
-        + Clone
+        > + Clone
         + Send
         + 'static
 {
 }
+
+/// Each service behind the server: its methods are `/NAME/METHOD`.
+pub(super) trait Routed: GrpcService + NamedService {}
+
+impl<S: GrpcService + NamedService> Routed for S {}
 
 /// The services of the gRPC server, routed by the service name in the path;
 /// any other path is UNIMPLEMENTED, as with tonic's router.

@@ -26,7 +26,8 @@ use futures_util::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::{Connections, Error, GrpcServices};
+use super::routes::GrpcService;
+use super::{Connections, Error};
 use crate::transport::listener::Conn;
 
 /// Starts `threads` threads serving `connections`, and returns the future
@@ -34,7 +35,7 @@ use crate::transport::listener::Conn;
 /// stage, then waits for every thread to end (the first error ends it at
 /// once). Dropping the future stops the threads: their runtimes, and the
 /// connections still open on them, are dropped.
-pub(super) fn spawn<S: GrpcServices>(
+pub(super) fn spawn<S: GrpcService>(
     conns: impl Stream<Item = Conn> + Send + 'static,
     threads: usize,
     connections: Connections<S>,
@@ -113,7 +114,7 @@ async fn deal<T>(
 
 /// Serves the connections `dealt` to this thread on a new single-threaded
 /// runtime, until the server ends or `stop` is dropped.
-fn serve_on_thread<S: GrpcServices>(
+fn serve_on_thread<S: GrpcService>(
     dealt: mpsc::UnboundedReceiver<Conn>,
     connections: Connections<S>,
     stop: oneshot::Receiver<()>,
