@@ -7,12 +7,20 @@
 #   bench/h2load.sh [ROUNDS]          # default 2
 #
 # Every request is the same: domain `bench`, one descriptor of two entries
-# (method=GET, user=user-12345), a fixed-window limit of 10^9 per minute
-# that no run reaches (so one hot key; with Redis each decision is a call
-# on it). For each round, backend and load, every build runs in turn on a
-# fresh service (Redis flushed first): 20,000 requests of warm-up, then
-# REQUESTS measured. One line per run on stdout and one JSON line appended
-# to $RESULTS.
+# (method=GET, user=user-12345), a limit that no run reaches (so one hot
+# key; with Redis each decision is a call on it, or a part of one). For
+# each round, backend and load, every build runs in turn on a fresh
+# service (Redis flushed first): 20,000 requests of warm-up, then REQUESTS
+# measured. With Redis, INFO commandstats over the measured run gives the
+# time inside Redis per decision and the decisions per script call. One
+# line per run on stdout and one JSON line appended to $RESULTS.
+#
+# With MINIMAL=1, each round ends with the yardstick in the same Redis: a
+# minimal sliding-log script (TIME, drop what left the window, count, add
+# and expire; the one bench/redis-script.sh measures) run by
+# redis-benchmark, 50 clients, pipeline 16, REQUESTS calls on one hot key
+# and on keys drawn from 100,000 (every call allowed): calls/s, time inside
+# Redis and Redis CPU per call.
 #
 # Environment:
 #   BUILDS    space-separated LABEL=BINARY[,FLAG...] (default
@@ -29,6 +37,10 @@
 #   RESULTS   JSON lines file (default bench/h2load.jsonl), appended to
 #   TASKSET   e.g. "0" to pin the service to CPU 0 (h2load and Redis then
 #             go to the other CPUs); unpinned when empty (default)
+#   ALGORITHM fixed_window (default: 10^9 per minute) or
+#             sliding_window_log (10^6 per hour, served with
+#             --max-log-entries 1000000 so that the log stays a log)
+#   MINIMAL   1: the minimal script's yardstick after each round (above)
 #
 # Needs h2load (apt-get install nghttp2-client), redis-server, python3.
 set -euo pipefail
@@ -41,8 +53,21 @@ LOADS=${LOADS:-"50x10 10x1"}
 REQUESTS=${REQUESTS:-200000}
 RESULTS=${RESULTS:-$HERE/h2load.jsonl}
 TASKSET=${TASKSET:-}
+ALGORITHM=${ALGORITHM:-fixed_window}
+MINIMAL=${MINIMAL:-0}
+case $ALGORITHM in
+fixed_window)
+    LIMIT="{unit: minute, requests_per_unit: 1000000000, algorithm: fixed_window}"
+    SERVE_FLAGS=()
+    ;;
+sliding_window_log)
+    LIMIT="{unit: hour, requests_per_unit: 1000000, algorithm: sliding_window_log}"
+    SERVE_FLAGS=(--max-log-entries 1000000)
+    ;;
+*) echo "ALGORITHM: fixed_window or sliding_window_log" >&2 && exit 1 ;;
+esac
 
-for tool in h2load redis-server redis-cli python3; do
+for tool in h2load redis-server redis-cli redis-benchmark python3; do
     command -v "$tool" >/dev/null || {
         echo "missing $tool (h2load: apt-get install nghttp2-client; redis: apt-get install redis-server)" >&2
         exit 1
@@ -59,14 +84,14 @@ REDIS_PID=$REDIS_STARTED
 # The config in a directory of its own: the service watches its config's
 # directory, and h2load's request log is written in $WORK.
 mkdir -p "$WORK/config"
-cat >"$WORK/config/config.yaml" <<'EOF'
+cat >"$WORK/config/config.yaml" <<EOF
 domain: bench
 descriptors:
   - key: method
     value: GET
     descriptors:
       - key: user
-        rate_limit: {unit: minute, requests_per_unit: 1000000000, algorithm: fixed_window}
+        rate_limit: $LIMIT
 EOF
 # The same limit for limitador-server (its namespace is the domain).
 cat >"$WORK/config/limits.yaml" <<'EOF'
@@ -118,6 +143,7 @@ run() {
             >"$WORK/service.log" 2>&1 &
     else
         [[ $backend == redis ]] && flags+=(--redis-url "redis://127.0.0.1:$REDIS_PORT")
+        flags+=(${SERVE_FLAGS[@]+"${SERVE_FLAGS[@]}"})
         "${pin[@]}" "$binary" serve --config "$WORK/config/config.yaml" --grpc-addr "127.0.0.1:$PORT" \
             --http-addr "127.0.0.1:$((PORT + 10000))" "${flags[@]}" >"$WORK/service.log" 2>&1 &
     fi
@@ -137,23 +163,35 @@ run() {
     local log=()
     rm -f "$WORK/requests.log"
     [[ $streams == 1 ]] && log=(--log-file="$WORK/requests.log")
-    local s0 r0 s1 r1 out
+    local s0 r0 s1 r1 out stats
+    redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
     s0=$(ticks "$service") r0=$(ticks "$REDIS_PID")
     out=$("${h2[@]}" -n "$REQUESTS" "${log[@]}")
     s1=$(ticks "$service") r1=$(ticks "$REDIS_PID")
+    stats=$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r')
     kill "$service"
     wait "$service" 2>/dev/null || true
-    H2LOAD_OUTPUT=$out python3 - "$label" "$backend" "$load" "$round" "$REQUESTS" "$HZ" \
-        "$((s1 - s0))" "$((r1 - r0))" "$WORK/requests.log" "$RESULTS" <<'EOF'
+    H2LOAD_OUTPUT=$out COMMANDSTATS=$stats python3 - "$label" "$backend" "$load" "$round" \
+        "$REQUESTS" "$HZ" "$((s1 - s0))" "$((r1 - r0))" "$WORK/requests.log" "$RESULTS" \
+        "$ALGORITHM" <<'EOF'
 import json, os, re, sys
-label, backend, load, round_, n, hz, sticks, rticks, log, results = sys.argv[1:]
+label, backend, load, round_, n, hz, sticks, rticks, log, results, algorithm = sys.argv[1:]
 n, hz = int(n), int(hz)
 out = os.environ['H2LOAD_OUTPUT']
 rate = float(re.search(r'finished in [\d.]+m?s, ([\d.]+) req/s', out).group(1))
 ok = int(re.search(r'(\d+) 2xx', out).group(1))
 row = dict(build=label, backend=backend, load=load, round=int(round_), requests=n, ok=ok,
-           rate=rate, service_us=int(sticks) * 1e6 / hz / n,
+           algorithm=algorithm, rate=rate, service_us=int(sticks) * 1e6 / hz / n,
            redis_us=int(rticks) * 1e6 / hz / n if backend == 'redis' else None)
+# The script calls of the measured run (FCALL, EVALSHA, EVAL): their time
+# includes the commands they run, which commandstats also counts apart.
+calls = usec = 0
+for line in os.environ['COMMANDSTATS'].splitlines():
+    m = re.match(r'cmdstat_(\w+):calls=(\d+),usec=(\d+)', line)
+    if m and m.group(1) in ('fcall', 'evalsha', 'eval'):
+        calls, usec = calls + int(m.group(2)), usec + int(m.group(3))
+if backend == 'redis' and calls:
+    row.update(inside_redis_us=usec / n, decisions_per_call=n / calls)
 try:
     lat = sorted(int(line.split()[2]) for line in open(log) if line.split()[1:2] == ['200'])
     q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]
@@ -163,10 +201,56 @@ except FileNotFoundError:
 with open(results, 'a') as f:
     f.write(json.dumps(row) + '\n')
 redis = f" redis {row['redis_us']:.1f} µs" if row['redis_us'] is not None else ''
+if 'inside_redis_us' in row:
+    redis += f" (inside {row['inside_redis_us']:.2f} µs, {row['decisions_per_call']:.1f}/call)"
 lat = f" p50 {row['p50_us']} p99 {row['p99_us']} p99.9 {row['p99_9_us']} µs" if 'p99_us' in row else ''
 print(f"{label:10} {backend:6} {load:6} round {round_}: {rate:9.0f}/s ok {ok}"
       f" service {row['service_us']:.1f} µs{redis}{lat}")
 EOF
+}
+
+MINIMAL_LUA="local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local window, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
+if redis.call('ZCARD', KEYS[1]) < limit then
+  local member = string.format('%d', now)
+  redis.call('ZADD', KEYS[1], member, member)
+  redis.call('PEXPIRE', KEYS[1], string.format('%d', window / 1000))
+  return 1
+end
+return 0"
+
+# The yardstick (see the header) on a hot key and on spread keys
+# (redis-benchmark's -r replaces __rand_int__ in the key).
+minimal() {
+    local round=$1 case out r0 r1 stats sha key rand
+    for case in hot spread; do
+        redis-cli -p "$REDIS_PORT" flushall >/dev/null
+        sha=$(redis-cli -p "$REDIS_PORT" script load "$MINIMAL_LUA")
+        key=minimal rand=()
+        [[ $case == spread ]] && key=minimal:__rand_int__ rand=(-r 100000)
+        redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+        r0=$(ticks "$REDIS_PID")
+        out=$(redis-benchmark -p "$REDIS_PORT" -n "$REQUESTS" -c 50 -P 16 "${rand[@]}" -q \
+            evalsha "$sha" 1 "$key" 1000000000 1000000000 | tr '\r' '\n' | grep 'per second' | tail -1)
+        r1=$(ticks "$REDIS_PID")
+        stats=$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r')
+        python3 - "$case" "$round" "$REQUESTS" "$HZ" "$((r1 - r0))" "$RESULTS" "$out" "$stats" <<'EOF'
+import json, re, sys
+case, round_, n, hz, rticks, results, out, stats = sys.argv[1:]
+n = int(n)
+rate = float(re.search(r'([\d.]+) requests per second', out).group(1))
+usec = int(re.search(r'cmdstat_evalsha:calls=\d+,usec=(\d+)', stats).group(1))
+row = dict(build=f'minimal-{case}', backend='redis', load='50x16', round=int(round_),
+           requests=n, rate=rate, redis_us=int(rticks) * 1e6 / int(hz) / n,
+           inside_redis_us=usec / n)
+with open(results, 'a') as f:
+    f.write(json.dumps(row) + '\n')
+print(f"{row['build']:14} redis  round {round_}: {rate:9.0f}/s redis {row['redis_us']:.1f} µs"
+      f" (inside {row['inside_redis_us']:.2f} µs)")
+EOF
+    done
 }
 
 for round in $(seq "$ROUNDS"); do
@@ -177,4 +261,5 @@ for round in $(seq "$ROUNDS"); do
             done
         done
     done
+    if [[ $MINIMAL == 1 ]]; then minimal "$round"; fi
 done

@@ -177,13 +177,32 @@ local function log_convert(c, key, at, newest)
   end
 end
 
--- Every field is in the constructor, false where unknown yet: a field added
--- later would grow the table.
-function log.load(c, key)
+-- An empty log. Every field is in the constructor, false where unknown
+-- yet: a field added later would grow the table. The log reads its state
+-- in `advance`.
+function log.fresh(c, now)
   return {
     total = 0, newest = false, newest_end = 0, newest_cost = 0, base = 0, stale = 0,
-    oldest = 0, oldest_cost = 0,
+    oldest = 0, oldest_cost = 0, deferred = false, unwritten = false, written = false,
   }
+end
+
+-- Within a batch (`deferred`), the newest entry is written when it is
+-- final rather than at each request: the batch's requests share one µs
+-- under the server's clock, and each would otherwise replace the member
+-- the one before wrote. `unwritten`: the newest entry of the state is not
+-- in Redis yet; `written`: the member it replaces there (same score), or
+-- false. Written before anything reads the log's members (`until_available`,
+-- a new `advance`) and when the batch ends (`store`).
+function log.sync(s, key)
+  if not s.unwritten then
+    return
+  end
+  if s.written then
+    call('ZREM', key, s.written)
+  end
+  call('ZADD', key, fmt(s.newest), format('%d,%d', s.newest_end, s.newest_cost))
+  s.unwritten, s.written = false, false
 end
 
 function log.advance(c, s, key, now)
@@ -241,14 +260,35 @@ function log.advance(c, s, key, now)
   return at
 end
 
+-- The state an earlier request of the same batch left, carried on without
+-- reading the log again: its newest and oldest entries are known (consume
+-- keeps them), so while the oldest is still in the window nothing has
+-- expired and the state is what `advance` would read. nil when something
+-- may have left the window, or expired members wait past LOG_EXPIRE_MAX:
+-- then the caller reads the log (every member is written at once, only
+-- the expiry waits for the batch's end).
+function log.resume(c, s, now)
+  if s.stale ~= 0 or not s.newest then
+    return nil
+  end
+  local at = later(now, s.newest)
+  if s.oldest <= at - c.window_us then
+    return nil
+  end
+  return at
+end
+
 function log.available(c, s, at)
   return room_left(c.limit, s.total)
 end
 
 function log.consume(c, s, key, at, cost)
   if s.total == 0 then
+    -- The entry written here becomes the window's oldest too.
     s.newest_end = 0
     s.base = 0
+    s.oldest = at
+    s.oldest_cost = 0
   end
   -- One member per timestamp: a request in the same µs as the newest entry
   -- joins it. Members of one score are ordered by their bytes, not by
@@ -256,14 +296,26 @@ function log.consume(c, s, key, at, cost)
   -- order (for the binary search) and the last rank the newest entry.
   local entry_cost = cost
   if s.newest == at then
-    call('ZREM', key, format('%d,%d', s.newest_end, s.newest_cost))
+    if not s.unwritten then
+      s.written = format('%d,%d', s.newest_end, s.newest_cost)
+    end
     entry_cost = s.newest_cost + cost
+  else
+    log.sync(s, key)
   end
   s.newest_end = wrap_add(s.newest_end, cost)
   s.newest_cost = entry_cost
-  call('ZADD', key, fmt(at), format('%d,%d', s.newest_end, entry_cost))
+  if s.oldest == at then
+    -- The oldest entry is this one (grown, or new): its end and cost grow
+    -- alike, so the base stays.
+    s.oldest_cost = entry_cost
+  end
   s.total = s.total + cost
   s.newest = at
+  s.unwritten = true
+  if not s.deferred then
+    log.sync(s, key)
+  end
 end
 
 function log.until_full(c, s, at)
@@ -286,6 +338,7 @@ function log.until_available(c, s, key, at, need)
   if expire >= s.total then
     return s.newest + c.window_us - at
   end
+  log.sync(s, key)
   local lo = s.stale + 1
   local hi = call('ZCARD', key) - 1
   while lo < hi do
@@ -308,6 +361,7 @@ function log.receipt(c, s, at, cost)
 end
 
 function log.store(c, s, key, ttl_ms)
+  log.sync(s, key)
   call('PEXPIRE', key, fmt(ttl_ms))
 end
 
@@ -611,20 +665,102 @@ local ALGORITHMS = {
 }
 local MODES = { enforce = true, shadow = true, quota = true }
 
--- A key's state: the log reads its own; the others are string states of
--- their `fields`, or `fresh` when the key is absent.
-local function load(impl, c, key, now)
-  if impl.load then
-    return impl.load(c, key, now)
-  end
-  return load_fields(key, impl.fields) or impl.fresh(c, now)
-end
-
 local function store(impl, c, s, key, ttl_ms)
   if impl.store then
     impl.store(c, s, key, ttl_ms)
   else
     store_fields(key, s, impl.fields, ttl_ms)
+  end
+end
+
+-- What a batch's requests have left in each key they decided on, so that
+-- a later request of the batch on the same key (a hot key: concurrent
+-- requests with the same descriptor) neither reads the key again nor
+-- writes it again: per key, the algorithm, the limit and the state as the
+-- last request left it (false once the key was deleted), and the expiry
+-- its store waits for (false when nothing waits). Only the last store of a
+-- key is written, when the batch ends (`flush`); a deletion is written at
+-- once. Nothing else runs while a script does, so what the batch writes at
+-- its end is what writing after every request would have left.
+local function flush_key(key, kept)
+  if kept.ttl_ms then
+    store(kept.impl, kept.c, kept.state, key, kept.ttl_ms)
+    kept.ttl_ms = false
+  end
+end
+
+local function flush(seen)
+  for idx = 1, #seen do
+    local key = seen[idx]
+    flush_key(key, seen[key])
+  end
+end
+
+-- A key's state and the request's effective time. A string state is read
+-- with one GET (`fresh` when the key is absent), a log reads its own in
+-- `advance`; within a batch (`seen`), a key decided on before is carried
+-- on from what that request left.
+local function open(impl, c, key, now, seen)
+  local kept = seen and seen[key]
+  if kept then
+    if kept.impl == impl then
+      local s = kept.state
+      if not s then
+        -- Deleted: absent, as `advance` would find it.
+        s = impl.fresh(c, now)
+        if impl.resume then
+          s.deferred = true
+          return s, now
+        end
+        return s, impl.advance(c, s, key, now)
+      end
+      if not impl.resume then
+        return s, impl.advance(c, s, key, now)
+      end
+      local at = impl.resume(c, s, now)
+      if at then
+        return s, at
+      end
+      impl.sync(s, key)
+    else
+      -- Another algorithm on the same key: what waits is written first, so
+      -- the read below meets what the earlier request left.
+      flush_key(key, kept)
+    end
+  end
+  local s
+  if impl.fields then
+    s = load_fields(key, impl.fields) or impl.fresh(c, now)
+  else
+    s = impl.fresh(c, now)
+    s.deferred = seen ~= nil
+  end
+  return s, impl.advance(c, s, key, now)
+end
+
+-- Writes a key's new state with its expiry, or deletes the key: at once
+-- outside a batch; within one, a store waits for the batch's end.
+local function keep(impl, c, s, key, ttl_ms, seen)
+  if not seen then
+    if ttl_ms then
+      store(impl, c, s, key, ttl_ms)
+    else
+      call('DEL', key)
+    end
+    return
+  end
+  local kept = seen[key]
+  if not kept then
+    kept = { impl = impl, c = c, state = false, ttl_ms = false }
+    seen[key] = kept
+    seen[#seen + 1] = key
+  end
+  kept.impl, kept.c = impl, c
+  if ttl_ms then
+    kept.state, kept.ttl_ms = s, ttl_ms
+  else
+    call('DEL', key)
+    kept.state, kept.ttl_ms = false, false
   end
 end
 
@@ -745,8 +881,9 @@ local states, effective_now, has_room = {}, {}, {}
 
 -- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
 -- appending its section to `reply`: allowed, now, then per limit has_room,
--- consumed, remaining, reset_us (and the receipt when asked for).
-local function run(keys, first, header, now, reply)
+-- consumed, remaining, reset_us (and the receipt when asked for). `seen`:
+-- the batch's keys (see `open`), nil outside a batch.
+local function run(keys, first, header, now, reply, seen)
   local checks = header.checks
   local n = #checks
   grace_ms = header.grace_ms
@@ -755,8 +892,7 @@ local function run(keys, first, header, now, reply)
   for idx = 1, n do
     local c = checks[idx]
     local key = keys[first + idx]
-    local s = load(c.algorithm, c, key, now)
-    local at = c.algorithm.advance(c, s, key, now)
+    local s, at = open(c.algorithm, c, key, now, seen)
     local room = need_of(c) <= c.algorithm.available(c, s, at)
     states[idx], effective_now[idx], has_room[idx] = s, at, room
     if c.mode == 'enforce' then
@@ -795,14 +931,10 @@ local function run(keys, first, header, now, reply)
     reset_us = reset_us + (at - now)
     local remaining = impl.available(c, s, at)
     local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
-    if keep_for == 0 then
-      -- Equal to a fresh state, whatever the algorithm: no key at all (DEL
-      -- of an absent key changes nothing and is not replicated, so a limit
-      -- never used writes nothing, whatever the cost asked).
-      call('DEL', key)
-    else
-      store(impl, c, s, key, div_ceil(keep_for, 1000) + grace_ms)
-    end
+    -- Equal to a fresh state, whatever the algorithm: no key at all (DEL of
+    -- an absent key changes nothing and is not replicated, so a limit never
+    -- used writes nothing, whatever the cost asked).
+    keep(impl, c, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
     reply[out + 1] = room and 1 or 0
     reply[out + 2] = consumed and 1 or 0
     reply[out + 3] = remaining
@@ -867,14 +999,23 @@ local function decide_batch(keys, argv)
   if at ~= #argv or first ~= #keys then
     return redis.error_reply('ERR throttlegate: arguments past the last request')
   end
-  local reply, server_now = {}, nil
-  for _, header in ipairs(requests) do
-    local now = header.now
-    if not now then
-      server_now = server_now or now_of('')
-      now = server_now
+  local reply, server_now, seen = {}, nil, {}
+  local ok, problem = pcall(function()
+    for idx = 1, n_requests do
+      local header = requests[idx]
+      local now = header.now
+      if not now then
+        server_now = server_now or now_of('')
+        now = server_now
+      end
+      run(keys, header.first, header, now, reply, seen)
     end
-    run(keys, header.first, header, now, reply)
+  end)
+  -- Written even when a request failed: the requests before it are
+  -- decided, and their stores must not be lost.
+  flush(seen)
+  if not ok then
+    error(problem, 0)
   end
   return reply
 end

@@ -9,6 +9,7 @@ use support::keys::check_on;
 use support::redis::{
     RedisServer, backend, command_stat, command_stats, library_loaded, reset_stats,
 };
+use support::rng::Rng;
 use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
 use throttlegate::algorithms::{Check, LimitParams, Mode};
 use throttlegate::backends::redis::script::{
@@ -307,4 +308,265 @@ async fn a_batch_decides_each_request_on_its_own_in_order() {
         verdicts[2].outcomes[0].remaining, 9,
         "b: only request 3 counted"
     );
+}
+
+/// One request of a batch trace: its keys (distinct) and limits.
+struct TraceRequest {
+    now: u64,
+    keys: Vec<String>,
+    limits: Vec<LimitArgs>,
+}
+
+/// The parameter sets a key of the trace switches between, as reloads
+/// would: several limits and windows, and for the first key several
+/// algorithms of three-integer states (a key changing algorithm).
+fn trace_variants(rng: &mut Rng, slot: usize) -> Vec<(Algorithm, u64, u64)> {
+    const ALGORITHMS: [Algorithm; 5] = [
+        SlidingWindowLog,
+        TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindowCounter,
+        FixedWindow,
+    ];
+    let mut variants = Vec::new();
+    if slot == 0 {
+        for algorithm in [
+            TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::SlidingWindowCounter,
+        ] {
+            variants.push((algorithm, rng.pick(&[3, 10, 100]), rng.pick(&[1, 5, 60])));
+        }
+        return variants;
+    }
+    let algorithm = rng.pick(&ALGORITHMS);
+    for _ in 0..1 + rng.below(3) {
+        variants.push((algorithm, rng.pick(&[3, 10, 100]), rng.pick(&[1, 5, 60])));
+    }
+    variants
+}
+
+fn trace_requests(seed: u64, len: usize) -> Vec<TraceRequest> {
+    let mut rng = Rng(seed);
+    let slots: Vec<_> = (0..4).map(|slot| trace_variants(&mut rng, slot)).collect();
+    let mut now = 1_700_000_000_000_000_u64;
+    let mut out = Vec::with_capacity(len);
+    for _ in 0..len {
+        // Mostly small steps (many requests in one window, several in one
+        // µs), sometimes past a window, sometimes a lagging clock.
+        let step = rng.pick(&[
+            0, 0, 1, 1, 7, 500, 100_000, 1_000_000, 3_000_000, 61_000_000,
+        ]);
+        now += step;
+        let lagging = rng.below(10) == 0;
+        let at = if lagging { now - 2_000_000 } else { now };
+        let mut keys = Vec::new();
+        let mut limits = Vec::new();
+        let first = rng.below(4) as usize;
+        for slot in (0..4)
+            .map(|it| (first + it) % 4)
+            .take(1 + rng.below(3) as usize)
+        {
+            let (algorithm, limit, window_s) = rng.pick(&slots[slot]);
+            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, None).unwrap();
+            let cost = rng.pick(&[0, 1, 1, 1, 2, 5, params.capacity(), params.capacity() + 1]);
+            let mode = rng.pick(&[
+                Mode::Enforce,
+                Mode::Enforce,
+                Mode::Enforce,
+                Mode::Shadow,
+                Mode::Quota,
+            ]);
+            keys.push(format!("k{slot}"));
+            limits.push(LimitArgs::of(&Check { params, cost, mode }));
+        }
+        out.push(TraceRequest {
+            now: at,
+            keys,
+            limits,
+        });
+    }
+    out
+}
+
+/// A key as a client can see it: its value and when it expires.
+async fn key_snapshot(conn: &mut MultiplexedConnection, key: &str) -> (String, Vec<String>, i64) {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
+    let value: Vec<String> = match kind.as_str() {
+        "string" => vec![redis::cmd("GET").arg(key).query_async(conn).await.unwrap()],
+        "zset" => redis::cmd("ZRANGE")
+            .arg(key)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await
+            .unwrap(),
+        _ => Vec::new(),
+    };
+    let expires: i64 = redis::cmd("PEXPIRETIME")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .unwrap();
+    (kind, value, expires)
+}
+
+/// Decides `requests` once one by one (`decide`, on keys `one:*`) and once
+/// in batches of 1 to 40 (`decide_batch`, on keys `batch:*`), and asserts
+/// after each batch the same answers and, for each of `keys`, the same
+/// value, with expiries within the real time between the two writes.
+async fn assert_batches_match_one_by_one(
+    conn: &mut MultiplexedConnection,
+    requests: &[TraceRequest],
+    keys: &[&str],
+    rng: &mut Rng,
+    context: &str,
+) {
+    let library = script::library();
+    let mut batches = 0;
+    let mut rest = requests;
+    while !rest.is_empty() {
+        let size = (1 + rng.below(40) as usize).min(rest.len());
+        let (batch, after) = rest.split_at(size);
+        rest = after;
+        let mut one_by_one = Vec::new();
+        for request in batch {
+            let keys: Vec<_> = request.keys.iter().map(|it| format!("one:{it}")).collect();
+            let reply: Vec<i64> = redis::cmd("FCALL")
+                .arg(&library.decide)
+                .arg(keys.len())
+                .arg(&keys)
+                .arg(argv(&header(request.now), &request.limits))
+                .query_async(conn)
+                .await
+                .unwrap();
+            one_by_one.extend(reply);
+        }
+        let batch_keys: Vec<_> = batch
+            .iter()
+            .flat_map(|it| it.keys.iter().map(|key| format!("batch:{key}")))
+            .collect();
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(&library.decide_batch)
+            .arg(batch_keys.len())
+            .arg(&batch_keys);
+        cmd.arg((BATCH_FIELDS[0].value)(&batch.len()));
+        for request in batch {
+            cmd.arg((REQUEST_FIELDS[0].value)(&request.keys.len()))
+                .arg(argv(&header(request.now), &request.limits));
+        }
+        let batched: Vec<i64> = cmd.query_async(conn).await.unwrap();
+        batches += 1;
+        assert_eq!(batched, one_by_one, "{context}, batch {batches} of {size}");
+        for key in keys {
+            let one = key_snapshot(conn, &format!("one:{key}")).await;
+            let together = key_snapshot(conn, &format!("batch:{key}")).await;
+            let context = format!("{context}, batch {batches}, key {key}");
+            assert_eq!((&one.0, &one.1), (&together.0, &together.1), "{context}");
+            assert!(
+                (one.2 - together.2).abs() <= 500,
+                "{context}: expiries {} and {}",
+                one.2,
+                together.2
+            );
+        }
+    }
+    let _: () = redis::cmd("FLUSHDB").query_async(conn).await.unwrap();
+}
+
+/// A batch leaves every answer and every key exactly as its requests made
+/// one by one would: random traces over four keys (all five algorithms,
+/// reloads, a key changing algorithm, costs 0 to capacity + 1, shadow and
+/// quota modes, lagging clocks, several requests per µs).
+#[tokio::test]
+async fn a_batch_leaves_the_answers_and_keys_of_its_requests_decided_one_by_one() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    support::redis::load_library(&mut conn).await;
+    for seed in 0..24 {
+        let requests = trace_requests(seed, 300);
+        let mut rng = Rng(seed ^ 0x5eed);
+        let context = format!("seed {seed}");
+        assert_batches_match_one_by_one(
+            &mut conn,
+            &requests,
+            &["k0", "k1", "k2", "k3"],
+            &mut rng,
+            &context,
+        )
+        .await;
+    }
+}
+
+/// The same for a log that leaves more expired members than one call
+/// removes (LOG_EXPIRE_MAX, 32): 100 entries a µs apart, then requests a
+/// window later, in batches, each removing at most 32 of them.
+#[tokio::test]
+async fn a_batch_on_a_log_with_many_expired_members_leaves_what_one_by_one_leaves() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    support::redis::load_library(&mut conn).await;
+    let params = LimitParams::new(SlidingWindowLog, 1_000, 1_000_000, None).unwrap();
+    let check = |cost| {
+        LimitArgs::of(&Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        })
+    };
+    for seed in 0..8 {
+        let t0 = 1_700_000_000_000_000_u64;
+        let mut requests: Vec<_> = (0..100)
+            .map(|idx| TraceRequest {
+                now: t0 + idx,
+                keys: vec!["log".into()],
+                limits: vec![check(1)],
+            })
+            .collect();
+        requests.extend((0..20).map(|idx| TraceRequest {
+            now: t0 + 2_000_000 + idx * 10,
+            keys: vec!["log".into()],
+            limits: vec![check(1 + idx % 3)],
+        }));
+        let mut rng = Rng(seed);
+        let context = format!("seed {seed}");
+        assert_batches_match_one_by_one(&mut conn, &requests, &["log"], &mut rng, &context).await;
+    }
+}
+
+/// A batch whose later request fails (a key of another type) still leaves
+/// what its earlier requests decided: their stores wait for the batch's
+/// end and are written before the error is returned.
+#[tokio::test]
+async fn a_failing_request_in_a_batch_keeps_what_the_requests_before_it_wrote() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let library = script::library();
+    support::redis::load_library(&mut conn).await;
+    let _: () = redis::cmd("ZADD")
+        .arg("not-a-counter")
+        .arg(1)
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let now = 1_700_000_000_000_000_u64;
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(&library.decide_batch)
+        .arg(3)
+        .arg(&["a", "a", "not-a-counter"][..])
+        .arg((BATCH_FIELDS[0].value)(&3));
+    for _ in 0..3 {
+        cmd.arg((REQUEST_FIELDS[0].value)(&1))
+            .arg(argv(&header(now), &[fixed(10, 1)]));
+    }
+    let reply: redis::RedisResult<Vec<i64>> = cmd.query_async(&mut conn).await;
+    let err = reply.unwrap_err();
+    assert!(err.to_string().contains("WRONGTYPE"), "{err}");
+    let (kind, value, expires) = key_snapshot(&mut conn, "a").await;
+    assert_eq!(kind, "string");
+    let count = value[0].rsplit(':').next().unwrap();
+    assert_eq!(count, "2", "both requests on a counted: {value:?}");
+    assert!(expires > 0, "stored with its expiry");
 }

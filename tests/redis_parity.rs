@@ -21,6 +21,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use support::redis::RedisServer;
+use support::rng::Rng;
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, State, Verdict};
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
@@ -43,27 +44,6 @@ enum Expiry {
     /// before every step, and the keys it no longer holds are deleted from
     /// Redis.
     OnTraceClock,
-}
-
-/// splitmix64: a reproducible trace per seed without a dependency.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-
-    fn pick<T: Copy>(&mut self, items: &[T]) -> T {
-        items[self.below(items.len() as u64) as usize]
-    }
 }
 
 /// A counter of the trace: its key and the parameter sets a "reload" may

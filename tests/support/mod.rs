@@ -11,6 +11,7 @@ pub mod proxy;
 pub mod redis;
 pub mod reflection;
 pub mod request;
+pub mod rng;
 pub mod sentinel;
 pub mod service;
 pub mod tls;
