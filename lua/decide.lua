@@ -18,9 +18,10 @@
 --          limit, in the order of the tables below; HEADER_FIELDS and
 --          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
 --          what each holds (a test keeps both alike)
--- Returns: {allowed, now_us, then per limit: has_room, consumed, remaining,
---          reset_us}, all integers (allowed, has_room, consumed are 0 or 1);
---          with the header's receipts = 1, each limit's four are followed
+-- Returns: {allowed, then per limit: flags, remaining, reset_us}, all
+--          integers: allowed is 0 or 1, flags is has_room + 2 * consumed
+--          (each 0 or 1; few integers because the client parses each);
+--          with the header's receipts = 1, each limit's three are followed
 --          by its receipt: at_us, units (see `receipt` below and
 --          lua/refund.lua, which takes them back)
 --
@@ -880,8 +881,8 @@ end
 local states, effective_now, has_room = {}, {}, {}
 
 -- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
--- appending its section to `reply`: allowed, now, then per limit has_room,
--- consumed, remaining, reset_us (and the receipt when asked for). `seen`:
+-- appending its section to `reply`: allowed, then per limit its flags,
+-- remaining and reset_us (and the receipt when asked for). `seen`:
 -- the batch's keys (see `open`), nil outside a batch.
 local function run(keys, first, header, now, reply, seen)
   local checks = header.checks
@@ -905,10 +906,8 @@ local function run(keys, first, header, now, reply, seen)
   local allowed = enforced_ok and (quota_ok or not quota_seen)
 
   -- Then consume all or nothing, and answer.
-  local out = #reply
-  reply[out + 1] = allowed and 1 or 0
-  reply[out + 2] = now
-  out = out + 2
+  local out = #reply + 1
+  reply[out] = allowed and 1 or 0
   for idx = 1, n do
     local c = checks[idx]
     local key, s, at, room = keys[first + idx], states[idx], effective_now[idx], has_room[idx]
@@ -935,11 +934,10 @@ local function run(keys, first, header, now, reply, seen)
     -- an absent key changes nothing and is not replicated, so a limit never
     -- used writes nothing, whatever the cost asked).
     keep(impl, c, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
-    reply[out + 1] = room and 1 or 0
-    reply[out + 2] = consumed and 1 or 0
-    reply[out + 3] = remaining
-    reply[out + 4] = reset_us
-    out = out + 4
+    reply[out + 1] = (room and 1 or 0) + (consumed and 2 or 0)
+    reply[out + 2] = remaining
+    reply[out + 3] = reset_us
+    out = out + 3
     if header.receipts then
       -- What a refund may take back: only what an enforcing limit consumed
       -- (shadow and quota limits never deny, a cost of 0 takes nothing).

@@ -428,7 +428,7 @@ async fn only_enforcing_limits_that_consumed_carry_a_receipt() {
         assert!(receipts.iter().all(Receipt::is_empty), "{algorithm}");
         // Without the flag the reply is the decision alone.
         let reply = call_decide(&mut conn, &keys[..1], T0, &limits[..1], false).await;
-        assert_eq!(reply.len(), 6, "{algorithm}");
+        assert_eq!(reply.len(), 4, "{algorithm}");
     }
 }
 

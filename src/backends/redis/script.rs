@@ -289,9 +289,9 @@ fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
-/// Integers per limit in the reply, after `{allowed, now_us}`:
-/// has_room, consumed, remaining, reset_us.
-const REPLY_PER_LIMIT: usize = 4;
+/// Integers per limit in the reply, after `allowed`: flags (has_room + 2 ×
+/// consumed), remaining, reset_us.
+const REPLY_PER_LIMIT: usize = 3;
 
 /// Integers a receipt adds per limit: at_us, units.
 const RECEIPT_LEN: usize = 2;
@@ -406,7 +406,7 @@ pub fn parse_batch_reply(reply: &[i64], sizes: &[usize]) -> Result<Vec<Verdict>,
     let mut rest = reply;
     let mut out = Vec::with_capacity(sizes.len());
     for &n_checks in sizes {
-        let len = 2 + REPLY_PER_LIMIT * n_checks;
+        let len = 1 + REPLY_PER_LIMIT * n_checks;
         if rest.len() < len {
             return Err(Error::Protocol(format!(
                 "unexpected batch reply of {} integers",
@@ -426,15 +426,15 @@ pub fn parse_batch_reply(reply: &[i64], sizes: &[usize]) -> Result<Vec<Verdict>,
     Ok(out)
 }
 
-/// Reads `{allowed, now, (has_room, consumed, remaining, reset_us)*n}`.
+/// Reads `{allowed, (flags, remaining, reset_us)*n}`, flags being has_room
+/// + 2 × consumed.
 pub fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
     let (verdict, _) = parse_limits(reply, n_checks, 0)?;
     Ok(verdict)
 }
 
 /// Reads the reply of a call made with [`HeaderArgs::receipts`] set:
-/// `{allowed, now, (has_room, consumed, remaining, reset_us, at_us,
-/// units)*n}`. One receipt per check, in order; empty where nothing is to
+/// `{allowed, (flags, remaining, reset_us, at_us, units)*n}`. One receipt per check, in order; empty where nothing is to
 /// be given back (denied, not consumed, shadow or quota mode, cost 0).
 pub fn decode_reply_with_receipts(
     reply: &[i64],
@@ -443,7 +443,7 @@ pub fn decode_reply_with_receipts(
     parse_limits(reply, n_checks, RECEIPT_LEN)
 }
 
-/// The reply with `extra` integers after each limit's four.
+/// The reply with `extra` integers after each limit's three.
 fn parse_limits(
     reply: &[i64],
     n_checks: usize,
@@ -451,7 +451,7 @@ fn parse_limits(
 ) -> Result<(Verdict, Vec<Receipt>), Error> {
     let bad = || Error::Protocol(format!("unexpected script reply {reply:?}"));
     let stride = REPLY_PER_LIMIT + extra;
-    if reply.len() != 2 + stride * n_checks {
+    if reply.len() != 1 + stride * n_checks {
         return Err(bad());
     }
     let flag = |value: i64| match value {
@@ -461,19 +461,27 @@ fn parse_limits(
     };
     let count = |value: i64| u64::try_from(value).map_err(|_| bad());
     let allowed = flag(reply[0])?;
+    // has_room + 2 × consumed; consumed implies room.
+    let flags = |value: i64| match value {
+        0 => Ok((false, false)),
+        1 => Ok((true, false)),
+        3 => Ok((true, true)),
+        _ => Err(bad()),
+    };
     let mut outcomes = Vec::with_capacity(n_checks);
     let mut receipts = Vec::with_capacity(if extra > 0 { n_checks } else { 0 });
-    for it in reply[2..].chunks_exact(stride) {
+    for it in reply[1..].chunks_exact(stride) {
+        let (has_room, consumed) = flags(it[0])?;
         outcomes.push(Outcome {
-            has_room: flag(it[0])?,
-            consumed: flag(it[1])?,
-            remaining: count(it[2])?,
-            reset_us: count(it[3])?,
+            has_room,
+            consumed,
+            remaining: count(it[1])?,
+            reset_us: count(it[2])?,
         });
         if extra > 0 {
             receipts.push(Receipt {
-                at_us: count(it[4])?,
-                units: count(it[5])?,
+                at_us: count(it[3])?,
+                units: count(it[4])?,
             });
         }
     }
@@ -724,14 +732,15 @@ mod tests {
 
     #[test]
     fn a_batch_reply_is_one_section_per_request() {
-        let verdicts =
-            parse_batch_reply(&[1, 5, 1, 1, 3, 10, 0, 5, 0, 0, 0, 7, 1, 0, 2, 9], &[1, 2]).unwrap();
+        let verdicts = parse_batch_reply(&[1, 3, 3, 10, 0, 0, 0, 7, 1, 2, 9], &[1, 2]).unwrap();
         assert_eq!(verdicts.len(), 2);
         assert!(verdicts[0].allowed);
         assert!(!verdicts[1].allowed);
+        assert!(verdicts[0].outcomes[0].consumed);
+        assert!(verdicts[1].outcomes[1].has_room && !verdicts[1].outcomes[1].consumed);
         assert_eq!(verdicts[1].outcomes[1].remaining, 2);
-        assert!(parse_batch_reply(&[1, 5, 1, 1, 3, 10], &[1, 1]).is_err());
-        assert!(parse_batch_reply(&[1, 5, 1, 1, 3, 10, 1], &[1]).is_err());
+        assert!(parse_batch_reply(&[1, 3, 3, 10], &[1, 1]).is_err());
+        assert!(parse_batch_reply(&[1, 3, 3, 10, 1], &[1]).is_err());
     }
 
     #[test]
@@ -802,16 +811,34 @@ mod tests {
 
     #[test]
     fn replies_are_checked() {
-        assert!(parse_reply(&[1, 5, 1, 1, 3, 10], 1).is_ok());
-        assert!(parse_reply(&[1, 5, 1, 1, 3], 1).is_err());
-        assert!(parse_reply(&[2, 5, 1, 1, 3, 10], 1).is_err());
-        assert!(parse_reply(&[1, 5, 1, 1, -3, 10], 1).is_err());
+        let verdict = parse_reply(&[1, 3, 3, 10], 1).unwrap();
+        assert!(verdict.allowed);
+        assert_eq!(
+            verdict.outcomes[0],
+            Outcome {
+                has_room: true,
+                consumed: true,
+                remaining: 3,
+                reset_us: 10
+            }
+        );
+        let verdict = parse_reply(&[0, 1, 3, 10, 0, 0, 7], 2).unwrap();
+        assert!(verdict.outcomes[0].has_room && !verdict.outcomes[0].consumed);
+        assert!(!verdict.outcomes[1].has_room && !verdict.outcomes[1].consumed);
+        assert!(parse_reply(&[1, 3, 3], 1).is_err());
+        assert!(parse_reply(&[2, 3, 3, 10], 1).is_err());
+        assert!(
+            parse_reply(&[1, 2, 3, 10], 1).is_err(),
+            "consumed without room"
+        );
+        assert!(parse_reply(&[1, 4, 3, 10], 1).is_err());
+        assert!(parse_reply(&[1, 3, -3, 10], 1).is_err());
     }
 
     #[test]
     fn receipts_follow_each_limit_when_asked_for() {
         let (verdict, receipts) =
-            decode_reply_with_receipts(&[1, 5, 1, 1, 3, 10, 40, 2, 1, 0, 9, 0, 0, 0], 2).unwrap();
+            decode_reply_with_receipts(&[1, 3, 3, 10, 40, 2, 1, 9, 0, 0, 0], 2).unwrap();
         assert!(verdict.allowed);
         assert_eq!(verdict.outcomes[1].remaining, 9);
         assert_eq!(
@@ -824,8 +851,8 @@ mod tests {
                 Receipt::NONE
             ]
         );
-        assert!(decode_reply_with_receipts(&[1, 5, 1, 1, 3, 10], 1).is_err());
-        assert!(decode_reply_with_receipts(&[1, 5, 1, 1, 3, 10, 40, -2], 1).is_err());
+        assert!(decode_reply_with_receipts(&[1, 3, 3, 10], 1).is_err());
+        assert!(decode_reply_with_receipts(&[1, 3, 3, 10, 40, -2], 1).is_err());
     }
 
     #[test]
