@@ -188,6 +188,7 @@ async fn injected_time_is_used_and_redis_time_otherwise() {
     let reply = call(&mut conn, &["a"], Some(42_000_000), &[log_limit(5, 1, 1)])
         .await
         .unwrap();
+    assert_eq!(reply[0], 1);
     let scores: Vec<(String, String)> = members(&mut conn, "a").await;
     assert_eq!(scores, vec![("1,1".to_owned(), "42000000".to_owned())]);
 
