@@ -16,11 +16,10 @@
 # line per run on stdout and one JSON line appended to $RESULTS.
 #
 # With MINIMAL=1, each round ends with the yardstick in the same Redis: a
-# minimal sliding-log script (TIME, drop what left the window, count, add
-# and expire; the one bench/redis-script.sh measures) run by
-# redis-benchmark, 50 clients, pipeline 16, REQUESTS calls on one hot key
-# and on keys drawn from 100,000 (every call allowed): calls/s, time inside
-# Redis and Redis CPU per call.
+# minimal sliding-log script (bench/minimal.lua: TIME, drop what left the
+# window, count, add and expire) run by redis-benchmark, 50 clients,
+# pipeline 16, REQUESTS calls on one hot key and on keys drawn from 100,000
+# (every call allowed): calls/s, time inside Redis and Redis CPU per call.
 #
 # Environment:
 #   BUILDS    space-separated LABEL=BINARY[,FLAG...] (default
@@ -209,17 +208,6 @@ print(f"{label:10} {backend:6} {load:6} round {round_}: {rate:9.0f}/s ok {ok}"
 EOF
 }
 
-MINIMAL_LUA="local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local window, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
-if redis.call('ZCARD', KEYS[1]) < limit then
-  local member = string.format('%d', now)
-  redis.call('ZADD', KEYS[1], member, member)
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', window / 1000))
-  return 1
-end
-return 0"
 
 # The yardstick (see the header) on a hot key and on spread keys
 # (redis-benchmark's -r replaces __rand_int__ in the key).
@@ -227,7 +215,7 @@ minimal() {
     local round=$1 case out r0 r1 stats sha key rand
     for case in hot spread; do
         redis-cli -p "$REDIS_PORT" flushall >/dev/null
-        sha=$(redis-cli -p "$REDIS_PORT" script load "$MINIMAL_LUA")
+        sha=$(redis-cli -p "$REDIS_PORT" -x script load <"$HERE/minimal.lua")
         key=minimal rand=()
         [[ $case == spread ]] && key=minimal:__rand_int__ rand=(-r 100000)
         redis-cli -p "$REDIS_PORT" config resetstat >/dev/null

@@ -68,22 +68,8 @@ fi
 start_redis "$PORT"
 cli() { redis-cli -p "$PORT" "$@"; }
 
-# The yardstick: the smallest sliding log worth the name (TIME, drop what
-# left the window, count, add and expire when there is room).
-cat >"$WORK/minimal.lua" <<'EOF'
-local t = redis.call('TIME')
-local now = t[1] * 1000000 + t[2]
-local window, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now - window))
-if redis.call('ZCARD', KEYS[1]) < limit then
-  local member = string.format('%d', now)
-  redis.call('ZADD', KEYS[1], member, member)
-  redis.call('PEXPIRE', KEYS[1], string.format('%d', window / 1000))
-  return 1
-end
-return 0
-EOF
-MINIMAL=$(cli -x SCRIPT LOAD <"$WORK/minimal.lua")
+# The yardstick: the smallest sliding log worth the name (bench/minimal.lua).
+MINIMAL=$(cli -x SCRIPT LOAD <bench/minimal.lua)
 NOTHING=$(cli SCRIPT LOAD 'return 1')
 
 # Variants: a label, the command's name in INFO commandstats, the command
