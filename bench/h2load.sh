@@ -11,9 +11,13 @@
 # key; with Redis each decision is a call on it, or a part of one). For
 # each round, backend and load, every build runs in turn on a fresh
 # service (Redis flushed first): 20,000 requests of warm-up, then REQUESTS
-# measured. With Redis, INFO commandstats over the measured run gives the
-# time inside Redis per decision and the decisions per script call. One
-# line per run on stdout and one JSON line appended to $RESULTS.
+# measured. h2load counts a gRPC error as a 2xx answer, so for throttlegate
+# the run also reads the service's own counters (/metrics): requests
+# decided and backend errors (a shed, a timeout), with a warning on the
+# line when not every request was decided. With Redis, INFO commandstats
+# over the measured run gives the time inside Redis per decision and the
+# decisions per script call. One line per run on stdout and one JSON line
+# appended to $RESULTS.
 #
 # With MINIMAL=1, each round ends with the yardstick in the same Redis: a
 # minimal sliding-log script (bench/minimal.lua: TIME, drop what left the
@@ -122,6 +126,13 @@ message = field(1, b'bench') + field(2, entry('method', 'GET') + entry('user', '
 open(sys.argv[1], 'wb').write(b'\x00' + len(message).to_bytes(4, 'big') + message)
 EOF
 
+# The sum of the samples of metric $2 on throttlegate's /metrics at port
+# $1 whose labels contain $3 (0 when none).
+metric_sum() {
+    curl -s "http://127.0.0.1:$1/metrics" |
+        awk -v name="$2" -v label="$3" '$1 ~ "^"name"[{]" && index($1, label) { sum += $2 } END { printf "%d", sum }'
+}
+
 # utime + stime of process $1, in clock ticks.
 ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
@@ -162,19 +173,33 @@ run() {
     local log=()
     rm -f "$WORK/requests.log"
     [[ $streams == 1 ]] && log=(--log-file="$WORK/requests.log")
-    local s0 r0 s1 r1 out stats
+    local s0 r0 s1 r1 out stats decided=-1 failed=-1 d0 f0
+    # h2load counts a gRPC error (HTTP 200, grpc-status in the trailers) as
+    # 2xx: throttlegate's own counters say how many requests were decided
+    # and how many failed in the backend (shed, timeout, ...).
+    local metrics=$((PORT + 10000)) own=0
+    [[ $(basename "$binary") != limitador-server ]] && own=1
+    if ((own)); then
+        d0=$(metric_sum "$metrics" throttlegate_decisions_total result=)
+        f0=$(metric_sum "$metrics" throttlegate_backend_errors_total kind=)
+    fi
     redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
     s0=$(ticks "$service") r0=$(ticks "$REDIS_PID")
     out=$("${h2[@]}" -n "$REQUESTS" "${log[@]}")
     s1=$(ticks "$service") r1=$(ticks "$REDIS_PID")
     stats=$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r')
+    if ((own)); then
+        decided=$(($(metric_sum "$metrics" throttlegate_decisions_total result=) - d0))
+        failed=$(($(metric_sum "$metrics" throttlegate_backend_errors_total kind=) - f0))
+    fi
     kill "$service"
     wait "$service" 2>/dev/null || true
     H2LOAD_OUTPUT=$out COMMANDSTATS=$stats python3 - "$label" "$backend" "$load" "$round" \
         "$REQUESTS" "$HZ" "$((s1 - s0))" "$((r1 - r0))" "$WORK/requests.log" "$RESULTS" \
-        "$ALGORITHM" <<'EOF'
+        "$ALGORITHM" "$decided" "$failed" <<'EOF'
 import json, os, re, sys
-label, backend, load, round_, n, hz, sticks, rticks, log, results, algorithm = sys.argv[1:]
+(label, backend, load, round_, n, hz, sticks, rticks, log, results, algorithm, decided,
+ failed) = sys.argv[1:]
 n, hz = int(n), int(hz)
 out = os.environ['H2LOAD_OUTPUT']
 rate = float(re.search(r'finished in [\d.]+m?s, ([\d.]+) req/s', out).group(1))
@@ -191,6 +216,8 @@ for line in os.environ['COMMANDSTATS'].splitlines():
         calls, usec = calls + int(m.group(2)), usec + int(m.group(3))
 if backend == 'redis' and calls:
     row.update(inside_redis_us=usec / n, decisions_per_call=n / calls)
+if int(decided) >= 0:
+    row.update(decided=int(decided), failed=int(failed))
 try:
     lat = sorted(int(line.split()[2]) for line in open(log) if line.split()[1:2] == ['200'])
     q = lambda f: lat[min(len(lat) - 1, int(f * len(lat)))]
@@ -203,8 +230,11 @@ redis = f" redis {row['redis_us']:.1f} µs" if row['redis_us'] is not None else 
 if 'inside_redis_us' in row:
     redis += f" (inside {row['inside_redis_us']:.2f} µs, {row['decisions_per_call']:.1f}/call)"
 lat = f" p50 {row['p50_us']} p99 {row['p99_us']} p99.9 {row['p99_9_us']} µs" if 'p99_us' in row else ''
+check = ''
+if 'decided' in row and (row['decided'] != n or row['failed']):
+    check = f" WARNING: {row['decided']} decided, {row['failed']} backend errors"
 print(f"{label:10} {backend:6} {load:6} round {round_}: {rate:9.0f}/s ok {ok}"
-      f" service {row['service_us']:.1f} µs{redis}{lat}")
+      f" service {row['service_us']:.1f} µs{redis}{lat}{check}")
 EOF
 }
 
