@@ -4,7 +4,7 @@
 mod support;
 
 use redis::aio::MultiplexedConnection;
-use support::redis::RedisServer;
+use support::redis::{RedisServer, members};
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
 use throttlegate::backends::redis::DECIDE_LUA;
 use throttlegate::backends::redis::script::{Arg, HeaderArgs, LimitArgs, argv};
@@ -109,21 +109,6 @@ async fn query<T: redis::FromRedisValue>(
 
 async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
     query(conn, "PTTL", key).await
-}
-
-/// The log's members as (member, score), the score read as `T`.
-async fn members<T: redis::FromRedisValue>(
-    conn: &mut MultiplexedConnection,
-    key: &str,
-) -> Vec<(String, T)> {
-    redis::cmd("ZRANGE")
-        .arg(key)
-        .arg(0)
-        .arg(-1)
-        .arg("WITHSCORES")
-        .query_async(conn)
-        .await
-        .unwrap()
 }
 
 async fn dbsize(conn: &mut MultiplexedConnection) -> u64 {

@@ -7,7 +7,7 @@ mod support;
 use redis::aio::MultiplexedConnection;
 use support::keys::check_on;
 use support::redis::{
-    RedisServer, backend, command_stat, command_stats, library_loaded, reset_stats,
+    RedisServer, backend, command_stat, command_stats, library_loaded, members, reset_stats,
 };
 use support::rng::Rng;
 use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
@@ -394,14 +394,11 @@ async fn key_snapshot(conn: &mut MultiplexedConnection, key: &str) -> (String, V
     let kind: String = redis::cmd("TYPE").arg(key).query_async(conn).await.unwrap();
     let value: Vec<String> = match kind.as_str() {
         "string" => vec![redis::cmd("GET").arg(key).query_async(conn).await.unwrap()],
-        "zset" => redis::cmd("ZRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
-            .arg("WITHSCORES")
-            .query_async(conn)
+        "zset" => members::<String>(conn, key)
             .await
-            .unwrap(),
+            .into_iter()
+            .flat_map(|(member, score)| [member, score])
+            .collect(),
         _ => Vec::new(),
     };
     let expires: i64 = redis::cmd("PEXPIRETIME")

@@ -553,3 +553,19 @@ pub async fn hammer<B: Backend + 'static>(
     }
     total
 }
+
+/// A sorted set's members as (member, score), the score read as `T`, in
+/// rank order.
+pub async fn members<T: ::redis::FromRedisValue>(
+    conn: &mut ::redis::aio::MultiplexedConnection,
+    key: &str,
+) -> Vec<(String, T)> {
+    ::redis::cmd("ZRANGE")
+        .arg(key)
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .unwrap()
+}
