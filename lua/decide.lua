@@ -361,7 +361,7 @@ function log.receipt(c, s, at, cost)
   return at, cost
 end
 
-function log.store(c, s, key, ttl_ms)
+function log.store(s, key, ttl_ms)
   log.sync(s, key)
   call('PEXPIRE', key, fmt(ttl_ms))
 end
@@ -666,9 +666,9 @@ local ALGORITHMS = {
 }
 local MODES = { enforce = true, shadow = true, quota = true }
 
-local function store(impl, c, s, key, ttl_ms)
+local function store(impl, s, key, ttl_ms)
   if impl.store then
-    impl.store(c, s, key, ttl_ms)
+    impl.store(s, key, ttl_ms)
   else
     store_fields(key, s, impl.fields, ttl_ms)
   end
@@ -677,15 +677,15 @@ end
 -- What a batch's requests have left in each key they decided on, so that
 -- a later request of the batch on the same key (a hot key: concurrent
 -- requests with the same descriptor) neither reads the key again nor
--- writes it again: per key, the algorithm, the limit and the state as the
--- last request left it (false once the key was deleted), and the expiry
+-- writes it again: per key, the algorithm and the state as the last
+-- request left it (false once the key was deleted), and the expiry
 -- its store waits for (false when nothing waits). Only the last store of a
 -- key is written, when the batch ends (`flush`); a deletion is written at
 -- once. Nothing else runs while a script does, so what the batch writes at
 -- its end is what writing after every request would have left.
 local function flush_key(key, kept)
   if kept.ttl_ms then
-    store(kept.impl, kept.c, kept.state, key, kept.ttl_ms)
+    store(kept.impl, kept.state, key, kept.ttl_ms)
     kept.ttl_ms = false
   end
 end
@@ -741,10 +741,10 @@ end
 
 -- Writes a key's new state with its expiry, or deletes the key: at once
 -- outside a batch; within one, a store waits for the batch's end.
-local function keep(impl, c, s, key, ttl_ms, seen)
+local function keep(impl, s, key, ttl_ms, seen)
   if not seen then
     if ttl_ms then
-      store(impl, c, s, key, ttl_ms)
+      store(impl, s, key, ttl_ms)
     else
       call('DEL', key)
     end
@@ -752,11 +752,11 @@ local function keep(impl, c, s, key, ttl_ms, seen)
   end
   local kept = seen[key]
   if not kept then
-    kept = { impl = impl, c = c, state = false, ttl_ms = false }
+    kept = { impl = impl, state = false, ttl_ms = false }
     seen[key] = kept
     seen[#seen + 1] = key
   end
-  kept.impl, kept.c = impl, c
+  kept.impl = impl
   if ttl_ms then
     kept.state, kept.ttl_ms = s, ttl_ms
   else
@@ -933,7 +933,7 @@ local function run(keys, first, header, now, reply, seen)
     -- Equal to a fresh state, whatever the algorithm: no key at all (DEL of
     -- an absent key changes nothing and is not replicated, so a limit never
     -- used writes nothing, whatever the cost asked).
-    keep(impl, c, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
+    keep(impl, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
     reply[out + 1] = (room and 1 or 0) + (consumed and 2 or 0)
     reply[out + 2] = remaining
     reply[out + 3] = reset_us

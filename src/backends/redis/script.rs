@@ -289,6 +289,9 @@ fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// Integers a request's reply starts with: allowed.
+const REPLY_HEAD: usize = 1;
+
 /// Integers per limit in the reply, after `allowed`: flags (has_room + 2 ×
 /// consumed), remaining, reset_us.
 const REPLY_PER_LIMIT: usize = 3;
@@ -406,7 +409,7 @@ pub fn parse_batch_reply(reply: &[i64], sizes: &[usize]) -> Result<Vec<Verdict>,
     let mut rest = reply;
     let mut out = Vec::with_capacity(sizes.len());
     for &n_checks in sizes {
-        let len = 1 + REPLY_PER_LIMIT * n_checks;
+        let len = REPLY_HEAD + REPLY_PER_LIMIT * n_checks;
         if rest.len() < len {
             return Err(Error::Protocol(format!(
                 "unexpected batch reply of {} integers",
@@ -434,8 +437,9 @@ pub fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
 }
 
 /// Reads the reply of a call made with [`HeaderArgs::receipts`] set:
-/// `{allowed, (flags, remaining, reset_us, at_us, units)*n}`. One receipt per check, in order; empty where nothing is to
-/// be given back (denied, not consumed, shadow or quota mode, cost 0).
+/// `{allowed, (flags, remaining, reset_us, at_us, units)*n}`. One receipt
+/// per check, in order; empty where nothing is to be given back (denied,
+/// not consumed, shadow or quota mode, cost 0).
 pub fn decode_reply_with_receipts(
     reply: &[i64],
     n_checks: usize,
@@ -451,7 +455,7 @@ fn parse_limits(
 ) -> Result<(Verdict, Vec<Receipt>), Error> {
     let bad = || Error::Protocol(format!("unexpected script reply {reply:?}"));
     let stride = REPLY_PER_LIMIT + extra;
-    if reply.len() != 1 + stride * n_checks {
+    if reply.len() != REPLY_HEAD + stride * n_checks {
         return Err(bad());
     }
     let flag = |value: i64| match value {
@@ -470,7 +474,7 @@ fn parse_limits(
     };
     let mut outcomes = Vec::with_capacity(n_checks);
     let mut receipts = Vec::with_capacity(if extra > 0 { n_checks } else { 0 });
-    for it in reply[1..].chunks_exact(stride) {
+    for it in reply[REPLY_HEAD..].chunks_exact(stride) {
         let (has_room, consumed) = flags(it[0])?;
         outcomes.push(Outcome {
             has_room,
