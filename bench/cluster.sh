@@ -48,14 +48,6 @@ done
 # shellcheck source=bench/common.sh
 source "$HERE/common.sh"
 
-cpu_ticks() { # the sum of utime + stime of the given pids
-    local total=0 pid
-    for pid in "$@"; do
-        total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
-    done
-    echo "$total"
-}
-
 per_decision_us() { # ticks, decisions
     awk -v t="$1" -v n="$2" -v hz="$TICKS" 'BEGIN { printf "%.1f", t / hz * 1e6 / n }'
 }

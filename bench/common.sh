@@ -63,3 +63,12 @@ wait_port() {
     cat "$WORK/service.log" >&2
     exit 1
 }
+
+# The sum of utime + stime of the given pids, in clock ticks (CLK_TCK).
+cpu_ticks() {
+    local total=0 pid
+    for pid in "$@"; do
+        total=$((total + $(awk '{print $14 + $15}' "/proc/$pid/stat")))
+    done
+    echo "$total"
+}

@@ -133,8 +133,6 @@ metric_sum() {
         awk -v name="$2" -v label="$3" '$1 ~ "^"name"[{]" && index($1, label) { sum += $2 } END { printf "%d", sum }'
 }
 
-# utime + stime of process $1, in clock ticks.
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 HZ=$(getconf CLK_TCK)
 
 run() {
@@ -184,9 +182,9 @@ run() {
         f0=$(metric_sum "$metrics" throttlegate_backend_errors_total kind=)
     fi
     redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-    s0=$(ticks "$service") r0=$(ticks "$REDIS_PID")
+    s0=$(cpu_ticks "$service") r0=$(cpu_ticks "$REDIS_PID")
     out=$("${h2[@]}" -n "$REQUESTS" "${log[@]}")
-    s1=$(ticks "$service") r1=$(ticks "$REDIS_PID")
+    s1=$(cpu_ticks "$service") r1=$(cpu_ticks "$REDIS_PID")
     stats=$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r')
     if ((own)); then
         decided=$(($(metric_sum "$metrics" throttlegate_decisions_total result=) - d0))
@@ -249,10 +247,10 @@ minimal() {
         key=minimal rand=()
         [[ $case == spread ]] && key=minimal:__rand_int__ rand=(-r 100000)
         redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
-        r0=$(ticks "$REDIS_PID")
+        r0=$(cpu_ticks "$REDIS_PID")
         out=$(redis-benchmark -p "$REDIS_PORT" -n "$REQUESTS" -c 50 -P 16 "${rand[@]}" -q \
             evalsha "$sha" 1 "$key" 1000000000 1000000000 | tr '\r' '\n' | grep 'per second' | tail -1)
-        r1=$(ticks "$REDIS_PID")
+        r1=$(cpu_ticks "$REDIS_PID")
         stats=$(redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r')
         python3 - "$case" "$round" "$REQUESTS" "$HZ" "$((r1 - r0))" "$RESULTS" "$out" "$stats" <<'EOF'
 import json, re, sys
