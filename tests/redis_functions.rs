@@ -276,27 +276,19 @@ fn enforced(algorithm: Algorithm, limit: u64, cost: u64) -> LimitArgs {
 async fn a_batch_decides_each_request_on_its_own_in_order() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let library = script::library();
     support::redis::load_library(&mut conn).await;
     let now = 1_700_000_000_000_000_u64;
     // Request 1: a (limit 2) takes 2. Request 2: b (limit 10) and a (full):
     // denied, b untouched. Request 3: b alone takes 1.
-    let requests: [(&[&str], Vec<LimitArgs>); 3] = [
-        (&["a"], vec![fixed(2, 2)]),
-        (&["b", "a"], vec![fixed(10, 1), fixed(2, 1)]),
-        (&["b"], vec![fixed(10, 1)]),
+    let requests = [
+        TraceRequest::at(now, &["a"], vec![fixed(2, 2)]),
+        TraceRequest::at(now, &["b", "a"], vec![fixed(10, 1), fixed(2, 1)]),
+        TraceRequest::at(now, &["b"], vec![fixed(10, 1)]),
     ];
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(&library.decide_batch).arg(4);
-    for (keys, _) in &requests {
-        cmd.arg(*keys);
-    }
-    cmd.arg((BATCH_FIELDS[0].value)(&requests.len()));
-    for (keys, limits) in &requests {
-        cmd.arg((REQUEST_FIELDS[0].value)(&keys.len()))
-            .arg(argv(&header(now), limits));
-    }
-    let reply: Vec<i64> = cmd.query_async(&mut conn).await.unwrap();
+    let reply: Vec<i64> = batch_call(&requests, "")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
     let verdicts = script::parse_batch_reply(&reply, &[1, 2, 1]).unwrap();
     assert!(verdicts[0].allowed);
     assert_eq!(verdicts[0].outcomes[0].remaining, 0);
@@ -315,6 +307,32 @@ struct TraceRequest {
     now: u64,
     keys: Vec<String>,
     limits: Vec<LimitArgs>,
+}
+
+impl TraceRequest {
+    fn at(now: u64, keys: &[&str], limits: Vec<LimitArgs>) -> TraceRequest {
+        let keys = keys.iter().map(|it| (*it).to_owned()).collect();
+        TraceRequest { now, keys, limits }
+    }
+}
+
+/// One `decide_batch` call of `requests`, in order, each key prefixed by
+/// `prefix`.
+fn batch_call(requests: &[TraceRequest], prefix: &str) -> redis::Cmd {
+    let keys: Vec<_> = requests
+        .iter()
+        .flat_map(|it| it.keys.iter().map(|key| format!("{prefix}{key}")))
+        .collect();
+    let mut cmd = redis::cmd("FCALL");
+    cmd.arg(&script::library().decide_batch)
+        .arg(keys.len())
+        .arg(&keys)
+        .arg((BATCH_FIELDS[0].value)(&requests.len()));
+    for request in requests {
+        cmd.arg((REQUEST_FIELDS[0].value)(&request.keys.len()))
+            .arg(argv(&header(request.now), &request.limits));
+    }
+    cmd
 }
 
 /// The parameter sets a key of the trace switches between, as reloads
@@ -440,20 +458,7 @@ async fn assert_batches_match_one_by_one(
                 .unwrap();
             one_by_one.extend(reply);
         }
-        let batch_keys: Vec<_> = batch
-            .iter()
-            .flat_map(|it| it.keys.iter().map(|key| format!("batch:{key}")))
-            .collect();
-        let mut cmd = redis::cmd("FCALL");
-        cmd.arg(&library.decide_batch)
-            .arg(batch_keys.len())
-            .arg(&batch_keys);
-        cmd.arg((BATCH_FIELDS[0].value)(&batch.len()));
-        for request in batch {
-            cmd.arg((REQUEST_FIELDS[0].value)(&request.keys.len()))
-                .arg(argv(&header(request.now), &request.limits));
-        }
-        let batched: Vec<i64> = cmd.query_async(conn).await.unwrap();
+        let batched: Vec<i64> = batch_call(batch, "batch:").query_async(conn).await.unwrap();
         batches += 1;
         assert_eq!(batched, one_by_one, "{context}, batch {batches} of {size}");
         for key in keys {
@@ -539,7 +544,6 @@ async fn a_batch_on_a_log_with_many_expired_members_leaves_what_one_by_one_leave
 async fn a_failing_request_in_a_batch_keeps_what_the_requests_before_it_wrote() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
-    let library = script::library();
     support::redis::load_library(&mut conn).await;
     let _: () = redis::cmd("ZADD")
         .arg("not-a-counter")
@@ -549,16 +553,12 @@ async fn a_failing_request_in_a_batch_keeps_what_the_requests_before_it_wrote() 
         .await
         .unwrap();
     let now = 1_700_000_000_000_000_u64;
-    let mut cmd = redis::cmd("FCALL");
-    cmd.arg(&library.decide_batch)
-        .arg(3)
-        .arg(&["a", "a", "not-a-counter"][..])
-        .arg((BATCH_FIELDS[0].value)(&3));
-    for _ in 0..3 {
-        cmd.arg((REQUEST_FIELDS[0].value)(&1))
-            .arg(argv(&header(now), &[fixed(10, 1)]));
-    }
-    let reply: redis::RedisResult<Vec<i64>> = cmd.query_async(&mut conn).await;
+    let requests: Vec<_> = ["a", "a", "not-a-counter"]
+        .iter()
+        .map(|key| TraceRequest::at(now, &[key], vec![fixed(10, 1)]))
+        .collect();
+    let reply: redis::RedisResult<Vec<i64>> =
+        batch_call(&requests, "").query_async(&mut conn).await;
     let err = reply.unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");
     let (kind, value, expires) = key_snapshot(&mut conn, "a").await;
