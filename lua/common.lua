@@ -9,6 +9,7 @@
 -- library, once per server.
 local call, format, floor, gmatch, match = redis.call, string.format, math.floor, string.gmatch, string.match
 local tonumber, ipairs, unpack, concat = tonumber, ipairs, unpack, table.concat
+local pack = struct.pack
 
 local TWO53 = 9007199254740992
 

@@ -18,12 +18,14 @@
 --          limit, in the order of the tables below; HEADER_FIELDS and
 --          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
 --          what each holds (a test keeps both alike)
--- Returns: {allowed, then per limit: flags, remaining, reset_us}, all
---          integers: allowed is 0 or 1, flags is has_room + 2 * consumed
---          (each 0 or 1; few integers because the client parses each);
---          with the header's receipts = 1, each limit's three are followed
---          by its receipt: at_us, units (see `receipt` below and
---          lua/refund.lua, which takes them back)
+-- Returns: one string of signed 64-bit big-endian integers: allowed, then
+--          per limit flags, remaining, reset_us. allowed is 0 or 1, flags is
+--          has_room + 2 * consumed (each 0 or 1); with the header's
+--          receipts = 1, each limit's three are followed by its receipt:
+--          at_us, units (see `receipt` below and lua/refund.lua, which takes
+--          them back). One string rather than an array of integers: the
+--          client reads it with one length instead of parsing every
+--          integer, and Redis writes it as one bulk reply.
 --
 -- The work per limit is a few reads and writes (for a log O(log n) each,
 -- plus at most LOG_EXPIRE_MAX expired members removed): never a pass over
@@ -874,6 +876,15 @@ local function parse_request(argv, at, n)
   return { grace_ms = grace, checks = checks, receipts = flag == '1', now = now, first = 0 }
 end
 
+-- The reply's integers by section: a request's first limit carries the
+-- request's `allowed` in front, so every limit is one `pack` (each call
+-- parses its format; two per limit cost a third more). struct.pack
+-- ignores the values past its format: those of the receipt without one.
+local REPLY_FORMATS = {
+  [false] = { first = '>i8i8i8i8', next = '>i8i8i8' },
+  [true] = { first = '>i8i8i8i8i8i8', next = '>i8i8i8i8i8' },
+}
+
 -- What `run` learns of limit idx between its check and its answer: its
 -- state, effective time and whether it has room. Kept from call to call
 -- in the library (a run only reads entries it wrote first), rather than
@@ -881,8 +892,9 @@ end
 local states, effective_now, has_room = {}, {}, {}
 
 -- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
--- appending its section to `reply`: allowed, then per limit its flags,
--- remaining and reset_us (and the receipt when asked for). `seen`:
+-- appending its section to `reply` (one packed string per limit):
+-- allowed, then per limit its flags, remaining and reset_us (and the
+-- receipt when asked for). `seen`:
 -- the batch's keys (see `open`), nil outside a batch.
 local function run(keys, first, header, now, reply, seen)
   local checks = header.checks
@@ -906,8 +918,8 @@ local function run(keys, first, header, now, reply, seen)
   local allowed = enforced_ok and (quota_ok or not quota_seen)
 
   -- Then consume all or nothing, and answer.
-  local out = #reply + 1
-  reply[out] = allowed and 1 or 0
+  local out = #reply
+  local formats = REPLY_FORMATS[header.receipts]
   for idx = 1, n do
     local c = checks[idx]
     local key, s, at, room = keys[first + idx], states[idx], effective_now[idx], has_room[idx]
@@ -934,20 +946,18 @@ local function run(keys, first, header, now, reply, seen)
     -- an absent key changes nothing and is not replicated, so a limit never
     -- used writes nothing, whatever the cost asked).
     keep(impl, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
-    reply[out + 1] = (room and 1 or 0) + (consumed and 2 or 0)
-    reply[out + 2] = remaining
-    reply[out + 3] = reset_us
-    out = out + 3
-    if header.receipts then
-      -- What a refund may take back: only what an enforcing limit consumed
-      -- (shadow and quota limits never deny, a cost of 0 takes nothing).
-      local at_us, units = 0, 0
-      if consumed and c.mode == 'enforce' then
-        at_us, units = impl.receipt(c, s, at, c.cost)
-      end
-      reply[out + 1] = at_us
-      reply[out + 2] = units
-      out = out + 2
+    local flags = (room and 1 or 0) + (consumed and 2 or 0)
+    -- What a refund may take back: only what an enforcing limit consumed
+    -- (shadow and quota limits never deny, a cost of 0 takes nothing).
+    local at_us, units = 0, 0
+    if header.receipts and consumed and c.mode == 'enforce' then
+      at_us, units = impl.receipt(c, s, at, c.cost)
+    end
+    out = out + 1
+    if idx == 1 then
+      reply[out] = pack(formats.first, allowed and 1 or 0, flags, remaining, reset_us, at_us, units)
+    else
+      reply[out] = pack(formats.next, flags, remaining, reset_us, at_us, units)
     end
   end
 end
@@ -966,7 +976,7 @@ local function decide(keys, argv)
   end
   local reply = {}
   run(keys, 0, header, header.now or now_of(''), reply)
-  return reply
+  return concat(reply)
 end
 
 -- Several requests, each decided on its own, in order: ARGV is
@@ -1015,5 +1025,5 @@ local function decide_batch(keys, argv)
   if not ok then
     error(problem, 0)
   end
-  return reply
+  return concat(reply)
 end

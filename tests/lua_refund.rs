@@ -15,7 +15,7 @@ use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, Outcome};
 use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::DECIDE_LUA;
 use throttlegate::backends::redis::script::{
-    Arg, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, argv,
+    Arg, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, ReplyIntegers, argv,
     decode_refund_reply, decode_reply_with_receipts, invocation, refund_argv, refund_invocation,
     refund_script,
 };
@@ -51,7 +51,7 @@ async fn decide(
         receipts: true,
     };
     let script = redis::Script::new(DECIDE_LUA);
-    let reply: Vec<i64> = script
+    let ReplyIntegers(reply) = script
         .key(key)
         .arg(argv(&header, &[LimitArgs::of(&check)]))
         .invoke_async(conn)
@@ -451,7 +451,8 @@ async fn call_decide(
         invocation.key(key);
     }
     invocation.arg(argv(&header, &limits));
-    invocation.invoke_async(conn).await.expect("decide")
+    let ReplyIntegers(reply) = invocation.invoke_async(conn).await.expect("decide");
+    reply
 }
 
 #[tokio::test]
@@ -518,7 +519,7 @@ async fn bad_receipts_are_refused_before_any_write() {
     };
     let mut args = argv(&header, &[LimitArgs::of(&check(algorithm, 1))]);
     args[2] = Arg::Text("2");
-    let flag: redis::RedisResult<Vec<i64>> = redis::Script::new(DECIDE_LUA)
+    let flag: redis::RedisResult<ReplyIntegers> = redis::Script::new(DECIDE_LUA)
         .key("k")
         .arg(&args)
         .invoke_async(&mut conn)
@@ -544,7 +545,7 @@ async fn a_group_decided_and_refunded_through_the_api_is_back_to_fresh() {
         receipts: true,
     };
     let decide_script = redis::Script::new(DECIDE_LUA);
-    let reply: Vec<i64> = invocation(
+    let ReplyIntegers(reply) = invocation(
         &decide_script,
         &KeyFormat::new("tg", HashTag::None),
         &header,

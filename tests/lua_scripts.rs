@@ -7,7 +7,7 @@ use redis::aio::MultiplexedConnection;
 use support::redis::{RedisServer, members};
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
 use throttlegate::backends::redis::DECIDE_LUA;
-use throttlegate::backends::redis::script::{Arg, HeaderArgs, LimitArgs, argv};
+use throttlegate::backends::redis::script::{Arg, HeaderArgs, LimitArgs, ReplyIntegers, argv};
 
 const T0: u64 = 1_700_000_000_000_001;
 
@@ -73,7 +73,8 @@ async fn call_with_grace(
         invocation.key(*key);
     }
     invocation.arg(args(now, grace_ms, limits));
-    invocation.invoke_async(conn).await
+    let reply: redis::RedisResult<ReplyIntegers> = invocation.invoke_async(conn).await;
+    reply.map(|it| it.0)
 }
 
 /// One limit on the key `k` at `now`, with [`GRACE_MS`]: the reply.

@@ -13,7 +13,7 @@ use support::rng::Rng;
 use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
 use throttlegate::algorithms::{Check, LimitParams, Mode};
 use throttlegate::backends::redis::script::{
-    self, BATCH_FIELDS, HeaderArgs, LimitArgs, REQUEST_FIELDS, argv,
+    self, BATCH_FIELDS, HeaderArgs, LimitArgs, REQUEST_FIELDS, ReplyIntegers, argv,
 };
 use throttlegate::backends::redis::{ClockSource, DECIDE_LUA};
 use throttlegate::backends::{Backend, KeyedCheck};
@@ -120,7 +120,7 @@ async fn the_library_and_the_script_answer_alike() {
             let now = t0 + step * 7_000_000;
             let limit = limit_of(algorithm, 1 + step % 3);
             let args = argv(&header(now), &[limit]);
-            let by_function: Vec<i64> = redis::cmd("FCALL")
+            let ReplyIntegers(by_function) = redis::cmd("FCALL")
                 .arg(&library.decide)
                 .arg(1)
                 .arg(format!("f:{algorithm}"))
@@ -128,7 +128,7 @@ async fn the_library_and_the_script_answer_alike() {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let by_script: Vec<i64> = redis::cmd("EVAL")
+            let ReplyIntegers(by_script) = redis::cmd("EVAL")
                 .arg(DECIDE_LUA)
                 .arg(1)
                 .arg(format!("s:{algorithm}"))
@@ -170,7 +170,7 @@ async fn remembered_limits_answer_as_the_script_does() {
                         .map(|it| format!("{side}:{key}:{it}"))
                         .collect()
                 };
-                let by_function: Vec<i64> = redis::cmd("FCALL")
+                let ReplyIntegers(by_function) = redis::cmd("FCALL")
                     .arg(&library.decide)
                     .arg(suffixes.len())
                     .arg(keys("f"))
@@ -178,7 +178,7 @@ async fn remembered_limits_answer_as_the_script_does() {
                     .query_async(&mut conn)
                     .await
                     .unwrap();
-                let by_script: Vec<i64> = redis::cmd("EVAL")
+                let ReplyIntegers(by_script) = redis::cmd("EVAL")
                     .arg(DECIDE_LUA)
                     .arg(suffixes.len())
                     .arg(keys("s"))
@@ -213,7 +213,7 @@ async fn remembered_limits_answer_as_the_script_does() {
         "",
     ];
     for fields in [&seen, &shifted] {
-        let reply: redis::RedisResult<Vec<i64>> = redis::cmd("FCALL")
+        let reply: redis::RedisResult<ReplyIntegers> = redis::cmd("FCALL")
             .arg(&library.decide)
             .arg(1)
             .arg("look-alike")
@@ -285,7 +285,7 @@ async fn a_batch_decides_each_request_on_its_own_in_order() {
         TraceRequest::at(now, &["b", "a"], vec![fixed(10, 1), fixed(2, 1)]),
         TraceRequest::at(now, &["b"], vec![fixed(10, 1)]),
     ];
-    let reply: Vec<i64> = batch_call(&requests, "")
+    let ReplyIntegers(reply) = batch_call(&requests, "")
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -448,7 +448,7 @@ async fn assert_batches_match_one_by_one(
         let mut one_by_one = Vec::new();
         for request in batch {
             let keys: Vec<_> = request.keys.iter().map(|it| format!("one:{it}")).collect();
-            let reply: Vec<i64> = redis::cmd("FCALL")
+            let ReplyIntegers(reply) = redis::cmd("FCALL")
                 .arg(&library.decide)
                 .arg(keys.len())
                 .arg(&keys)
@@ -458,7 +458,7 @@ async fn assert_batches_match_one_by_one(
                 .unwrap();
             one_by_one.extend(reply);
         }
-        let batched: Vec<i64> = batch_call(batch, "batch:").query_async(conn).await.unwrap();
+        let ReplyIntegers(batched) = batch_call(batch, "batch:").query_async(conn).await.unwrap();
         batches += 1;
         assert_eq!(batched, one_by_one, "{context}, batch {batches} of {size}");
         for key in keys {
@@ -557,7 +557,7 @@ async fn a_failing_request_in_a_batch_keeps_what_the_requests_before_it_wrote() 
         .iter()
         .map(|key| TraceRequest::at(now, &[key], vec![fixed(10, 1)]))
         .collect();
-    let reply: redis::RedisResult<Vec<i64>> =
+    let reply: redis::RedisResult<ReplyIntegers> =
         batch_call(&requests, "").query_async(&mut conn).await;
     let err = reply.unwrap_err();
     assert!(err.to_string().contains("WRONGTYPE"), "{err}");

@@ -13,6 +13,7 @@ use support::service::T0;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
+use throttlegate::backends::redis::script::ReplyIntegers;
 use throttlegate::clock::ManualClock;
 
 /// The window of every limit here: a minute.
@@ -134,7 +135,7 @@ async fn sliding_log_at(server: &RedisServer, limit: u64) -> (u64, f64) {
     reset_stats(&mut conn).await;
     let calls = 200;
     for idx in 0..calls {
-        let reply: Vec<i64> = evalsha(T0 + window_us + idx * step)
+        let ReplyIntegers(reply) = evalsha(T0 + window_us + idx * step)
             .query_async(&mut conn)
             .await
             .unwrap();
@@ -221,7 +222,7 @@ async fn time_calls(
 ) -> f64 {
     reset_stats(conn).await;
     for _ in 0..calls {
-        let _: Vec<i64> = cmd.query_async(conn).await.unwrap();
+        let _: ReplyIntegers = cmd.query_async(conn).await.unwrap();
     }
     evalsha_usec_per_call(conn).await
 }
@@ -245,7 +246,7 @@ async fn worst_case_requests_stay_within_a_few_milliseconds() {
         // Full: denied, each limit searching for the entry it waits for
         // (the reset checks the search: entry cap / 2 + 1, at that µs).
         let denied = log_request(&sha, n_keys, cap, cap / 2 + 1, T0 + cap + 1);
-        let reply: Vec<i64> = denied.query_async(&mut conn).await.unwrap();
+        let ReplyIntegers(reply) = denied.query_async(&mut conn).await.unwrap();
         assert_eq!(
             reply[..4],
             [0, 0, 0, (60_000_000 + cap / 2 + 1 - cap - 1) as i64]

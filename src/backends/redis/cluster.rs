@@ -388,7 +388,7 @@ impl ClusterBackend {
         let value = self
             .call(&mut conn, (engine, Entry::Decide), &cmd, group.slot)
             .await?;
-        let reply = int_reply(value)?;
+        let reply = script::reply_integers(value)?;
         if header.receipts {
             return script::decode_reply_with_receipts(&reply, group.keys.len());
         }
@@ -557,12 +557,6 @@ impl ClusterBackend {
         Engine::loaded(conn.route_command(cmd, routing).await)
             .map_err(|err| classify(&err, self.timeout_ms))
     }
-}
-
-/// A script's reply as integers.
-fn int_reply(value: Value) -> Result<Vec<i64>, Error> {
-    redis::from_redis_value(value)
-        .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))
 }
 
 /// A pool slot; a panic elsewhere cannot leave an `Option` half-written.

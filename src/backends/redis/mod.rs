@@ -448,8 +448,7 @@ impl Core {
             Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
             Ok(Ok(value)) => value,
         };
-        redis::from_redis_value(value)
-            .map_err(|err| Error::Protocol(format!("unexpected script reply: {err}")))
+        script::reply_integers(value)
     }
 
     /// One request in a call of its own.

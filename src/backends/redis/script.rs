@@ -289,6 +289,41 @@ fn count(n: usize) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }
 
+/// The integers of a decision's reply: the script packs them into one
+/// string, each a signed 64-bit big-endian integer (one bulk reply to read,
+/// where an array would make the client parse every integer as a value of
+/// its own). Refuses anything else: an array, a length not a multiple of 8.
+pub fn reply_integers(value: redis::Value) -> Result<Vec<i64>, Error> {
+    let redis::Value::BulkString(bytes) = value else {
+        return Err(Error::Protocol(format!(
+            "unexpected script reply {value:?}: not a string"
+        )));
+    };
+    let words = bytes.chunks_exact(8);
+    if !words.remainder().is_empty() {
+        return Err(Error::Protocol(format!(
+            "unexpected script reply of {} bytes: not a multiple of 8",
+            bytes.len()
+        )));
+    }
+    Ok(words
+        .map(|word| i64::from_be_bytes(word.try_into().unwrap_or_default()))
+        .collect())
+}
+
+/// A decision's reply as its integers (see [`reply_integers`]), for
+/// tools and tests that call the script themselves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyIntegers(pub Vec<i64>);
+
+impl redis::FromRedisValue for ReplyIntegers {
+    fn from_redis_value(value: redis::Value) -> Result<Self, redis::ParsingError> {
+        reply_integers(value)
+            .map(ReplyIntegers)
+            .map_err(|err| err.to_string().into())
+    }
+}
+
 /// Integers a request's reply starts with: allowed.
 const REPLY_HEAD: usize = 1;
 
@@ -745,6 +780,24 @@ mod tests {
         assert_eq!(verdicts[1].outcomes[1].remaining, 2);
         assert!(parse_batch_reply(&[1, 3, 3, 10], &[1, 1]).is_err());
         assert!(parse_batch_reply(&[1, 3, 3, 10, 1], &[1]).is_err());
+    }
+
+    #[test]
+    fn a_reply_is_read_as_signed_big_endian_64_bit_integers() {
+        let mut packed = Vec::new();
+        for value in [1_i64, 3, -2, 1_764_899_000_123_456] {
+            packed.extend_from_slice(&value.to_be_bytes());
+        }
+        assert_eq!(
+            reply_integers(redis::Value::BulkString(packed.clone())).unwrap(),
+            [1, 3, -2, 1_764_899_000_123_456]
+        );
+        packed.pop();
+        assert!(reply_integers(redis::Value::BulkString(packed)).is_err());
+        // The integers an older script answered with are not read as a reply.
+        let array = redis::Value::Array(vec![redis::Value::Int(1), redis::Value::Int(3)]);
+        assert!(reply_integers(array).is_err());
+        assert!(reply_integers(redis::Value::Nil).is_err());
     }
 
     #[test]
