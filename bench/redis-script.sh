@@ -77,8 +77,10 @@ NOTHING=$(cli SCRIPT LOAD 'return 1')
 LABELS=() STATS=() HEADS=() TAILS=()
 variant() { LABELS+=("$1") STATS+=("$2") HEADS+=("$3") TAILS+=("$4"); }
 # The spread case's keys never reach 1,000; the hot key does (HOT_LIMIT).
-LOG='sliding_window_log LIMIT 1000000 LIMIT 0 1 1 enforce'
-FIXED='fixed_window LIMIT 1000000 LIMIT 1 1 1 enforce'
+# A limit is one argument, its fields joined by ':' (builds before the
+# packed limit argument took eight).
+LOG='sliding_window_log:LIMIT:1000000:LIMIT:0:1:1:enforce'
+FIXED='fixed_window:LIMIT:1000000:LIMIT:1:1:1:enforce'
 for source in "${SOURCES[@]}"; do
     label=${source%%=*} binary=${source#*=}
     "$binary" print-lua library >"$WORK/$label.library"

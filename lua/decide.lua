@@ -14,10 +14,11 @@
 --
 -- KEYS[i]: the counter key of limit i (i = 1..n), all distinct within a
 --          request
--- ARGV: the fields of HEADER_FIELDS, then those of LIMIT_FIELDS once per
---          limit, in the order of the tables below; HEADER_FIELDS and
---          LIMIT_FIELDS in src/backends/redis/script.rs build them and say
---          what each holds (a test keeps both alike)
+-- ARGV: the fields of HEADER_FIELDS, then one argument per limit: the
+--          fields of LIMIT_FIELDS joined by ':', in the order of the tables
+--          below; HEADER_FIELDS and LIMIT_FIELDS in
+--          src/backends/redis/script.rs build them and say what each holds
+--          (a test keeps both alike)
 -- Returns: one string of signed 64-bit big-endian integers: allowed, then
 --          per limit flags, remaining, reset_us. allowed is 0 or 1, flags is
 --          has_room + 2 * consumed (each 0 or 1); with the header's
@@ -791,24 +792,32 @@ local function cost_of(raw, capacity)
 end
 
 -- Where each field sits in its layout, read once: arguments are taken by
--- position, with no table of names built per call.
+-- position, with no table of names built per call. A limit is one
+-- argument (N_LIMIT): its fields joined by ':' (no field of a valid limit
+-- holds one: integers and names), split by LIMIT_PATTERN.
 local N_BATCH, N_REQUEST = #BATCH_FIELDS, #REQUEST_FIELDS
-local N_HEADER, N_LIMIT = #HEADER_FIELDS, #LIMIT_FIELDS
+local N_HEADER, N_LIMIT = #HEADER_FIELDS, 1
 local H, L = positions(HEADER_FIELDS), positions(LIMIT_FIELDS)
 local B, R = positions(BATCH_FIELDS), positions(REQUEST_FIELDS)
+local LIMIT_PATTERN = '^([^:]*)' .. string.rep(':([^:]*)', #LIMIT_FIELDS - 1) .. '$'
 
--- One limit's fields, argv[at + 1] on; nil when one is bad.
-local function parse_limit_fields(argv, at)
-  local capacity = integer(argv[at + L.capacity])
+-- One limit's fields, from its argument; nil when one is bad, or when
+-- there are not exactly as many as LIMIT_FIELDS names.
+local function parse_limit_fields(text)
+  local f = { match(text, LIMIT_PATTERN) }
+  if f[1] == nil then
+    return nil
+  end
+  local capacity = integer(f[L.capacity])
   local c = {
-    algorithm = ALGORITHMS[argv[at + L.algorithm]],
-    limit = integer(argv[at + L.limit]),
-    window_us = integer(argv[at + L.window_us]),
+    algorithm = ALGORITHMS[f[L.algorithm]],
+    limit = integer(f[L.limit]),
+    window_us = integer(f[L.window_us]),
     capacity = capacity,
-    per_us = integer(argv[at + L.per_us]),
-    scale = integer(argv[at + L.scale]),
-    cost = capacity and cost_of(argv[at + L.cost], capacity),
-    mode = argv[at + L.mode],
+    per_us = integer(f[L.per_us]),
+    scale = integer(f[L.scale]),
+    cost = capacity and cost_of(f[L.cost], capacity),
+    mode = f[L.mode],
   }
   if c.algorithm == nil or c.limit == nil or c.window_us == nil or not c.capacity
     or c.per_us == nil or c.scale == nil or not c.cost or not MODES[c.mode]
@@ -818,26 +827,23 @@ local function parse_limit_fields(argv, at)
   return c
 end
 
--- Limits already parsed, by their fields as sent joined by ':'. The same
--- few limits come with nearly every call: in the function library, which
--- lives as long as the server, a limit seen before is neither converted
--- nor validated again (tonumber of each field was a good part of a call's
--- cost); as a script the table starts empty at each call. The text names
--- one list of fields only: no field of a valid limit holds a ':' (integers
--- and names), so the text of a valid one has exactly seven, each between
--- two fields; only valid limits are kept. Entries are shared, never
--- written to, and the table is emptied when it holds PARSED_MAX (costs
--- vary from call to call).
+-- Limits already parsed, by their argument. The same few limits come
+-- with nearly every call: in the function library, which lives as long as
+-- the server, a limit seen before is neither split, converted nor
+-- validated again (tonumber of each field was a good part of a call's
+-- cost); as a script the table starts empty at each call. Only valid
+-- limits are kept. Entries are shared, never written to, and the table is
+-- emptied when it holds PARSED_MAX (costs vary from call to call).
 local PARSED_MAX = 256
 local parsed, n_parsed = {}, 0
 
 local function parse_limit(argv, at)
-  local text = concat(argv, ':', at + 1, at + N_LIMIT)
+  local text = argv[at + 1]
   local c = parsed[text]
   if c then
     return c
   end
-  c = parse_limit_fields(argv, at)
+  c = parse_limit_fields(text)
   if c then
     if n_parsed >= PARSED_MAX then
       parsed, n_parsed = {}, 0

@@ -96,14 +96,9 @@ fn decide(
     cmd.arg(now).arg(0).arg(0);
     for _ in keys {
         // Capacity `limit`, no refill rate (scale 1), enforced.
-        cmd.arg(algorithm)
-            .arg(limit)
-            .arg(WINDOW_US)
-            .arg(limit)
-            .arg(0)
-            .arg(1)
-            .arg(cost)
-            .arg("enforce");
+        cmd.arg(format!(
+            "{algorithm}:{limit}:{WINDOW_US}:{limit}:0:1:{cost}:enforce"
+        ));
     }
     cmd
 }

@@ -87,8 +87,7 @@ impl Engine {
             Engine::Functions => ("FCALL", entry.function()),
             Engine::Scripts => ("EVALSHA", entry.script().get_hash()),
         };
-        let args =
-            3 + script::HEADER_FIELDS.len() + n_keys.saturating_mul(2 + script::LIMIT_FIELDS.len());
+        let args = 3 + script::HEADER_FIELDS.len() + n_keys.saturating_mul(2);
         let bytes = 32 + target.len() + n_keys.saturating_mul(BYTES_PER_KEY);
         let mut cmd = Cmd::with_capacity(args, bytes);
         cmd.arg(name).arg(target).arg(n_keys);

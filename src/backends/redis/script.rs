@@ -32,6 +32,7 @@
 //! lost refund costs only room until the window passes.
 
 use std::collections::HashSet;
+use std::io::Write;
 
 use redis::{RedisWrite, ToRedisArgs};
 
@@ -148,11 +149,13 @@ impl Library {
     }
 }
 
-/// One argument of the script: text, or an integer sent in decimal.
+/// One argument of the script: text, an integer sent in decimal, or a
+/// limit (its [`LIMIT_FIELDS`] joined by `:`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Arg {
     Text(&'static str),
     Int(u64),
+    Limit(LimitArgs),
 }
 
 /// One field of the argument layout: its name (the script reads the
@@ -232,7 +235,10 @@ pub const HEADER_FIELDS: [Field<HeaderArgs>; 3] = [
     ),
 ];
 
-/// The fields of one limit, in this order, once per key after the header.
+/// The fields of one limit, in this order, joined by `:` into one argument
+/// per key after the header: one argument rather than eight, which Redis
+/// would parse into eight strings and the script join again to look the
+/// limit up among those it has parsed before.
 pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
     Field::new(
         "algorithm",
@@ -334,14 +340,12 @@ const REPLY_PER_LIMIT: usize = 3;
 /// Integers a receipt adds per limit: at_us, units.
 const RECEIPT_LEN: usize = 2;
 
-/// ARGV of one call: the header's fields, then every limit's, each in the
-/// order of its table.
+/// ARGV of one call: the header's fields in the order of its table, then
+/// one argument per limit.
 pub fn argv(header: &HeaderArgs, limits: &[LimitArgs]) -> Vec<Arg> {
-    let mut out = Vec::with_capacity(HEADER_FIELDS.len() + LIMIT_FIELDS.len() * limits.len());
+    let mut out = Vec::with_capacity(HEADER_FIELDS.len() + limits.len());
     out.extend(HEADER_FIELDS.iter().map(|field| (field.value)(header)));
-    for limit in limits {
-        out.extend(LIMIT_FIELDS.iter().map(|field| (field.value)(limit)));
-    }
+    out.extend(limits.iter().copied().map(Arg::Limit));
     out
 }
 
@@ -375,6 +379,29 @@ impl ToRedisArgs for Arg {
         match self {
             Arg::Text(text) => out.write_arg(text.as_bytes()),
             Arg::Int(n) => n.write_redis_args(out),
+            Arg::Limit(limit) => limit.write_redis_args(out),
+        }
+    }
+}
+
+/// One argument: the fields of [`LIMIT_FIELDS`] joined by `:`, written
+/// straight into the command.
+impl ToRedisArgs for LimitArgs {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        let mut digits = itoa::Buffer::new();
+        for (idx, field) in LIMIT_FIELDS.iter().enumerate() {
+            let text = match (field.value)(self) {
+                Arg::Text(text) => text.as_bytes(),
+                Arg::Int(n) => digits.format(n).as_bytes(),
+                // No field of a limit is a limit.
+                Arg::Limit(_) => b"",
+            };
+            // Writing into the command's buffer cannot fail.
+            if idx > 0 {
+                let _ = arg.write_all(b":");
+            }
+            let _ = arg.write_all(text);
         }
     }
 }
@@ -432,9 +459,7 @@ pub fn write_request(cmd: &mut redis::Cmd, header: &HeaderArgs, limits: &[LimitA
         cmd.arg((field.value)(header));
     }
     for limit in limits {
-        for field in &LIMIT_FIELDS {
-            cmd.arg((field.value)(limit));
-        }
+        cmd.arg(limit);
     }
 }
 
@@ -847,22 +872,28 @@ mod tests {
             grace_ms: 7,
             receipts: false,
         };
-        let args = argv(&header, &[LimitArgs::of(&check)]);
+        let limit = LimitArgs::of(&check);
+        let args = argv(&header, &[limit]);
         assert_eq!(
             args,
-            [
-                Arg::Text(""),
-                Arg::Int(7),
-                Arg::Int(0),
-                Arg::Text("token_bucket"),
-                Arg::Int(10),
-                Arg::Int(60_000_000),
-                Arg::Int(20),
-                Arg::Int(rate.per_us),
-                Arg::Int(rate.scale),
-                Arg::Int(3),
-                Arg::Text("quota"),
-            ]
+            [Arg::Text(""), Arg::Int(7), Arg::Int(0), Arg::Limit(limit)]
+        );
+        // A limit is one argument: its fields joined by ':'.
+        let mut cmd = redis::Cmd::new();
+        cmd.arg(args[3]);
+        let written: Vec<_> = cmd
+            .args_iter()
+            .map(|it| match it {
+                redis::Arg::Simple(bytes) => String::from_utf8(bytes.to_vec()).unwrap(),
+                _ => panic!("a limit is a plain argument"),
+            })
+            .collect();
+        assert_eq!(
+            written,
+            [format!(
+                "token_bucket:10:60000000:20:{}:{}:3:quota",
+                rate.per_us, rate.scale
+            )]
         );
     }
 
