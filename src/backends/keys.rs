@@ -110,8 +110,9 @@ fn encode_descriptor_tagged(prefix: &str, key: &CounterKey) -> String {
 /// `{algorithm}.{window}s[.override]`.
 fn limit_into(out: &mut String, key: &CounterKey) {
     out.push_str(key.algorithm.name());
-    // Writing into a String cannot fail.
-    let _ = write!(out, ".{}s", key.window_s);
+    out.push('.');
+    out.push_str(itoa::Buffer::new().format(key.window_s));
+    out.push('s');
     if key.is_override {
         out.push_str(".override");
     }
@@ -147,7 +148,16 @@ fn key_bytes_into(out: &mut String, bytes: &KeyBytes) {
         }
         return;
     }
-    for chunk in bytes.inline().unwrap_or_default().utf8_chunks() {
+    let raw = bytes.inline().unwrap_or_default();
+    // Most entries are ASCII with nothing to escape: copied whole, without
+    // a pass per UTF-8 chunk and per escaped character.
+    if raw.iter().all(|&byte| byte.is_ascii() && !escaped(byte))
+        && let Ok(text) = std::str::from_utf8(raw)
+    {
+        out.push_str(text);
+        return;
+    }
+    for chunk in raw.utf8_chunks() {
         escape_into(out, chunk.valid());
         for byte in chunk.invalid() {
             let _ = write!(out, "%{byte:02X}");
