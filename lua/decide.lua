@@ -855,14 +855,20 @@ end
 
 -- One request's header and its `n` limits, argv[at + 1] on, validated
 -- before anything is read or written: the header (its time, nil for the
--- server's) and the checks, or nil and the error.
-local function parse_request(argv, at, n)
-  local checks = {}
+-- server's) and the checks, or nil and the error. Written into `into`
+-- when given (every field, and checks past n cleared), else a new table.
+local function parse_request(argv, at, n, into)
+  local checks = into and into.checks or {}
   for idx = 1, n do
     checks[idx] = parse_limit(argv, at + N_HEADER + N_LIMIT * (idx - 1))
     if not checks[idx] then
       return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx)
     end
+  end
+  local past = n + 1
+  while checks[past] ~= nil do
+    checks[past] = nil
+    past = past + 1
   end
   local grace = integer(argv[at + H.grace_ms])
   if grace == nil then
@@ -879,8 +885,18 @@ local function parse_request(argv, at, n)
       return nil, 'ERR throttlegate: bad time'
     end
   end
-  return { grace_ms = grace, checks = checks, receipts = flag == '1', now = now, first = 0 }
+  if not into then
+    return { grace_ms = grace, checks = checks, receipts = flag == '1', now = now, first = 0 }
+  end
+  into.grace_ms, into.receipts, into.now, into.first = grace, flag == '1', now, 0
+  return into
 end
+
+-- The request of `decide` and its reply's sections: one call at a time on
+-- a server, so in the library they are kept from call to call instead of
+-- three tables per call (a call writes every field it reads, and the
+-- reply is joined up to the call's own last section).
+local single, single_reply = { checks = {} }, {}
 
 -- The reply's integers by section: a request's first limit carries the
 -- request's `allowed` in front, so every limit is one `pack` (each call
@@ -898,11 +914,11 @@ local REPLY_FORMATS = {
 local states, effective_now, has_room = {}, {}, {}
 
 -- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
--- appending its section to `reply` (one packed string per limit):
--- allowed, then per limit its flags, remaining and reset_us (and the
--- receipt when asked for). `seen`:
--- the batch's keys (see `open`), nil outside a batch.
-local function run(keys, first, header, now, reply, seen)
+-- writing its section into `reply` after its first `out` entries (one
+-- packed string per limit): allowed, then per limit its flags, remaining
+-- and reset_us (and the receipt when asked for); returns the new count.
+-- `seen`: the batch's keys (see `open`), nil outside a batch.
+local function run(keys, first, header, now, reply, seen, out)
   local checks = header.checks
   local n = #checks
   grace_ms = header.grace_ms
@@ -924,7 +940,6 @@ local function run(keys, first, header, now, reply, seen)
   local allowed = enforced_ok and (quota_ok or not quota_seen)
 
   -- Then consume all or nothing, and answer.
-  local out = #reply
   local formats = REPLY_FORMATS[header.receipts]
   for idx = 1, n do
     local c = checks[idx]
@@ -966,6 +981,7 @@ local function run(keys, first, header, now, reply, seen)
       reply[out] = pack(formats.next, flags, remaining, reset_us, at_us, units)
     end
   end
+  return out
 end
 
 -- One request: `keys` and `argv` as KEYS and ARGV (HEADER_FIELDS, then
@@ -976,13 +992,13 @@ local function decide(keys, argv)
   if #argv ~= expected then
     return redis.error_reply('ERR throttlegate: expected ' .. fmt(expected) .. ' arguments')
   end
-  local header, problem = parse_request(argv, 0, n)
+  local header, problem = parse_request(argv, 0, n, single)
   if not header then
     return redis.error_reply(problem)
   end
-  local reply = {}
-  run(keys, 0, header, header.now or now_of(''), reply)
-  return concat(reply)
+  local reply = single_reply
+  local last = run(keys, 0, header, header.now or now_of(''), reply, nil, 0)
+  return concat(reply, '', 1, last)
 end
 
 -- Several requests, each decided on its own, in order: ARGV is
@@ -1013,7 +1029,7 @@ local function decide_batch(keys, argv)
   if at ~= #argv or first ~= #keys then
     return redis.error_reply('ERR throttlegate: arguments past the last request')
   end
-  local reply, server_now, seen = {}, nil, {}
+  local reply, server_now, seen, out = {}, nil, {}, 0
   local ok, problem = pcall(function()
     for idx = 1, n_requests do
       local header = requests[idx]
@@ -1022,7 +1038,7 @@ local function decide_batch(keys, argv)
         server_now = server_now or now_of('')
         now = server_now
       end
-      run(keys, header.first, header, now, reply, seen)
+      out = run(keys, header.first, header, now, reply, seen, out)
     end
   end)
   -- Written even when a request failed: the requests before it are
