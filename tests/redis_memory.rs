@@ -13,7 +13,7 @@ use support::service::T0;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
-use throttlegate::backends::redis::script::ReplyIntegers;
+use throttlegate::backends::redis::script::{self, HeaderArgs, LimitArgs, ReplyIntegers};
 use throttlegate::clock::ManualClock;
 
 /// The window of every limit here: a minute.
@@ -83,7 +83,7 @@ fn decide(
     sha: &str,
     keys: &[String],
     now: u64,
-    algorithm: &str,
+    algorithm: &'static str,
     limit: u64,
     cost: u64,
 ) -> redis::Cmd {
@@ -92,14 +92,23 @@ fn decide(
     for key in keys {
         cmd.arg(key);
     }
-    // The header: now_us, grace_ms, receipts (none).
-    cmd.arg(now).arg(0).arg(0);
-    for _ in keys {
-        // Capacity `limit`, no refill rate (scale 1), enforced.
-        cmd.arg(format!(
-            "{algorithm}:{limit}:{WINDOW_US}:{limit}:0:1:{cost}:enforce"
-        ));
-    }
+    let header = HeaderArgs {
+        now_us: Some(now),
+        grace_ms: 0,
+        receipts: false,
+    };
+    // Capacity `limit`, no refill rate (scale 1), enforced.
+    let limit = LimitArgs {
+        algorithm,
+        limit,
+        window_us: WINDOW_US,
+        capacity: limit,
+        per_us: 0,
+        scale: 1,
+        cost,
+        mode: "enforce",
+    };
+    script::write_request(&mut cmd, &header, &vec![limit; keys.len()]);
     cmd
 }
 
