@@ -145,9 +145,7 @@ pub async fn serve_limited(
 ) -> Result<(), Error> {
     let health = app.health.clone().following(shutdown.clone());
     let (reports, health_service) = HealthReports::start(health).await;
-    let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone())
-        .into_server()
-        .max_decoding_message_size(MAX_MESSAGE_BYTES);
+    let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone());
     let services = Services {
         rate_limit,
         health: health_service,

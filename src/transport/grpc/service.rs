@@ -1,14 +1,42 @@
-//! The gRPC RateLimitService: each call decided by the [`Limiter`], its
-//! request and answer mapped by [`crate::transport::wire`].
+//! The gRPC RateLimitService: `ShouldRateLimit` decided by the [`Limiter`],
+//! its request and answer mapped by [`crate::transport::wire`].
+//!
+//! The one method is served by hand rather than through tonic's generated
+//! server: a unary call with a message of a few dozen bytes needs no
+//! streaming decoder, no per-call codec state and no encoder polling a
+//! stream of answers. The request's body is read as it arrives (one DATA
+//! frame from every client we know, kept without a copy), decoded once,
+//! and answered with one prebuilt frame and `grpc-status: 0` in the
+//! trailers. What a client sees is what tonic's server would send: the
+//! same headers, frames and trailers, and a status for every refusal
+//! (UNIMPLEMENTED for a compressed message, RESOURCE_EXHAUSTED past
+//! [`MAX_MESSAGE_BYTES`], INVALID_ARGUMENT for a body that is not one
+//! `RateLimitRequest`).
 
+use std::convert::Infallible;
+use std::future::poll_fn;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use tonic::{Request, Response};
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body::{Body as _, Frame, SizeHint};
+use prost::Message as _;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, http};
+use tonic::server::NamedService;
 
 use crate::decision::{self, Limiter};
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
+use crate::transport::grpc::MAX_MESSAGE_BYTES;
 use crate::transport::wire::{from_wire, to_wire};
+
+/// The path of the one method served.
+pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
+
+/// The gRPC message prefix: a compression flag and a 4-byte length.
+const PREFIX_BYTES: usize = 5;
 
 /// Serves `ShouldRateLimit` through a [`Limiter`].
 #[derive(Debug, Clone)]
@@ -23,24 +51,50 @@ impl RateLimitService {
         Self { limiter, metrics }
     }
 
-    /// The generated tonic server around this service.
-    pub fn into_server(
-        self,
-    ) -> rls::rate_limit_service_server::RateLimitServiceServer<RateLimitService> {
-        rls::rate_limit_service_server::RateLimitServiceServer::new(self)
+    /// The answer to one `ShouldRateLimit` call whose headers were
+    /// accepted: a decision, or the status that says why there is none.
+    async fn answer(self, body: Body) -> http::Response<Body> {
+        let _in_flight = self.metrics.track_in_flight();
+        let message = match read_message(body).await {
+            Ok(message) => message,
+            Err(status) => return status_response(status),
+        };
+        let request = match rls::RateLimitRequest::decode(message) {
+            Ok(request) => request,
+            Err(error) => return status_response(malformed(&error.to_string())),
+        };
+        match self.limiter.decide(&from_wire(request)).await {
+            Ok(decision) => answer_response(&to_wire(decision)),
+            Err(error) => status_response(to_status(error)),
+        }
     }
 }
 
-#[tonic::async_trait]
-impl rls::rate_limit_service_server::RateLimitService for RateLimitService {
-    async fn should_rate_limit(
-        &self,
-        request: Request<rls::RateLimitRequest>,
-    ) -> Result<Response<rls::RateLimitResponse>, tonic::Status> {
-        let _in_flight = self.metrics.track_in_flight();
-        let request = from_wire(request.into_inner());
-        let decision = self.limiter.decide(&request).await.map_err(to_status)?;
-        Ok(Response::new(to_wire(decision)))
+impl NamedService for RateLimitService {
+    const NAME: &'static str = rls::rate_limit_service_server::SERVICE_NAME;
+}
+
+impl tower::Service<http::Request<Body>> for RateLimitService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<http::Response<Body>, Infallible>;
+
+    /// Always ready: every call gets its own clone of the limiter's handle.
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        if request.uri().path() != SHOULD_RATE_LIMIT {
+            return Box::pin(std::future::ready(Ok(status_response(
+                tonic::Status::unimplemented(""),
+            ))));
+        }
+        if let Err(status) = identity_encoding(request.headers()) {
+            return Box::pin(std::future::ready(Ok(status_response(status))));
+        }
+        let service = self.clone();
+        Box::pin(async move { Ok(service.answer(request.into_body()).await) })
     }
 }
 
@@ -56,6 +110,195 @@ pub fn to_status(error: decision::Error) -> tonic::Status {
     match error {
         decision::Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
         decision::Error::Backend(error) => tonic::Status::unavailable(error.to_string()),
+    }
+}
+
+// === the request ===
+
+/// A request's `grpc-encoding` must be absent or `identity`: this server
+/// accepts no compression, and says so in `grpc-accept-encoding`, as
+/// tonic's server does.
+fn identity_encoding(headers: &http::HeaderMap) -> Result<(), tonic::Status> {
+    let Some(encoding) = headers.get("grpc-encoding") else {
+        return Ok(());
+    };
+    if encoding.as_bytes() == b"identity" {
+        return Ok(());
+    }
+    let name = String::from_utf8_lossy(encoding.as_bytes());
+    let mut status = tonic::Status::unimplemented(format!(
+        "Content is compressed with `{name}` which isn't supported"
+    ));
+    status.metadata_mut().insert(
+        "grpc-accept-encoding",
+        tonic::metadata::MetadataValue::from_static("identity"),
+    );
+    Err(status)
+}
+
+/// What of a request's message has arrived: nothing, one frame's bytes
+/// (kept as they came), or several frames' copied together.
+enum Received {
+    Nothing,
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Received {
+    fn add(&mut self, data: Bytes) {
+        *self = match std::mem::replace(self, Received::Nothing) {
+            Received::Nothing => Received::One(data),
+            Received::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + data.len());
+                joined.extend_from_slice(&first);
+                joined.extend_from_slice(&data);
+                Received::Joined(joined)
+            }
+            Received::Joined(mut joined) => {
+                joined.extend_from_slice(&data);
+                Received::Joined(joined)
+            }
+        };
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Received::Nothing => &[],
+            Received::One(bytes) => bytes,
+            Received::Joined(bytes) => bytes,
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Received::Nothing => Bytes::new(),
+            Received::One(bytes) => bytes,
+            Received::Joined(bytes) => bytes.freeze(),
+        }
+    }
+}
+
+/// The request's one message, read to the end of the body: refused as
+/// soon as its prefix shows it compressed or over [`MAX_MESSAGE_BYTES`],
+/// or when more bytes follow it, so that no more than one message's
+/// bytes are ever held. Request trailers are read and ignored.
+async fn read_message(mut body: Body) -> Result<Bytes, tonic::Status> {
+    let mut received = Received::Nothing;
+    let mut expected = None;
+    while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        received.add(data);
+        let bytes = received.bytes();
+        if expected.is_none() && bytes.len() >= PREFIX_BYTES {
+            expected = Some(PREFIX_BYTES + message_length(bytes)?);
+        }
+        if let Some(expected) = expected
+            && bytes.len() > expected
+        {
+            return Err(malformed("more than one message in a unary call"));
+        }
+    }
+    match expected {
+        None if received.bytes().is_empty() => Err(malformed("no request message")),
+        Some(expected) if received.bytes().len() == expected => {
+            Ok(received.into_bytes().slice(PREFIX_BYTES..))
+        }
+        _ => Err(malformed("the body ends inside the request message")),
+    }
+}
+
+/// The length in a message prefix, within the server's limit, of a
+/// message sent uncompressed.
+fn message_length(prefix: &[u8]) -> Result<usize, tonic::Status> {
+    match prefix[0] {
+        0 => {}
+        1 => return Err(malformed("a compressed message with no grpc-encoding")),
+        flag => return Err(malformed(&format!("invalid compression flag {flag}"))),
+    }
+    let length = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]) as usize;
+    if length > MAX_MESSAGE_BYTES {
+        return Err(tonic::Status::resource_exhausted(format!(
+            "request message of {length} bytes, over the limit of {MAX_MESSAGE_BYTES}"
+        )));
+    }
+    Ok(length)
+}
+
+/// A body that is not one `RateLimitRequest`: retrying cannot help.
+fn malformed(reason: &str) -> tonic::Status {
+    tonic::Status::invalid_argument(format!("malformed request: {reason}"))
+}
+
+// === the answer ===
+
+const GRPC_CONTENT_TYPE: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
+
+/// A decided call: `content-type`, the answer in one message frame, and
+/// `grpc-status: 0` in the trailers.
+fn answer_response(answer: &rls::RateLimitResponse) -> http::Response<Body> {
+    let length = answer.encoded_len();
+    let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length);
+    frame.put_u8(0);
+    // An answer is far under 4 GiB: a few statuses and headers, each
+    // bounded by the request's own limits.
+    frame.put_u32(length as u32);
+    answer.encode_raw(&mut frame);
+    let mut response = http::Response::new(Body::new(Answer {
+        frame: Some(frame.freeze()),
+        trailers: true,
+    }));
+    response
+        .headers_mut()
+        .insert(http::header::CONTENT_TYPE, GRPC_CONTENT_TYPE);
+    response
+}
+
+/// A call answered with a status and no message: gRPC's trailers-only
+/// form, the status in the response headers.
+pub(super) fn status_response(status: tonic::Status) -> http::Response<Body> {
+    let (parts, ()) = status.into_http::<()>().into_parts();
+    http::Response::from_parts(parts, Body::empty())
+}
+
+/// A decided call's body: its message frame, then its trailers.
+struct Answer {
+    frame: Option<Bytes>,
+    /// Whether the trailers are still to be sent.
+    trailers: bool,
+}
+
+impl http_body::Body for Answer {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        let this = self.get_mut();
+        if let Some(frame) = this.frame.take() {
+            return Poll::Ready(Some(Ok(Frame::data(frame))));
+        }
+        if std::mem::take(&mut this.trailers) {
+            let mut trailers = http::HeaderMap::with_capacity(1);
+            trailers.insert(
+                tonic::Status::GRPC_STATUS,
+                http::HeaderValue::from_static("0"),
+            );
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.frame.is_none() && !self.trailers
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let length = self.frame.as_ref().map_or(0, Bytes::len);
+        SizeHint::with_exact(length as u64)
     }
 }
 
@@ -77,5 +320,148 @@ mod tests {
         let status = to_status(decision::Error::InvalidArgument("empty domain".to_owned()));
         assert_eq!(status.code(), tonic::Code::InvalidArgument);
         assert_eq!(status.message(), "empty domain");
+    }
+
+    /// A body of the given frames, then the given trailers.
+    struct Frames(std::collections::VecDeque<Frame<Bytes>>);
+
+    impl http_body::Body for Frames {
+        type Data = Bytes;
+        type Error = tonic::Status;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+            Poll::Ready(self.get_mut().0.pop_front().map(Ok))
+        }
+    }
+
+    fn body(chunks: &[&[u8]]) -> Body {
+        let mut frames: std::collections::VecDeque<_> = chunks
+            .iter()
+            .map(|chunk| Frame::data(Bytes::copy_from_slice(chunk)))
+            .collect();
+        frames.push_back(Frame::trailers(http::HeaderMap::new()));
+        Body::new(Frames(frames))
+    }
+
+    fn framed(message: &[u8]) -> Vec<u8> {
+        let mut out = vec![0];
+        out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+        out.extend_from_slice(message);
+        out
+    }
+
+    fn read(chunks: &[&[u8]]) -> Result<Bytes, tonic::Status> {
+        futures_util::FutureExt::now_or_never(read_message(body(chunks))).expect("ready")
+    }
+
+    #[test]
+    fn a_message_is_read_in_one_frame_or_split_anywhere() {
+        let whole = framed(b"hello");
+        assert_eq!(read(&[&whole]).expect("read"), &b"hello"[..]);
+        for cut in 1..whole.len() {
+            let (head, tail) = whole.split_at(cut);
+            assert_eq!(read(&[head, tail]).expect("split"), &b"hello"[..], "{cut}");
+        }
+        let bytes: Vec<&[u8]> = whole.chunks(1).collect();
+        assert_eq!(read(&bytes).expect("bytes"), &b"hello"[..]);
+        assert_eq!(read(&[&framed(b"")]).expect("empty"), &b""[..]);
+    }
+
+    #[test]
+    fn bodies_that_are_not_one_message_are_refused() {
+        let whole = framed(b"hello");
+        let mut two = whole.clone();
+        two.extend_from_slice(&framed(b"again"));
+        let mut compressed = whole.clone();
+        compressed[0] = 1;
+        let mut flagged = whole.clone();
+        flagged[0] = 7;
+        let cases: [(&str, Vec<&[u8]>, &str); 6] = [
+            ("empty", vec![], "no request message"),
+            ("prefix cut", vec![&whole[..3]], "ends inside"),
+            ("message cut", vec![&whole[..7]], "ends inside"),
+            ("two messages", vec![&two], "more than one message"),
+            ("compressed", vec![&compressed], "compressed message"),
+            ("a bad flag", vec![&flagged], "invalid compression flag 7"),
+        ];
+        for (what, chunks, reason) in cases {
+            let status = read(&chunks).expect_err(what);
+            assert_eq!(status.code(), tonic::Code::InvalidArgument, "{what}");
+            assert!(
+                status.message().starts_with("malformed request: "),
+                "{what}"
+            );
+            assert!(status.message().contains(reason), "{what}: {status:?}");
+        }
+    }
+
+    #[test]
+    fn an_oversized_message_is_refused_from_its_prefix() {
+        let mut prefix = vec![0];
+        prefix.extend_from_slice(&(MAX_MESSAGE_BYTES as u32 + 1).to_be_bytes());
+        let status = read(&[&prefix]).expect_err("oversized");
+        assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+        let mut at_limit = vec![0];
+        at_limit.extend_from_slice(&(MAX_MESSAGE_BYTES as u32).to_be_bytes());
+        at_limit.resize(PREFIX_BYTES + MAX_MESSAGE_BYTES, b'x');
+        assert_eq!(
+            read(&[&at_limit]).expect("at limit").len(),
+            MAX_MESSAGE_BYTES
+        );
+    }
+
+    #[test]
+    fn compression_other_than_identity_is_unimplemented() {
+        let mut headers = http::HeaderMap::new();
+        assert!(identity_encoding(&headers).is_ok());
+        headers.insert("grpc-encoding", http::HeaderValue::from_static("identity"));
+        assert!(identity_encoding(&headers).is_ok());
+        headers.insert("grpc-encoding", http::HeaderValue::from_static("gzip"));
+        let status = identity_encoding(&headers).expect_err("gzip");
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert_eq!(
+            status
+                .metadata()
+                .get("grpc-accept-encoding")
+                .map(|it| it.to_str().ok()),
+            Some(Some("identity"))
+        );
+    }
+
+    #[test]
+    fn an_answer_is_one_message_frame_then_status_ok() {
+        let answer = rls::RateLimitResponse {
+            overall_code: 1,
+            ..Default::default()
+        };
+        let response = answer_response(&answer);
+        assert_eq!(
+            response.headers().get(http::header::CONTENT_TYPE),
+            Some(&GRPC_CONTENT_TYPE)
+        );
+        let mut body = response.into_body();
+        let mut next = || {
+            futures_util::FutureExt::now_or_never(poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)))
+                .expect("ready")
+        };
+        let data = next()
+            .expect("data")
+            .expect("ok")
+            .into_data()
+            .expect("a data frame");
+        assert_eq!(&data[..], &framed(&answer.encode_to_vec())[..]);
+        let trailers = next()
+            .expect("trailers")
+            .expect("ok")
+            .into_trailers()
+            .expect("trailers");
+        assert_eq!(
+            trailers.get("grpc-status").map(|it| it.as_bytes()),
+            Some(&b"0"[..])
+        );
+        assert!(next().is_none());
     }
 }
