@@ -758,3 +758,41 @@ async fn keepalive_and_connection_age_end_dead_and_old_connections() {
     );
     assert!(old_closed >= goaway_after + Duration::from_millis(400));
 }
+
+/// A client's own `grpc-timeout`, shorter than the server's request
+/// timeout, ends its unfinished call at the client's deadline: answered
+/// (a status, or a reset) within a few seconds, where the server's own
+/// timeout is a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_deadline_shorter_than_the_servers_ends_an_unfinished_call() {
+    let server = start(&["--grpc-request-timeout-ms", "60000"], None).await;
+    let mut stream = TcpStream::connect(server.grpc).await.unwrap();
+    h2_handshake(&mut stream).await;
+    let mut block = request_header_block();
+    block.push(0x00); // a new name
+    block.push(12);
+    block.extend_from_slice(b"grpc-timeout");
+    block.push(4);
+    block.extend_from_slice(b"300m");
+    let sent = Instant::now();
+    stream
+        .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
+        .await
+        .unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(20), async {
+        loop {
+            let frame_in = read_frame(&mut stream)
+                .await
+                .expect("connection closed while its request was open");
+            if frame_in.stream_id == 1 && matches!(frame_in.kind, HEADERS | RST_STREAM) {
+                return sent.elapsed();
+            }
+        }
+    })
+    .await
+    .expect("no answer to the unfinished call within 20 s");
+    assert!(
+        answered >= Duration::from_millis(250) && answered < Duration::from_secs(10),
+        "answered after {answered:?}, the client's deadline being 300 ms"
+    );
+}

@@ -270,7 +270,7 @@ impl State {
     }
 }
 
-/// Connection info handed to tonic's services: the TCP addresses and the
+/// Connection info for the servers: the TCP addresses and the
 /// connection's watchdog.
 #[derive(Debug, Clone)]
 pub struct ConnInfo {

@@ -376,7 +376,7 @@ impl std::fmt::Debug for TlsAcceptor {
 }
 
 /// The connections of `conns` (accepted within the cap, each with its
-/// deadlines) after their handshakes, for tonic: a task takes them and
+/// deadlines) after their handshakes, for the gRPC server: a task takes them and
 /// starts one task per handshake; finished handshakes come out in the
 /// order they finish. A failed handshake (refused certificate, plain text,
 /// the deadline) is counted in `failures` and logged at most once a second

@@ -1,19 +1,7 @@
-//! Layers around every gRPC service: the handshake watchdog learns of each
-//! request, and tonic's decode failures get the status codes Envoy
-//! operators expect.
+//! The answers of tonic's generated services (health, reflection), with
+//! tonic's decode failures given the status codes Envoy operators expect.
 
 use tonic::codegen::http;
-
-use crate::transport::listener::ConnInfo;
-
-/// hyper calls the service once a request's headers are complete: from
-/// then on the connection is past its handshake deadline.
-pub(super) fn request_received<B>(request: http::Request<B>) -> http::Request<B> {
-    if let Some(info) = request.extensions().get::<ConnInfo>() {
-        info.watchdog.request_started();
-    }
-    request
-}
 
 /// The status codes tonic's own decode failures are answered with, mapped
 /// to those Envoy operators expect, in one pass over the response headers

@@ -6,10 +6,10 @@ pub mod health;
 mod layers;
 pub mod reflection;
 mod routes;
+mod server;
 pub mod service;
 mod threads;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -105,8 +105,6 @@ impl GrpcLimits {
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("grpc server failed: {0}")]
-    Transport(#[from] tonic::transport::Error),
     #[error("grpc serving threads could not start: {0}")]
     Threads(std::io::Error),
     #[error("a grpc serving thread stopped unexpectedly")]
@@ -147,15 +145,15 @@ pub async fn serve_limited(
     let (reports, health_service) = HealthReports::start(health).await;
     let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone());
     let services = Services {
-        rate_limit,
+        rate_limit: rate_limit.clone(),
         health: health_service,
         reflection_v1: ShortStatus(reflection_v1()),
         reflection_v1alpha: ShortStatus(reflection_v1alpha()),
     };
     let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
-    // The handshake deadline bounds the TLS handshake too. tonic's own
-    // grace period skips the GOAWAY when set (it only closes the
-    // connection at age + grace), so the connection closes itself.
+    // The handshake deadline bounds the TLS handshake too. GOAWAY goes out
+    // at the connection's age (server.rs); at age + grace the connection
+    // closes itself, whatever its streams.
     let first_deadline = Some(limits.handshake_timeout);
     let lifetime = Some(limits.max_connection_age + limits.max_connection_age_grace);
     let conns = listener.into_incoming(first_deadline, lifetime);
@@ -163,6 +161,7 @@ pub async fn serve_limited(
         app: app.clone(),
         limits,
         services,
+        rate_limit,
         shutdown: shutdown.clone(),
     };
     if limits.threads == 0 {
@@ -182,6 +181,8 @@ struct Connections<S> {
     limits: GrpcLimits,
     /// The gRPC services, as one ([`Services`]).
     services: S,
+    /// `ShouldRateLimit`, which the server calls directly.
+    rate_limit: RateLimitService,
     shutdown: Shutdown,
 }
 
@@ -193,35 +194,23 @@ impl<S: GrpcService> Connections<S> {
             app,
             limits,
             services,
+            rate_limit,
             shutdown,
         } = self;
-        let incoming: Pin<Box<dyn Stream<Item = Result<Io, Infallible>> + Send>> = match &app.tls {
-            None => Box::pin(conns.map(|conn| Ok(Io::Plain(conn)))),
-            Some(acceptor) => Box::pin(tls::handshaken(
-                conns,
-                "grpc",
-                acceptor.clone(),
-                app.metrics.tls_handshake_errors("grpc"),
-            )),
+        let incoming: Pin<Box<dyn Stream<Item = Io> + Send>> = match &app.tls {
+            None => Box::pin(conns.map(Io::Plain)),
+            Some(acceptor) => Box::pin(
+                tls::handshaken(
+                    conns,
+                    "grpc",
+                    acceptor.clone(),
+                    app.metrics.tls_handshake_errors("grpc"),
+                )
+                .map(|io| io.unwrap_or_else(|never| match never {})),
+            ),
         };
-        tonic::transport::Server::builder()
-            .max_concurrent_streams(limits.max_concurrent_streams)
-            // tonic's unset default turns hyper's limits off; a peer that keeps
-            // opening streams past the limit (each refused) or resetting them
-            // gets GOAWAY instead (RUSTSEC-2024-0003, CVE-2023-44487).
-            .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
-            .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
-            .http2_keepalive_interval(Some(limits.keepalive_interval))
-            .http2_keepalive_timeout(Some(limits.keepalive_timeout))
-            .max_connection_age(limits.max_connection_age)
-            .timeout(limits.request_timeout)
-            .layer(tower::util::MapRequestLayer::new(layers::request_received))
-            .layer(tower::util::MapResponseLayer::new(
-                layers::decode_failure_statuses,
-            ))
-            .serve_with_incoming_shutdown(services, incoming, shutdown.closing())
-            .await
-            .map_err(Error::from)
+        server::serve(incoming, services, rate_limit, limits, shutdown.closing()).await;
+        Ok(())
     }
 }
 

@@ -14,13 +14,13 @@
 //! `RateLimitRequest`).
 
 use std::convert::Infallible;
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body::{Body as _, Frame, SizeHint};
+use http_body::{Frame, SizeHint};
 use prost::Message as _;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, http};
@@ -51,21 +51,46 @@ impl RateLimitService {
         Self { limiter, metrics }
     }
 
+    /// The answer to a `ShouldRateLimit` call (its path already matched),
+    /// whatever its body's type: hyper's stream as the server receives it,
+    /// or tonic's through the router.
+    pub(super) fn call_http<B>(
+        self,
+        request: http::Request<B>,
+    ) -> impl Future<Output = http::Response<Reply>> + Send + 'static
+    where
+        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
+        B::Error: Into<tonic::codegen::StdError>,
+    {
+        let refused = identity_encoding(request.headers()).err();
+        async move {
+            if let Some(status) = refused {
+                return status_response(status).map(Reply::Other);
+            }
+            self.answer(request.into_body()).await
+        }
+    }
+
     /// The answer to one `ShouldRateLimit` call whose headers were
     /// accepted: a decision, or the status that says why there is none.
-    async fn answer(self, body: Body) -> http::Response<Body> {
+    async fn answer<B>(self, body: B) -> http::Response<Reply>
+    where
+        B: http_body::Body<Data = Bytes> + Unpin,
+        B::Error: Into<tonic::codegen::StdError>,
+    {
         let _in_flight = self.metrics.track_in_flight();
+        let refused = |status| status_response(status).map(Reply::Other);
         let message = match read_message(body).await {
             Ok(message) => message,
-            Err(status) => return status_response(status),
+            Err(status) => return refused(status),
         };
         let request = match rls::RateLimitRequest::decode(message) {
             Ok(request) => request,
-            Err(error) => return status_response(malformed(&error.to_string())),
+            Err(error) => return refused(malformed(&error.to_string())),
         };
         match self.limiter.decide(&from_wire(request)).await {
             Ok(decision) => answer_response(&to_wire(decision)),
-            Err(error) => status_response(to_status(error)),
+            Err(error) => refused(to_status(error)),
         }
     }
 }
@@ -84,17 +109,17 @@ impl tower::Service<http::Request<Body>> for RateLimitService {
         Poll::Ready(Ok(()))
     }
 
+    /// Other methods of the service are UNIMPLEMENTED. The server sends
+    /// `ShouldRateLimit` calls to [`RateLimitService::call_http`] itself;
+    /// this is the same answer through the router.
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         if request.uri().path() != SHOULD_RATE_LIMIT {
             return Box::pin(std::future::ready(Ok(status_response(
                 tonic::Status::unimplemented(""),
             ))));
         }
-        if let Err(status) = identity_encoding(request.headers()) {
-            return Box::pin(std::future::ready(Ok(status_response(status))));
-        }
-        let service = self.clone();
-        Box::pin(async move { Ok(service.answer(request.into_body()).await) })
+        let answer = self.clone().call_http(request);
+        Box::pin(async move { Ok(answer.await.map(Reply::into_body)) })
     }
 }
 
@@ -182,11 +207,16 @@ impl Received {
 /// soon as its prefix shows it compressed or over [`MAX_MESSAGE_BYTES`],
 /// or when more bytes follow it, so that no more than one message's
 /// bytes are ever held. Request trailers are read and ignored.
-async fn read_message(mut body: Body) -> Result<Bytes, tonic::Status> {
+async fn read_message<B>(mut body: B) -> Result<Bytes, tonic::Status>
+where
+    B: http_body::Body<Data = Bytes> + Unpin,
+    B::Error: Into<tonic::codegen::StdError>,
+{
     let mut received = Received::Nothing;
     let mut expected = None;
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let Ok(data) = frame?.into_data() else {
+        let frame = frame.map_err(|err| tonic::Status::from_error(err.into()))?;
+        let Ok(data) = frame.into_data() else {
             continue;
         };
         received.add(data);
@@ -237,7 +267,7 @@ const GRPC_CONTENT_TYPE: http::HeaderValue = http::HeaderValue::from_static("app
 
 /// A decided call: `content-type`, the answer in one message frame, and
 /// `grpc-status: 0` in the trailers.
-fn answer_response(answer: &rls::RateLimitResponse) -> http::Response<Body> {
+fn answer_response(answer: &rls::RateLimitResponse) -> http::Response<Reply> {
     let length = answer.encoded_len();
     let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length);
     frame.put_u8(0);
@@ -245,7 +275,7 @@ fn answer_response(answer: &rls::RateLimitResponse) -> http::Response<Body> {
     // bounded by the request's own limits.
     frame.put_u32(length as u32);
     answer.encode_raw(&mut frame);
-    let mut response = http::Response::new(Body::new(Answer {
+    let mut response = http::Response::new(Reply::Answer(Answer {
         frame: Some(frame.freeze()),
         trailers: true,
     }));
@@ -263,7 +293,7 @@ pub(super) fn status_response(status: tonic::Status) -> http::Response<Body> {
 }
 
 /// A decided call's body: its message frame, then its trailers.
-struct Answer {
+pub(super) struct Answer {
     frame: Option<Bytes>,
     /// Whether the trailers are still to be sent.
     trailers: bool,
@@ -302,8 +332,56 @@ impl http_body::Body for Answer {
     }
 }
 
+/// A response body as the server sends it: a decided call's, or any
+/// other (a refusal, another service's answer) in tonic's body.
+pub(super) enum Reply {
+    Answer(Answer),
+    Other(Body),
+}
+
+impl Reply {
+    /// The same body as tonic's type.
+    fn into_body(self) -> Body {
+        match self {
+            Reply::Answer(answer) => Body::new(answer),
+            Reply::Other(body) => body,
+        }
+    }
+}
+
+impl http_body::Body for Reply {
+    type Data = Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
+        match self.get_mut() {
+            Reply::Answer(answer) => Pin::new(answer).poll_frame(cx),
+            Reply::Other(body) => Pin::new(body).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Reply::Answer(answer) => answer.is_end_stream(),
+            Reply::Other(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Reply::Answer(answer) => answer.size_hint(),
+            Reply::Other(body) => body.size_hint(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use http_body::Body as _;
+
     use super::*;
 
     #[test]
