@@ -239,7 +239,8 @@ async fn start(
     hangups: Option<Signal>,
     stop: &mut StopSignals,
 ) -> Result<Serving, Aborted> {
-    let (grpc_limits, http_limits) = limits(&settings.limits, redis_sockets(&settings.redis));
+    let sockets = redis_sockets(&settings.redis, settings.limits.grpc.threads);
+    let (grpc_limits, http_limits) = limits(&settings.limits, sockets);
     let tls_files = tls_files(&settings.tls).map_err(Aborted::Failed)?;
     let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
     let status = Arc::new(ConfigStatus::new(
@@ -510,7 +511,12 @@ async fn backend(
     };
     let hash_tag = settings.redis.hash_tag;
     match stop.or_stop(RedisBackend::connect(redis)).await {
-        Some(Ok(it)) => Ok((Arc::new(it.with_hash_tag(hash_tag)), None)),
+        Some(Ok(it)) => {
+            let it = it
+                .with_hash_tag(hash_tag)
+                .with_serving_threads(settings.limits.grpc.threads);
+            Ok((Arc::new(it), None))
+        }
         Some(Err(err)) => Err(Aborted::Failed(format!("redis: {err}"))),
         None => Err(Aborted::Stopped),
     }
@@ -661,15 +667,17 @@ fn descriptor_budget(redis_sockets: u64) -> DescriptorBudget {
     DescriptorBudget { limit, reserve }
 }
 
-/// The most sockets the Redis backend holds: its pool, once per node on a
-/// cluster. The primaries are not known before connecting, so the seeds
-/// count, and never fewer than the three primaries a cluster has at least
-/// (an operator listing a few seeds of a larger cluster sets the caps).
-/// Without Redis the reserve for it is kept all the same: it is small.
-fn redis_sockets(flags: &RedisFlags) -> u64 {
+/// The most sockets the Redis backend holds: its pool, once more per
+/// serving thread (`--grpc-threads`, each has its own), or once per node
+/// on a cluster. The primaries are not known before connecting, so the
+/// seeds count, and never fewer than the three primaries a cluster has at
+/// least (an operator listing a few seeds of a larger cluster sets the
+/// caps). Without Redis the reserve for it is kept all the same: it is
+/// small.
+fn redis_sockets(flags: &RedisFlags, serving_threads: usize) -> u64 {
     let pool = u64::from(flags.pool_size);
     if flags.cluster_nodes.is_empty() {
-        return pool;
+        return pool * (1 + serving_threads as u64);
     }
     pool * (flags.cluster_nodes.len() as u64).max(3)
 }
@@ -890,10 +898,17 @@ mod tests {
 
     #[test]
     fn a_cluster_reserves_its_pool_once_per_node() {
-        assert_eq!(redis_sockets(&flags(8, &[])), 8);
+        assert_eq!(redis_sockets(&flags(8, &[]), 0), 8);
         // One seed of a cluster that has at least three primaries.
-        assert_eq!(redis_sockets(&flags(8, &["a:1"])), 24);
+        assert_eq!(redis_sockets(&flags(8, &["a:1"]), 0), 24);
         let six = ["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"];
-        assert_eq!(redis_sockets(&flags(4, &six)), 24);
+        assert_eq!(redis_sockets(&flags(4, &six), 0), 24);
+    }
+
+    #[test]
+    fn each_serving_thread_reserves_a_pool_of_its_own() {
+        assert_eq!(redis_sockets(&flags(8, &[]), 2), 24);
+        // A cluster's connections stay on the shared runtime.
+        assert_eq!(redis_sockets(&flags(8, &["a:1"]), 2), 24);
     }
 }

@@ -16,6 +16,7 @@
 //!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
 //! - `log_gate`: rate-limited log lines;
+//! - `serving_thread`: which serving thread (`--grpc-threads`) code runs on;
 //! - `pem`: certificates and keys read from PEM files, errors naming files;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
 //! - `proto`: generated Envoy wire types;
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod pem;
 pub mod proto;
 pub mod rules;
+pub mod serving_thread;
 pub mod simulate;
 pub mod transport;
 
@@ -85,8 +87,15 @@ mod tests {
             (
                 "transport",
                 &[
-                    "decision", "backends", "rules", "config", "metrics", "log_gate", "proto",
+                    "decision",
+                    "backends",
+                    "rules",
+                    "config",
+                    "metrics",
+                    "log_gate",
+                    "proto",
                     "pem",
+                    "serving_thread",
                 ],
             ),
             (
@@ -101,7 +110,10 @@ mod tests {
                 ],
             ),
             ("config", &["rules", "algorithms"]),
-            ("backends", &["algorithms", "clock", "log_gate", "pem"]),
+            (
+                "backends",
+                &["algorithms", "clock", "log_gate", "pem", "serving_thread"],
+            ),
             ("metrics", &["backends"]),
             ("rules", &["algorithms"]),
             ("algorithms", &[]),
@@ -135,6 +147,7 @@ mod tests {
                 ],
             ),
             ("pem", &[]),
+            ("serving_thread", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

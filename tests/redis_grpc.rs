@@ -163,3 +163,54 @@ async fn health_follows_redis_down_and_back_without_a_restart() {
     let ok = call(&service, request("user", "bob")).await;
     assert_eq!(ok.overall_code, Code::Ok as i32);
 }
+
+/// Two processes run as an operator runs them with `--grpc-threads 2`,
+/// each serving thread with its own Redis connections: 64 clients on
+/// separate connections, spread over both processes and so over four
+/// serving threads, racing on one key, get exactly the limit between
+/// them; both stop cleanly on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn serving_threads_with_their_own_redis_connections_admit_exactly_the_limit() {
+    let server = RedisServer::start();
+    let url = server.url();
+    let flags = ["--redis-url", &url, "--grpc-threads", "2"];
+    let mut processes = [
+        support::process::Serve::yaml(CONFIG).args(&flags).spawn(),
+        support::process::Serve::yaml(CONFIG).args(&flags).spawn(),
+    ];
+    for algorithm_key in ["user", "bucket"] {
+        let mut tasks = Vec::new();
+        for task in 0..64 {
+            // A fresh channel each: one connection per client, dealt to
+            // the process's serving threads in turn.
+            let mut client = processes[task % 2].client().await;
+            let request = request(algorithm_key, "alice");
+            tasks.push(tokio::spawn(async move {
+                let mut ok = 0;
+                for _ in 0..4 {
+                    let res = client
+                        .should_rate_limit(request.clone())
+                        .await
+                        .expect("rpc")
+                        .into_inner();
+                    if res.overall_code == Code::Ok as i32 {
+                        ok += 1;
+                    } else {
+                        assert_eq!(res.overall_code, Code::OverLimit as i32);
+                    }
+                }
+                ok
+            }));
+        }
+        let mut allowed = 0;
+        for task in tasks {
+            allowed += task.await.expect("client task");
+        }
+        assert_eq!(allowed, 50, "{algorithm_key}: 256 requests");
+    }
+    for process in &mut processes {
+        process.signal("TERM");
+        let (status, log) = process.exit(Duration::from_secs(15)).await;
+        assert!(status.success(), "{status}\n{log}");
+    }
+}

@@ -23,7 +23,7 @@ mod sentinel;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use redis::{
@@ -205,7 +205,17 @@ pub struct BatchSettings {
 
 /// Counters in Redis, shared by every replica pointed at the same server.
 pub struct RedisBackend {
+    /// Calls made off the serving threads (the shared runtime's), and the
+    /// health probe.
     core: Arc<Core>,
+    /// One per serving thread (`--grpc-threads`), made on that thread, on
+    /// its first call: its pool's connections, their tasks and the batches
+    /// it sends all run on the thread's own runtime, so a request's call
+    /// and its answer never cross threads. Each has its own pool of
+    /// `pool_size` connections, circuit and gate.
+    thread_cores: Box<[OnceLock<Arc<Core>>]>,
+    /// What a thread's core is made from.
+    recipe: CoreRecipe,
     keys: KeyFormat,
     clock: ClockSource,
     expiry_grace_ms: u64,
@@ -220,6 +230,41 @@ struct Core {
     timeout: Duration,
     timeout_ms: u64,
     redacted_url: String,
+}
+
+/// What a [`Core`] is made from: the settings of its pool, gate and batcher.
+struct CoreRecipe {
+    target: Target,
+    pool_size: u32,
+    timeout_ms: u64,
+    batch: Option<BatchSettings>,
+    redacted_url: String,
+}
+
+impl CoreRecipe {
+    /// A core whose pool starts on the calling runtime (its reconnecting
+    /// task, and the tasks that make and drive its connections).
+    fn make(&self) -> Core {
+        let pool = Pool::start(
+            self.target.clone(),
+            self.pool_size,
+            self.timeout_ms,
+            self.redacted_url.clone(),
+        );
+        let in_flight = usize::try_from(self.pool_size).unwrap_or(1);
+        let gate = Gate::for_pool(self.pool_size);
+        let max_waiting = gate.max_waiting();
+        Core {
+            pool,
+            gate,
+            batcher: self
+                .batch
+                .map(|it| Batcher::new(it, in_flight, max_waiting)),
+            timeout: Duration::from_millis(self.timeout_ms),
+            timeout_ms: self.timeout_ms,
+            redacted_url: self.redacted_url.clone(),
+        }
+    }
 }
 
 /// One request, encoded: its keys, header and limits.
@@ -323,27 +368,17 @@ impl RedisBackend {
         if let Target::Sentinel(sentinel) = &target {
             sentinel.check().await?;
         }
-        let pool = Pool::start(
+        let recipe = CoreRecipe {
             target,
-            settings.pool_size,
-            settings.timeout_ms,
-            redacted_url.clone(),
-        );
-        let in_flight = usize::try_from(settings.pool_size).unwrap_or(1);
-        let gate = Gate::for_pool(settings.pool_size);
-        let max_waiting = gate.max_waiting();
-        let core = Core {
-            pool,
-            gate,
-            batcher: settings
-                .batch
-                .map(|it| Batcher::new(it, in_flight, max_waiting)),
-            timeout: Duration::from_millis(settings.timeout_ms),
+            pool_size: settings.pool_size,
             timeout_ms: settings.timeout_ms,
+            batch: settings.batch,
             redacted_url,
         };
         Ok(RedisBackend {
-            core: Arc::new(core),
+            core: Arc::new(recipe.make()),
+            thread_cores: Box::default(),
+            recipe,
             keys: KeyFormat::new(settings.key_prefix, HashTag::None),
             clock: settings.clock,
             expiry_grace_ms: settings.expiry_grace_ms,
@@ -355,6 +390,25 @@ impl RedisBackend {
     pub fn with_hash_tag(mut self, hash_tag: HashTag) -> RedisBackend {
         self.keys.hash_tag = hash_tag;
         self
+    }
+
+    /// Gives each of `threads` serving threads (`--grpc-threads`) its own
+    /// connections, made on the thread at its first call (see
+    /// [`crate::serving_thread`]); 0, the default: every call uses the
+    /// shared runtime's.
+    pub fn with_serving_threads(mut self, threads: usize) -> RedisBackend {
+        self.thread_cores = (0..threads).map(|_| OnceLock::new()).collect();
+        self
+    }
+
+    /// The core the calling thread sends through: its own on a serving
+    /// thread, else the shared one.
+    fn core(&self) -> &Arc<Core> {
+        let own = crate::serving_thread::current().and_then(|it| self.thread_cores.get(it));
+        match own {
+            Some(cell) => cell.get_or_init(|| Arc::new(self.recipe.make())),
+            None => &self.core,
+        }
     }
 
     /// Whether calls fail at once because Redis could not be connected to.
@@ -480,6 +534,7 @@ impl fmt::Debug for RedisBackend {
             .field("max_in_flight", &self.core.gate.max_in_flight())
             .field("max_waiting", &self.core.gate.max_waiting())
             .field("batch", &self.core.batcher.as_ref().map(Batcher::settings))
+            .field("serving_threads", &self.thread_cores.len())
             .finish_non_exhaustive()
     }
 }
@@ -494,9 +549,10 @@ impl Backend for RedisBackend {
             });
         }
         let request = self.encode(checks)?;
-        match &self.core.batcher {
-            None => self.core.decide_one(&request).await,
-            Some(_) => batch::decide(&self.core, request).await,
+        let core = self.core();
+        match &core.batcher {
+            None => core.decide_one(&request).await,
+            Some(_) => batch::decide(core, request).await,
         }
     }
 
@@ -579,6 +635,62 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The address of the core the calling thread sends through.
+    fn core_address(backend: &RedisBackend) -> usize {
+        Arc::as_ptr(backend.core()) as usize
+    }
+
+    /// Each serving thread gets a core of its own, made once, on its first
+    /// call; other threads, and serving threads beyond those the backend
+    /// was told of, use the shared one.
+    #[test]
+    fn each_serving_thread_sends_through_a_core_of_its_own() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let settings = RedisSettings {
+            // Nothing listens there; connecting is not needed to route.
+            url: "redis://127.0.0.1:1".to_owned(),
+            sentinel: None,
+            pool_size: 1,
+            timeout_ms: 100,
+            key_prefix: "t".to_owned(),
+            clock: ClockSource::Redis,
+            expiry_grace_ms: 0,
+            batch: None,
+            tls: RedisTls::default(),
+        };
+        let backend = runtime
+            .block_on(RedisBackend::connect(settings))
+            .expect("backend")
+            .with_serving_threads(2);
+        let backend = Arc::new(backend);
+        let shared = runtime.block_on(async { core_address(&backend) });
+        let on_thread = |index: usize| {
+            let backend = backend.clone();
+            std::thread::spawn(move || {
+                crate::serving_thread::enter(index);
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                runtime.block_on(async { [core_address(&backend), core_address(&backend)] })
+            })
+            .join()
+            .expect("thread")
+        };
+        let [first, again] = on_thread(0);
+        let [second, _] = on_thread(1);
+        let [beyond, _] = on_thread(2);
+        assert_eq!(first, again, "a thread keeps its core");
+        assert_ne!(first, shared);
+        assert_ne!(second, shared);
+        assert_ne!(first, second);
+        assert_eq!(beyond, shared);
+        assert_eq!(on_thread(0)[0], first, "made once per serving thread");
+    }
 
     #[test]
     fn passwords_are_redacted() {

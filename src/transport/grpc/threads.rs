@@ -5,13 +5,15 @@
 //! The idea: on tokio's shared multi-threaded runtime a request's tasks
 //! (the connection's and the stream's) can be woken across worker threads,
 //! and idle workers are woken to steal work; on a thread of its own, a
-//! connection's tasks wake one another without leaving the thread. What it
-//! measured on two cores shared with the load generator
-//! (docs/benchmarks.md, "Serving threads"): about 6% less CPU per decision
-//! at 500 requests in flight on the memory backend, but slower answers at
-//! one request per connection, and more CPU with Redis, whose connection
-//! tasks stay on the shared runtime (every call then crosses threads twice).
-//! Hence an option, not the default.
+//! connection's tasks wake one another without leaving the thread. Each
+//! thread marks itself ([`crate::serving_thread`]) so that the Redis
+//! backend gives it connections of its own, made on its runtime: a call
+//! and its answer then stay on the thread too. What it measured on two
+//! cores shared with the load generator is in docs/benchmarks.md
+//! ("Serving threads", and the sections of 2026-12-05): less CPU per
+//! decision at 500 requests in flight, but answers at one request per
+//! connection no faster, within a noisy machine's spread. Hence an option,
+//! not the default.
 //!
 //! The listener stays on the caller's runtime: it accepts within the cap
 //! and hands each connection to the next thread, which moves the socket
@@ -53,6 +55,7 @@ pub(super) fn spawn<S: GrpcService>(
         std::thread::Builder::new()
             .name(format!("grpc-{index}"))
             .spawn(move || {
+                crate::serving_thread::enter(index);
                 let _ = end.send(serve_on_thread(dealt, connections, stop_rx));
             })
             .map_err(Error::Threads)?;
