@@ -175,6 +175,27 @@ async fn unfinished_call(grpc: SocketAddr) -> TcpStream {
     stream
 }
 
+/// How long after `sent` the server answered stream 1 (its response
+/// headers or a reset); `None` if not within `within`.
+async fn answered_after(
+    stream: &mut TcpStream,
+    sent: Instant,
+    within: Duration,
+) -> Option<Duration> {
+    tokio::time::timeout(within, async {
+        loop {
+            let frame_in = read_frame(stream)
+                .await
+                .expect("connection closed while its request was open");
+            if frame_in.stream_id == 1 && matches!(frame_in.kind, HEADERS | RST_STREAM) {
+                return sent.elapsed();
+            }
+        }
+    })
+    .await
+    .ok()
+}
+
 /// What the server answered to a flood of streams.
 #[derive(Debug, Default)]
 struct FloodReplies {
@@ -377,18 +398,9 @@ async fn silent_and_slow_peers_are_closed_within_the_configured_timeouts() {
         let sent = Instant::now();
         // The request arrived, so the handshake timeout no longer applies;
         // its body never comes, so the request timeout ends the stream.
-        let answer = tokio::time::timeout(within, async {
-            loop {
-                let frame_in = read_frame(&mut stream)
-                    .await
-                    .expect("connection closed while its request was open");
-                if frame_in.stream_id == 1 && matches!(frame_in.kind, HEADERS | RST_STREAM) {
-                    return sent.elapsed();
-                }
-            }
-        })
-        .await
-        .expect("no answer to the unfinished request");
+        let answer = answered_after(&mut stream, sent, within)
+            .await
+            .expect("no answer to the unfinished request");
         // Still open after the request ended.
         stream
             .write_all(&frame(SETTINGS, 0, 0, &[]))
@@ -779,18 +791,9 @@ async fn a_client_deadline_shorter_than_the_servers_ends_an_unfinished_call() {
         .write_all(&frame(HEADERS, END_HEADERS, 1, &block))
         .await
         .unwrap();
-    let answered = tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            let frame_in = read_frame(&mut stream)
-                .await
-                .expect("connection closed while its request was open");
-            if frame_in.stream_id == 1 && matches!(frame_in.kind, HEADERS | RST_STREAM) {
-                return sent.elapsed();
-            }
-        }
-    })
-    .await
-    .expect("no answer to the unfinished call within 20 s");
+    let answered = answered_after(&mut stream, sent, Duration::from_secs(20))
+        .await
+        .expect("no answer to the unfinished call within 20 s");
     assert!(
         answered >= Duration::from_millis(250) && answered < Duration::from_secs(10),
         "answered after {answered:?}, the client's deadline being 300 ms"

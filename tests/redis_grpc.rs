@@ -14,6 +14,8 @@ use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use tonic::transport::Channel;
 
 const CONFIG: &str = r#"
 domain: api
@@ -35,13 +37,19 @@ async fn redis_service(server: &RedisServer) -> TestService {
 /// 64 tasks, spread over `services`, send `requests` in total; returns how
 /// many were answered OK.
 async fn hammer(services: &[&TestService], key: &str, requests: usize) -> usize {
+    let clients = (0..64).map(|task| services[task % services.len()].client());
+    race(clients.collect(), key, requests / 64).await
+}
+
+/// Each client sends `each` requests for alice under `key`, all at once;
+/// how many were answered OK (every other answer OVER_LIMIT).
+async fn race(clients: Vec<RateLimitServiceClient<Channel>>, key: &str, each: usize) -> usize {
     let mut tasks = Vec::new();
-    for task in 0..64 {
-        let mut client = services[task % services.len()].client();
+    for mut client in clients {
         let request = request(key, "alice");
         tasks.push(tokio::spawn(async move {
             let mut ok = 0;
-            for _ in 0..requests / 64 {
+            for _ in 0..each {
                 let res = client
                     .should_rate_limit(request.clone())
                     .await
@@ -49,6 +57,8 @@ async fn hammer(services: &[&TestService], key: &str, requests: usize) -> usize 
                     .into_inner();
                 if res.overall_code == Code::Ok as i32 {
                     ok += 1;
+                } else {
+                    assert_eq!(res.overall_code, Code::OverLimit as i32);
                 }
             }
             ok
@@ -178,35 +188,14 @@ async fn serving_threads_with_their_own_redis_connections_admit_exactly_the_limi
         support::process::Serve::yaml(CONFIG).args(&flags).spawn(),
         support::process::Serve::yaml(CONFIG).args(&flags).spawn(),
     ];
-    for algorithm_key in ["user", "bucket"] {
-        let mut tasks = Vec::new();
-        for task in 0..64 {
+    for key in ["user", "bucket"] {
+        let mut clients = Vec::with_capacity(64);
+        for client in 0..64 {
             // A fresh channel each: one connection per client, dealt to
             // the process's serving threads in turn.
-            let mut client = processes[task % 2].client().await;
-            let request = request(algorithm_key, "alice");
-            tasks.push(tokio::spawn(async move {
-                let mut ok = 0;
-                for _ in 0..4 {
-                    let res = client
-                        .should_rate_limit(request.clone())
-                        .await
-                        .expect("rpc")
-                        .into_inner();
-                    if res.overall_code == Code::Ok as i32 {
-                        ok += 1;
-                    } else {
-                        assert_eq!(res.overall_code, Code::OverLimit as i32);
-                    }
-                }
-                ok
-            }));
+            clients.push(processes[client % 2].client().await);
         }
-        let mut allowed = 0;
-        for task in tasks {
-            allowed += task.await.expect("client task");
-        }
-        assert_eq!(allowed, 50, "{algorithm_key}: 256 requests");
+        assert_eq!(race(clients, key, 4).await, 50, "{key}: 256 requests");
     }
     for process in &mut processes {
         process.signal("TERM");
