@@ -7,6 +7,8 @@
 //! written once: in the `.proto` files. Prost types stop in
 //! `crate::transport`: everything past it speaks the decision's types.
 
+use bytes::BufMut;
+
 use crate::decision;
 use crate::proto::envoy::config::core::v3::HeaderValue;
 use crate::proto::envoy::extensions::common::ratelimit::v3 as common;
@@ -117,6 +119,134 @@ pub fn to_wire(decision: decision::Decision) -> rls::RateLimitResponse {
     }
 }
 
+// === decisions, encoded ===
+
+/// The length of [`encode`]'s bytes for `decision`.
+pub fn encoded_len(decision: &decision::Decision) -> usize {
+    let statuses: usize = decision
+        .statuses
+        .iter()
+        .map(|it| message_len(status_len(it)))
+        .sum();
+    let headers: usize = decision
+        .headers
+        .iter()
+        .map(|(key, value)| message_len(header_len(key, value)))
+        .sum();
+    varint_len(code_number(decision.overall)) + statuses + headers
+}
+
+/// Writes `decision` as a `RateLimitResponse`: the same bytes prost
+/// writes for [`to_wire`]'s message (fields in number order, proto3
+/// defaults left out), without building that message, its strings and
+/// its vectors. `tests::encode_writes_what_prost_writes` holds the two to
+/// the same bytes.
+pub fn encode(decision: &decision::Decision, out: &mut impl BufMut) {
+    put_varint(out, 1, code_number(decision.overall));
+    for status in &decision.statuses {
+        put_message(out, 2, status_len(status));
+        put_varint(out, 1, code_number(status.code));
+        if let Some(limit) = &status.current_limit {
+            put_message(out, 2, limit_len(limit));
+            put_varint(out, 1, u64::from(limit.requests_per_unit));
+            put_varint(out, 2, unit_number(limit.unit));
+            put_bytes(out, 3, limit.name.as_bytes());
+        }
+        put_varint(out, 3, u64::from(status.limit_remaining));
+        if let Some(seconds) = status.duration_until_reset_s {
+            put_message(out, 4, varint_len(duration_seconds(seconds)));
+            put_varint(out, 1, duration_seconds(seconds));
+        }
+    }
+    for (key, value) in &decision.headers {
+        put_message(out, 3, header_len(key, value));
+        put_bytes(out, 1, key.as_bytes());
+        put_bytes(out, 2, value.as_bytes());
+    }
+}
+
+fn status_len(status: &decision::Status) -> usize {
+    varint_len(code_number(status.code))
+        + status
+            .current_limit
+            .as_ref()
+            .map_or(0, |it| message_len(limit_len(it)))
+        + varint_len(u64::from(status.limit_remaining))
+        + status
+            .duration_until_reset_s
+            .map_or(0, |it| message_len(varint_len(duration_seconds(it))))
+}
+
+fn limit_len(limit: &decision::CurrentLimit) -> usize {
+    varint_len(u64::from(limit.requests_per_unit))
+        + varint_len(unit_number(limit.unit))
+        + bytes_len(limit.name.len())
+}
+
+fn header_len(key: &str, value: &str) -> usize {
+    bytes_len(key.len()) + bytes_len(value.len())
+}
+
+fn code_number(code: decision::Code) -> u64 {
+    // The wire's numbers are positive.
+    code_to_wire(code) as i32 as u64
+}
+
+fn unit_number(unit: Unit) -> u64 {
+    unit_to_wire(unit) as i32 as u64
+}
+
+/// A `google.protobuf.Duration`'s seconds, as [`to_wire`] clamps them
+/// (never negative, so its varint is that of the `u64`).
+fn duration_seconds(seconds: u64) -> u64 {
+    seconds.min(i64::MAX as u64)
+}
+
+// Every field number here is below 16: its key is one byte.
+
+/// A varint field: absent when 0, as proto3 writes defaults.
+fn varint_len(value: u64) -> usize {
+    if value == 0 {
+        0
+    } else {
+        1 + prost::encoding::encoded_len_varint(value)
+    }
+}
+
+/// A string or bytes field of `len` bytes: absent when empty.
+fn bytes_len(len: usize) -> usize {
+    if len == 0 { 0 } else { message_len(len) }
+}
+
+/// A message field whose body is `len` bytes: present even when empty.
+fn message_len(len: usize) -> usize {
+    1 + prost::encoding::encoded_len_varint(len as u64) + len
+}
+
+fn put_key(out: &mut impl BufMut, field: u8, wire_type: u8) {
+    out.put_u8(field << 3 | wire_type);
+}
+
+fn put_varint(out: &mut impl BufMut, field: u8, value: u64) {
+    if value != 0 {
+        put_key(out, field, 0);
+        prost::encoding::encode_varint(value, out);
+    }
+}
+
+fn put_bytes(out: &mut impl BufMut, field: u8, bytes: &[u8]) {
+    if !bytes.is_empty() {
+        put_message(out, field, bytes.len());
+        out.put_slice(bytes);
+    }
+}
+
+/// The key and length of a length-delimited field; its body follows.
+fn put_message(out: &mut impl BufMut, field: u8, len: usize) {
+    put_key(out, field, 2);
+    prost::encoding::encode_varint(len as u64, out);
+}
+
 fn status_to_wire(status: decision::Status) -> DescriptorStatus {
     DescriptorStatus {
         code: code_to_wire(status.code) as i32,
@@ -210,6 +340,67 @@ mod tests {
         for number in [7, 99, u64::MAX] {
             let err = override_unit_numbered(number).unwrap_err();
             assert_eq!(err.to_string(), format!("unknown unit {number}"));
+        }
+    }
+
+    fn arbitrary_decision() -> impl proptest::strategy::Strategy<Value = decision::Decision> {
+        use proptest::prelude::*;
+        let code = prop_oneof![Just(decision::Code::Ok), Just(decision::Code::OverLimit)];
+        let limit = (
+            prop_oneof![Just(0u32), Just(1), Just(127), Just(128), any::<u32>()],
+            proptest::sample::select(Unit::ALL.to_vec()),
+            prop_oneof![Just(String::new()), "[a-z\\u{e9}]{1,40}", ".{0,300}"],
+        )
+            .prop_map(|(requests_per_unit, unit, name)| decision::CurrentLimit {
+                requests_per_unit,
+                unit,
+                name: name.into(),
+            });
+        let seconds = prop_oneof![
+            Just(0u64),
+            Just(1),
+            Just(i64::MAX as u64),
+            Just(u64::MAX),
+            any::<u64>()
+        ];
+        let status = (
+            code.clone(),
+            proptest::option::of(limit),
+            prop_oneof![Just(0u32), Just(u32::MAX), any::<u32>()],
+            proptest::option::of(seconds),
+        )
+            .prop_map(
+                |(code, current_limit, limit_remaining, duration_until_reset_s)| decision::Status {
+                    code,
+                    current_limit,
+                    limit_remaining,
+                    duration_until_reset_s,
+                },
+            );
+        let header = (".{0,20}", ".{0,200}");
+        (
+            code,
+            proptest::collection::vec(status, 0..70),
+            proptest::collection::vec(header, 0..5),
+        )
+            .prop_map(|(overall, statuses, headers)| decision::Decision {
+                overall,
+                statuses,
+                headers,
+            })
+    }
+
+    proptest::proptest! {
+        /// The direct encoding is byte for byte prost's encoding of the
+        /// message `to_wire` builds, and says its length right.
+        #[test]
+        fn encode_writes_what_prost_writes(decision in arbitrary_decision()) {
+            use prost::Message;
+            let expected = to_wire(decision.clone()).encode_to_vec();
+            let mut written = Vec::new();
+            encode(&decision, &mut written);
+            proptest::prop_assert_eq!(encoded_len(&decision), written.len());
+            proptest::prop_assert_eq!(written, expected);
         }
     }
 

@@ -30,7 +30,7 @@ use crate::decision::{self, Limiter};
 use crate::metrics::Metrics;
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
-use crate::transport::wire::{from_wire, to_wire};
+use crate::transport::wire::{self, from_wire};
 
 /// The path of the one method served.
 pub const SHOULD_RATE_LIMIT: &str = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit";
@@ -89,7 +89,7 @@ impl RateLimitService {
             Err(error) => return refused(malformed(&error.to_string())),
         };
         match self.limiter.decide(&from_wire(request)).await {
-            Ok(decision) => answer_response(&to_wire(decision)),
+            Ok(decision) => answer_response(&decision),
             Err(error) => refused(to_status(error)),
         }
     }
@@ -265,16 +265,17 @@ fn malformed(reason: &str) -> tonic::Status {
 
 const GRPC_CONTENT_TYPE: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
 
-/// A decided call: `content-type`, the answer in one message frame, and
-/// `grpc-status: 0` in the trailers.
-fn answer_response(answer: &rls::RateLimitResponse) -> http::Response<Reply> {
-    let length = answer.encoded_len();
+/// A decided call: `content-type`, the answer in one message frame (a
+/// `RateLimitResponse` written straight from the decision, `wire::encode`),
+/// and `grpc-status: 0` in the trailers.
+fn answer_response(decision: &decision::Decision) -> http::Response<Reply> {
+    let length = wire::encoded_len(decision);
     let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length);
     frame.put_u8(0);
     // An answer is far under 4 GiB: a few statuses and headers, each
     // bounded by the request's own limits.
     frame.put_u32(length as u32);
-    answer.encode_raw(&mut frame);
+    wire::encode(decision, &mut frame);
     let mut response = http::Response::new(Reply::Answer(Answer {
         frame: Some(frame.freeze()),
         trailers: true,
@@ -511,11 +512,12 @@ mod tests {
 
     #[test]
     fn an_answer_is_one_message_frame_then_status_ok() {
-        let answer = rls::RateLimitResponse {
-            overall_code: 1,
-            ..Default::default()
+        let decision = decision::Decision {
+            overall: decision::Code::OverLimit,
+            statuses: Vec::new(),
+            headers: vec![("RateLimit-Limit".to_owned(), "10".to_owned())],
         };
-        let response = answer_response(&answer);
+        let response = answer_response(&decision);
         assert_eq!(
             response.headers().get(http::header::CONTENT_TYPE),
             Some(&GRPC_CONTENT_TYPE)
@@ -530,6 +532,7 @@ mod tests {
             .expect("ok")
             .into_data()
             .expect("a data frame");
+        let answer = crate::transport::wire::to_wire(decision);
         assert_eq!(&data[..], &framed(&answer.encode_to_vec())[..]);
         let trailers = next()
             .expect("trailers")
