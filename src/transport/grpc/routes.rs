@@ -12,6 +12,8 @@ use tonic::body::Body;
 use tonic::codegen::{BoxFuture, http};
 use tonic::server::NamedService;
 
+use super::service::status_response;
+
 /// A gRPC service as the server runs it: every request gets an answer
 /// (errors are statuses inside it), through a boxed future.
 pub(super) trait GrpcService:
@@ -90,10 +92,7 @@ fn service_name(path: &str) -> Option<&str> {
 
 /// What tonic's router answers for a service it does not have.
 fn unimplemented() -> http::Response<Body> {
-    let (parts, ()) = tonic::Status::unimplemented("")
-        .into_http::<()>()
-        .into_parts();
-    http::Response::from_parts(parts, Body::empty())
+    status_response(tonic::Status::unimplemented(""))
 }
 
 #[cfg(test)]

@@ -31,6 +31,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::{Stream, StreamExt};
+use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tonic::body::Body;
@@ -169,7 +170,7 @@ impl<S: GrpcService> hyper::service::Service<http::Request<Incoming>> for Connec
             let response = tower::Service::call(&mut services, request.map(Body::new))
                 .await
                 .unwrap_or_else(|never| match never {});
-            layers::decode_failure_statuses(response).map(Reply::Other)
+            layers::decode_failure_statuses(response).map(Either::Right)
         };
         Box::pin(within(timeout, answer))
     }
@@ -187,7 +188,7 @@ async fn within(
     }
     let response = match tokio::time::timeout(timeout, answer).await {
         Ok(response) => response,
-        Err(_) => status_response(tonic::Status::cancelled("Timeout expired")).map(Reply::Other),
+        Err(_) => status_response(tonic::Status::cancelled("Timeout expired")).map(Either::Right),
     };
     Ok(response)
 }
@@ -256,7 +257,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_not_ready_in_time_is_cancelled() {
-        let ok = || status_response(tonic::Status::ok("")).map(Reply::Other);
+        let ok = || status_response(tonic::Status::ok("")).map(Either::Right);
         let ready = within(Duration::from_millis(1), async { ok() }).await;
         let ready = ready.unwrap_or_else(|never| match never {});
         assert_eq!(status_of(&ready), (Some(&b"0"[..]), None));

@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
+use http_body_util::Either;
 use prost::Message as _;
 use tonic::body::Body;
 use tonic::codegen::{BoxFuture, http};
@@ -65,7 +66,7 @@ impl RateLimitService {
         let refused = identity_encoding(request.headers()).err();
         async move {
             if let Some(status) = refused {
-                return status_response(status).map(Reply::Other);
+                return status_response(status).map(Either::Right);
             }
             self.answer(request.into_body()).await
         }
@@ -79,7 +80,7 @@ impl RateLimitService {
         B::Error: Into<tonic::codegen::StdError>,
     {
         let _in_flight = self.metrics.track_in_flight();
-        let refused = |status| status_response(status).map(Reply::Other);
+        let refused = |status| status_response(status).map(Either::Right);
         let message = match read_message(body).await {
             Ok(message) => message,
             Err(status) => return refused(status),
@@ -119,7 +120,7 @@ impl tower::Service<http::Request<Body>> for RateLimitService {
             ))));
         }
         let answer = self.clone().call_http(request);
-        Box::pin(async move { Ok(answer.await.map(Reply::into_body)) })
+        Box::pin(async move { Ok(answer.await.map(into_tonic_body)) })
     }
 }
 
@@ -276,7 +277,7 @@ fn answer_response(decision: &decision::Decision) -> http::Response<Reply> {
     // bounded by the request's own limits.
     frame.put_u32(length as u32);
     wire::encode(decision, &mut frame);
-    let mut response = http::Response::new(Reply::Answer(Answer {
+    let mut response = http::Response::new(Either::Left(Answer {
         frame: Some(frame.freeze()),
         trailers: true,
     }));
@@ -333,49 +334,16 @@ impl http_body::Body for Answer {
     }
 }
 
-/// A response body as the server sends it: a decided call's, or any
-/// other (a refusal, another service's answer) in tonic's body.
-pub(super) enum Reply {
-    Answer(Answer),
-    Other(Body),
-}
+/// A response body as the server sends it: a decided call's [`Answer`]
+/// (`Left`), or any other (a refusal, another service's answer) in tonic's
+/// body (`Right`).
+pub(super) type Reply = Either<Answer, Body>;
 
-impl Reply {
-    /// The same body as tonic's type.
-    fn into_body(self) -> Body {
-        match self {
-            Reply::Answer(answer) => Body::new(answer),
-            Reply::Other(body) => body,
-        }
-    }
-}
-
-impl http_body::Body for Reply {
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        match self.get_mut() {
-            Reply::Answer(answer) => Pin::new(answer).poll_frame(cx),
-            Reply::Other(body) => Pin::new(body).poll_frame(cx),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            Reply::Answer(answer) => answer.is_end_stream(),
-            Reply::Other(body) => body.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            Reply::Answer(answer) => answer.size_hint(),
-            Reply::Other(body) => body.size_hint(),
-        }
+/// The same body as tonic's type.
+fn into_tonic_body(reply: Reply) -> Body {
+    match reply {
+        Either::Left(answer) => Body::new(answer),
+        Either::Right(body) => body,
     }
 }
 
