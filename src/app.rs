@@ -262,8 +262,11 @@ async fn start(
         None => None,
     };
     let (backend, sweeper) = backend(&settings, &metrics, stop).await?;
-    let grpc_listener = bind(settings.grpc_addr).await?;
+    // HTTP first: once the gRPC port accepts connections, the health,
+    // metrics and admin port does too, and a port that cannot be bound
+    // stops the start before anything can connect to the other.
     let http_listener = bind(settings.http_addr).await?;
+    let grpc_listener = bind(settings.grpc_addr).await?;
     tracing::info!(
         grpc_addr = %grpc_listener.local_addr().map_or(settings.grpc_addr, |it| it),
         http_addr = %http_listener.local_addr().map_or(settings.http_addr, |it| it),

@@ -101,6 +101,30 @@ fn serve_with_a_bad_config_exits_2() {
 }
 
 #[test]
+fn a_port_in_use_stops_the_start_with_exit_2_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "good.yaml", GOOD);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let http = taken.local_addr().unwrap().to_string();
+    let grpc = free_addr();
+    let out = run(&[
+        "serve",
+        "--config",
+        &path,
+        "--grpc-addr",
+        &grpc.to_string(),
+        "--http-addr",
+        &http,
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!("cannot listen on {http}")),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn serve_refuses_incomplete_redis_flags_with_exit_2() {
     let grpc = free_addr().to_string();
     let out = run(&[

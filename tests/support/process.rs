@@ -40,11 +40,22 @@ fn clear_env(command: &mut Command) {
     }
 }
 
-/// A port that was free a moment ago.
+/// A port that was free a moment ago and that no earlier call in this
+/// process returned: the kernel may hand out a port again as soon as its
+/// probe socket closes, so two calls in a row (a service's gRPC and HTTP
+/// ports) could otherwise name the same one.
 pub fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|it| it.local_addr())
-        .expect("find a free port")
+    static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|it| it.into_inner());
+    loop {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .and_then(|it| it.local_addr())
+            .expect("find a free port");
+        if !handed_out.contains(&addr.port()) {
+            handed_out.push(addr.port());
+            return addr;
+        }
+    }
 }
 
 /// How to start `serve`: its config, flags besides the two ports, the log
