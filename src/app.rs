@@ -262,6 +262,12 @@ async fn start(
         None => None,
     };
     let (backend, sweeper) = backend(&settings, &metrics, stop).await?;
+    // In the background: start-up never waits for Redis, and a request
+    // that comes first simply makes the connection itself.
+    tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.warm_up().await }
+    });
     // HTTP first: once the gRPC port accepts connections, the health,
     // metrics and admin port does too, and a port that cannot be bound
     // stops the start before anything can connect to the other.

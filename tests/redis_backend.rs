@@ -590,11 +590,7 @@ async fn a_probe_timeout_replaces_the_connection() {
     let backend = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 300).await;
     backend.probe().await.expect("healthy");
     let mut conn = server.connection().await;
-    let id_before: u64 = redis::cmd("CLIENT")
-        .arg("ID")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
+    let id_before = support::redis::client_id(&mut conn).await;
     server.pause();
     let err = backend.probe().await.expect_err("paused");
     assert!(matches!(err, Error::Timeout(300)), "{err:?}");
@@ -623,4 +619,42 @@ async fn gcra_with_a_lagging_clock_never_admits_beyond_the_burst() {
     assert_eq!(verdict.outcomes[0].remaining, 0);
     // One emission interval (100 ms) after T0, counted from the lagging clock.
     assert_eq!(verdict.outcomes[0].reset_us, 100_000 + 1_000);
+}
+
+/// Warming up makes the connection the first decision uses and loads the
+/// function library, so that decision makes no connection of its own.
+/// Against a server that is down it ends within the timeout, and the next
+/// decision fails as it would have without it.
+#[tokio::test]
+async fn warm_up_makes_the_first_decisions_connection_and_never_hangs() {
+    let mut server = RedisServer::start();
+    let backend = backend_with(&server, ClockSource::Redis, |_| {}).await;
+    let mut admin = server.connection().await;
+    let own = support::redis::client_id(&mut admin).await;
+    backend.warm_up().await;
+    let warmed = support::redis::client_ids(&mut admin, &[own]).await;
+    assert_eq!(warmed.len(), 1, "{warmed:?}");
+    let libraries: Vec<redis::Value> = redis::cmd("FUNCTION")
+        .arg("LIST")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(libraries.len(), 1, "{libraries:?}");
+    let checks = [check_on(FixedWindow, 60, &[("u", "a")], 10, 1)];
+    assert!(allowed(&backend, &checks).await);
+    assert_eq!(support::redis::client_ids(&mut admin, &[own]).await, warmed);
+
+    server.kill();
+    let down = backend_with(&server, ClockSource::Redis, |it| it.timeout_ms = 300).await;
+    let started = Instant::now();
+    tokio::time::timeout(Duration::from_secs(5), down.warm_up())
+        .await
+        .expect("warm-up ends");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let err = down.decide(&checks).await.expect_err("down");
+    assert!(matches!(err, Error::Unavailable(_)), "{err:?}");
 }

@@ -174,6 +174,44 @@ async fn health_follows_redis_down_and_back_without_a_restart() {
     assert_eq!(ok.overall_code, Code::Ok as i32);
 }
 
+/// The connections the first requests would wait for (one for the shared
+/// runtime, one per serving thread) and the function library on the
+/// server exist once the service has started, before any request.
+#[tokio::test]
+async fn a_started_service_connects_and_loads_its_code_before_the_first_request() {
+    for threads in [0usize, 2] {
+        let server = RedisServer::start();
+        let url = server.url();
+        let threads_flag = threads.to_string();
+        let mut process = support::process::Serve::yaml(CONFIG)
+            .args(&["--redis-url", &url, "--grpc-threads", &threads_flag])
+            .spawn();
+        // The port is open; no request is sent.
+        process.connect().await;
+        let mut admin = server.connection().await;
+        let own = support::redis::client_id(&mut admin).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let clients = support::redis::client_ids(&mut admin, &[own]).await.len();
+            let libraries: Vec<::redis::Value> = ::redis::cmd("FUNCTION")
+                .arg("LIST")
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if clients > threads && !libraries.is_empty() {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{threads} serving threads: {clients} connections, {} libraries\n{}",
+                libraries.len(),
+                process.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
 /// Two processes run as an operator runs them with `--grpc-threads 2`,
 /// each serving thread with its own Redis connections: 64 clients on
 /// separate connections, spread over both processes and so over four

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinSet;
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::redis::{RedisServer, backend_with, client_ids};
+use support::redis::{RedisServer, backend_with, client_id, client_ids};
 use support::service::{TestService, default_options, one_entry_request, start_with_config};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, Error};
@@ -41,14 +41,6 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// make Redis slow while every connection stays open.
 fn start_debuggable() -> RedisServer {
     RedisServer::start_with(&["--enable-debug-command", "local"])
-}
-
-async fn client_id(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
-    redis::cmd("CLIENT")
-        .arg("ID")
-        .query_async(conn)
-        .await
-        .expect("client id")
 }
 
 /// `total_connections_received` from `INFO stats`.

@@ -221,6 +221,15 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Whether the backend answers now; drives gRPC health.
     async fn probe(&self) -> Result<(), Error>;
 
+    /// Makes ready, by the backend's own deadline, what the calling
+    /// thread's first decision would otherwise wait for (a connection, code
+    /// loaded on the server), so that the first requests after start are
+    /// answered as fast as later ones. Called once at start and once on
+    /// each serving thread as it starts; a failure is only logged, and
+    /// left to the backend to handle as it would a call's. Nothing to do by
+    /// default.
+    async fn warm_up(&self) {}
+
     /// `memory` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
 

@@ -196,6 +196,12 @@ impl Limiter {
         &self.rules
     }
 
+    /// Readies the backend for the calling thread's first decision (see
+    /// [`Backend::warm_up`]).
+    pub async fn warm_up(&self) {
+        self.backend.warm_up().await;
+    }
+
     /// Decides one request: at most one backend call, none when no
     /// descriptor needs a counter.
     pub async fn decide(&self, request: &Request) -> Result<Decision, Error> {

@@ -404,6 +404,15 @@ pub fn settings(server: &RedisServer, clock: ClockSource) -> RedisSettings {
     }
 }
 
+/// The id Redis gave the connection `conn` (`CLIENT ID`).
+pub async fn client_id(conn: &mut ::redis::aio::MultiplexedConnection) -> u64 {
+    ::redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(conn)
+        .await
+        .expect("client id")
+}
+
 /// Ids of the clients connected to Redis, except `skip`.
 pub async fn client_ids(
     conn: &mut ::redis::aio::MultiplexedConnection,

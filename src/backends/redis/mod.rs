@@ -556,6 +556,16 @@ impl Backend for RedisBackend {
         }
     }
 
+    /// The calling thread's core (made now on a serving thread), its
+    /// connection and the server's code, within the timeout.
+    async fn warm_up(&self) {
+        let core = self.core();
+        let deadline = Instant::now() + core.timeout;
+        if let Err(err) = core.pool.warm_up(deadline).await {
+            tracing::debug!("redis: could not connect ahead of the first call: {err}");
+        }
+    }
+
     /// PING within the timeout; while the circuit is open, a fresh
     /// connection at once, so health reports recovery as soon as it happens.
     async fn probe(&self) -> Result<(), Error> {

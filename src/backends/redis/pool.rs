@@ -314,6 +314,24 @@ impl Pool {
         ))
     }
 
+    /// Makes the connection calls will use and has it find how the server
+    /// runs our code (loading the function library), by `deadline`: what
+    /// the first call would otherwise wait for. Does nothing while the
+    /// circuit is open (the reconnector owns retrying).
+    pub(super) async fn warm_up(&self, deadline: Instant) -> Result<(), Error> {
+        let warm = async {
+            let conn = self.connection().await?;
+            match conn.engine().await {
+                Ok(_) => Ok(()),
+                Err(err) => Err(self.fail(&conn, &err)),
+            }
+        };
+        match timeout_at(deadline, warm).await {
+            Ok(res) => res,
+            Err(_) => Err(self.checkout_timeout()),
+        }
+    }
+
     /// PING by `deadline`. A connection found dead is replaced and the
     /// PING retried once (PING is idempotent), so the first probe after
     /// Redis comes back already succeeds. While the circuit is open, a

@@ -52,6 +52,12 @@ impl RateLimitService {
         Self { limiter, metrics }
     }
 
+    /// Readies the backend for this thread's first request (see
+    /// [`Limiter::warm_up`]).
+    pub async fn warm_up(&self) {
+        self.limiter.warm_up().await;
+    }
+
     /// The answer to a `ShouldRateLimit` call (its path already matched),
     /// whatever its body's type: hyper's stream as the server receives it,
     /// or tonic's through the router.

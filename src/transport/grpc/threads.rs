@@ -127,6 +127,12 @@ fn serve_on_thread<S: GrpcService>(
         .build()
         .map_err(Error::Threads)?;
     runtime.block_on(async move {
+        // This thread's backend resources (its Redis connections) are made
+        // now, on this runtime, rather than by its first request.
+        tokio::spawn({
+            let rate_limit = connections.rate_limit.clone();
+            async move { rate_limit.warm_up().await }
+        });
         let conns = UnboundedReceiverStream::new(dealt).filter_map(|conn| async move {
             match conn.rehome() {
                 Ok(conn) => Some(conn),
