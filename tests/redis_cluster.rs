@@ -194,6 +194,34 @@ async fn the_library_is_loaded_again_on_a_primary_that_lost_it() {
     assert!(loads >= 1, "{loads} loads");
 }
 
+/// Warming up connects to every primary and loads the library on each, so
+/// the first decisions load nothing: none of them meets a missing function.
+#[tokio::test]
+async fn warm_up_connects_to_every_primary_and_loads_the_library_on_each() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::Descriptor);
+    for idx in 0..cluster.primaries() {
+        assert_eq!(cluster.clients_of(idx).await, 0, "primary {idx} before");
+    }
+    backend.warm_up().await;
+    for idx in 0..cluster.primaries() {
+        assert!(
+            cluster.clients_of(idx).await >= 1,
+            "primary {idx}: no connection"
+        );
+        let mut conn = cluster.node(idx).connection().await;
+        let libraries: Vec<::redis::Value> = ::redis::cmd("FUNCTION")
+            .arg("LIST")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(libraries.len(), 1, "primary {idx}: {libraries:?}");
+    }
+    cluster.reset_stats().await;
+    assert!(backend.decide(&spread_checks(12)).await.unwrap().allowed);
+    assert_eq!(cluster.calls_on_primaries("function|load").await, 0);
+}
+
 #[tokio::test]
 async fn hostile_values_get_their_own_counters_and_no_hash_tag_of_their_own() {
     let cluster = Cluster::start(3, 0).await;

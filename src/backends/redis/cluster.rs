@@ -754,6 +754,49 @@ impl Backend for ClusterBackend {
             .map_err(|_| Error::Timeout(self.timeout_ms))?
     }
 
+    /// Every pooled connection made, and the function library loaded on
+    /// every primary, within the timeout: what the first calls would
+    /// otherwise wait for. A failure is logged at debug level; the calls
+    /// then connect and load as they do without it.
+    async fn warm_up(&self) {
+        let deadline = Instant::now() + self.timeout;
+        let fail = |err: RedisError| classify(&err, self.timeout_ms);
+        let warm = async {
+            for _ in 0..self.connections.len() {
+                self.connection().await?;
+            }
+            let conn = self.connection().await?;
+            let any = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::OneSucceeded),
+            ));
+            let value = conn
+                .clone()
+                .route_command(cluster_cmd("SLOTS"), any)
+                .await
+                .map_err(fail)?;
+            let loads = primaries(value)?.into_iter().map(|(slot, _)| {
+                let mut conn = conn.clone();
+                async move {
+                    let routing = single(Route::new(slot, SlotAddr::Master));
+                    Engine::from_load(conn.route_command(engine::library_load(), routing).await)
+                }
+            });
+            for engine in join_all(loads).await {
+                // A cluster runs one Redis version: any answer is the engine.
+                let _ = self.engine.set(engine.map_err(fail)?);
+            }
+            Ok::<_, Error>(())
+        };
+        let res = match timeout_at(deadline, warm).await {
+            Ok(res) => res,
+            Err(_) => Err(Error::Timeout(self.timeout_ms)),
+        };
+        if let Err(err) = res {
+            tracing::debug!("redis cluster: could not connect ahead of the first call: {err}");
+        }
+    }
+
     fn name(&self) -> &'static str {
         "redis-cluster"
     }
