@@ -13,7 +13,6 @@
 //! uses the configs in force when it starts. Files that fail to load leave
 //! the configs in force. Error messages name files, never their contents.
 
-use std::convert::Infallible;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -387,7 +386,7 @@ pub fn handshaken(
     name: &'static str,
     acceptor: TlsAcceptor,
     failures: Counter,
-) -> impl Stream<Item = Result<Io, Infallible>> + Send + 'static {
+) -> impl Stream<Item = Io> + Send + 'static {
     // Unbounded, yet bounded by the connection cap: every item holds a permit.
     let (tx, rx) = mpsc::unbounded_channel::<Io>();
     let log = Arc::new(LogGate::new());
@@ -418,7 +417,7 @@ pub fn handshaken(
     let guard = AbortOnDrop(task);
     tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |io| {
         let _owned = &guard;
-        Ok(io)
+        io
     })
 }
 

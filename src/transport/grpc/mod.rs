@@ -145,7 +145,6 @@ pub async fn serve_limited(
     let (reports, health_service) = HealthReports::start(health).await;
     let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone());
     let services = Services {
-        rate_limit: rate_limit.clone(),
         health: health_service,
         reflection_v1: ShortStatus(reflection_v1()),
         reflection_v1alpha: ShortStatus(reflection_v1alpha()),
@@ -199,15 +198,12 @@ impl<S: GrpcService> Connections<S> {
         } = self;
         let incoming: Pin<Box<dyn Stream<Item = Io> + Send>> = match &app.tls {
             None => Box::pin(conns.map(Io::Plain)),
-            Some(acceptor) => Box::pin(
-                tls::handshaken(
-                    conns,
-                    "grpc",
-                    acceptor.clone(),
-                    app.metrics.tls_handshake_errors("grpc"),
-                )
-                .map(|io| io.unwrap_or_else(|never| match never {})),
-            ),
+            Some(acceptor) => Box::pin(tls::handshaken(
+                conns,
+                "grpc",
+                acceptor.clone(),
+                app.metrics.tls_handshake_errors("grpc"),
+            )),
         };
         server::serve(incoming, services, rate_limit, limits, shutdown.closing()).await;
         Ok(())

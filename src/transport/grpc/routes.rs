@@ -2,8 +2,12 @@
 //! names (`/SERVICE/METHOD`), found by comparing the name with each
 //! service's. tonic's own router matches a path pattern per request,
 //! decodes and stores the pattern's parameter, and clones the matched
-//! service into a box; with four services a comparison of names does the
+//! service into a box; with three services a comparison of names does the
 //! same job, and the service's own future is returned as it is.
+//!
+//! `ShouldRateLimit` never comes here: the server sends it to
+//! `RateLimitService` itself (`server.rs`). Any other method of the
+//! rate-limit service is UNIMPLEMENTED, like any path of no service here.
 
 use std::convert::Infallible;
 use std::task::{Context, Poll};
@@ -45,18 +49,18 @@ pub(super) trait Routed: GrpcService + NamedService {}
 
 impl<S: GrpcService + NamedService> Routed for S {}
 
-/// The services of the gRPC server, routed by the service name in the path;
-/// any other path is UNIMPLEMENTED, as with tonic's router.
+/// The services of the gRPC server besides `ShouldRateLimit`, routed by
+/// the service name in the path; any other path is UNIMPLEMENTED, as with
+/// tonic's router.
 #[derive(Debug, Clone)]
-pub(super) struct Services<R, H, V1, V1A> {
-    pub(super) rate_limit: R,
+pub(super) struct Services<H, V1, V1A> {
     pub(super) health: H,
     pub(super) reflection_v1: V1,
     pub(super) reflection_v1alpha: V1A,
 }
 
-impl<R: Routed, H: Routed, V1: Routed, V1A: Routed> tower::Service<http::Request<Body>>
-    for Services<R, H, V1, V1A>
+impl<H: Routed, V1: Routed, V1A: Routed> tower::Service<http::Request<Body>>
+    for Services<H, V1, V1A>
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
@@ -70,9 +74,7 @@ impl<R: Routed, H: Routed, V1: Routed, V1A: Routed> tower::Service<http::Request
 
     fn call(&mut self, request: http::Request<Body>) -> Self::Future {
         let name = service_name(request.uri().path());
-        if name == Some(R::NAME) {
-            self.rate_limit.call(request)
-        } else if name == Some(H::NAME) {
+        if name == Some(H::NAME) {
             self.health.call(request)
         } else if name == Some(V1::NAME) {
             self.reflection_v1.call(request)

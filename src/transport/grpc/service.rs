@@ -13,7 +13,6 @@
 //! [`MAX_MESSAGE_BYTES`], INVALID_ARGUMENT for a body that is not one
 //! `RateLimitRequest`).
 
-use std::convert::Infallible;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,8 +23,7 @@ use http_body::{Frame, SizeHint};
 use http_body_util::Either;
 use prost::Message as _;
 use tonic::body::Body;
-use tonic::codegen::{BoxFuture, http};
-use tonic::server::NamedService;
+use tonic::codegen::http;
 
 use crate::decision::{self, Limiter};
 use crate::metrics::Metrics;
@@ -59,16 +57,11 @@ impl RateLimitService {
     }
 
     /// The answer to a `ShouldRateLimit` call (its path already matched),
-    /// whatever its body's type: hyper's stream as the server receives it,
-    /// or tonic's through the router.
-    pub(super) fn call_http<B>(
+    /// its body read from hyper's stream as the server receives it.
+    pub(super) fn call_http(
         self,
-        request: http::Request<B>,
-    ) -> impl Future<Output = http::Response<Reply>> + Send + 'static
-    where
-        B: http_body::Body<Data = Bytes> + Send + Unpin + 'static,
-        B::Error: Into<tonic::codegen::StdError>,
-    {
+        request: http::Request<hyper::body::Incoming>,
+    ) -> impl Future<Output = http::Response<Reply>> + Send + 'static {
         let refused = identity_encoding(request.headers()).err();
         async move {
             if let Some(status) = refused {
@@ -99,34 +92,6 @@ impl RateLimitService {
             Ok(decision) => answer_response(&decision),
             Err(error) => refused(to_status(error)),
         }
-    }
-}
-
-impl NamedService for RateLimitService {
-    const NAME: &'static str = rls::rate_limit_service_server::SERVICE_NAME;
-}
-
-impl tower::Service<http::Request<Body>> for RateLimitService {
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<http::Response<Body>, Infallible>;
-
-    /// Always ready: every call gets its own clone of the limiter's handle.
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    /// Other methods of the service are UNIMPLEMENTED. The server sends
-    /// `ShouldRateLimit` calls to [`RateLimitService::call_http`] itself;
-    /// this is the same answer through the router.
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        if request.uri().path() != SHOULD_RATE_LIMIT {
-            return Box::pin(std::future::ready(Ok(status_response(
-                tonic::Status::unimplemented(""),
-            ))));
-        }
-        let answer = self.clone().call_http(request);
-        Box::pin(async move { Ok(answer.await.map(into_tonic_body)) })
     }
 }
 
@@ -345,14 +310,6 @@ impl http_body::Body for Answer {
 /// body (`Right`).
 pub(super) type Reply = Either<Answer, Body>;
 
-/// The same body as tonic's type.
-fn into_tonic_body(reply: Reply) -> Body {
-    match reply {
-        Either::Left(answer) => Body::new(answer),
-        Either::Right(body) => body,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use http_body::Body as _;
@@ -375,7 +332,7 @@ mod tests {
         assert_eq!(status.message(), "empty domain");
     }
 
-    /// A body of the given frames, then the given trailers.
+    /// A body that yields the given frames, in order.
     struct Frames(std::collections::VecDeque<Frame<Bytes>>);
 
     impl http_body::Body for Frames {
