@@ -89,6 +89,10 @@ pub struct ClusterBackend {
     /// FCALL or EVALSHA, found at the first call (see `engine`): a cluster
     /// runs one Redis version.
     engine: OnceCell<Engine>,
+    /// Set by the first `warm_up` that succeeds: the cluster has no
+    /// per-thread connections, so the serving threads' warm-ups find it
+    /// done (or wait for the one under way).
+    warmed: OnceCell<()>,
     refund_failures: AtomicU64,
     refund_log: LogGate,
     keys: KeyFormat,
@@ -259,6 +263,7 @@ impl ClusterBackend {
             connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             engine: OnceCell::new(),
+            warmed: OnceCell::new(),
             refund_failures: AtomicU64::new(0),
             refund_log: LogGate::new(),
             keys: settings.keys,
@@ -756,8 +761,9 @@ impl Backend for ClusterBackend {
 
     /// Every pooled connection made, and the function library loaded on
     /// every primary, within the timeout: what the first calls would
-    /// otherwise wait for. A failure is logged at debug level; the calls
-    /// then connect and load as they do without it.
+    /// otherwise wait for. Done once per backend; a failure is logged at
+    /// debug level (the calls then connect and load as they do without it)
+    /// and the next warm-up tries again.
     async fn warm_up(&self) {
         let deadline = Instant::now() + self.timeout;
         let fail = |err: RedisError| classify(&err, self.timeout_ms);
@@ -788,11 +794,13 @@ impl Backend for ClusterBackend {
             }
             Ok::<_, Error>(())
         };
-        let res = match timeout_at(deadline, warm).await {
-            Ok(res) => res,
-            Err(_) => Err(Error::Timeout(self.timeout_ms)),
+        let bounded = async {
+            match timeout_at(deadline, warm).await {
+                Ok(res) => res,
+                Err(_) => Err(Error::Timeout(self.timeout_ms)),
+            }
         };
-        if let Err(err) = res {
+        if let Err(err) = self.warmed.get_or_try_init(|| bounded).await {
             tracing::debug!("redis cluster: could not connect ahead of the first call: {err}");
         }
     }
