@@ -154,8 +154,8 @@ pub fn encode(decision: &decision::Decision, out: &mut impl BufMut) {
         }
         put_varint(out, 3, u64::from(status.limit_remaining));
         if let Some(seconds) = status.duration_until_reset_s {
-            put_message(out, 4, varint_len(duration_seconds(seconds)));
-            put_varint(out, 1, duration_seconds(seconds));
+            put_message(out, 4, varint_len(duration_varint(seconds)));
+            put_varint(out, 1, duration_varint(seconds));
         }
     }
     for (key, value) in &decision.headers {
@@ -174,7 +174,7 @@ fn status_len(status: &decision::Status) -> usize {
         + varint_len(u64::from(status.limit_remaining))
         + status
             .duration_until_reset_s
-            .map_or(0, |it| message_len(varint_len(duration_seconds(it))))
+            .map_or(0, |it| message_len(varint_len(duration_varint(it))))
 }
 
 fn limit_len(limit: &decision::CurrentLimit) -> usize {
@@ -196,10 +196,15 @@ fn unit_number(unit: Unit) -> u64 {
     unit_to_wire(unit) as i32 as u64
 }
 
-/// A `google.protobuf.Duration`'s seconds, as [`to_wire`] clamps them
-/// (never negative, so its varint is that of the `u64`).
-fn duration_seconds(seconds: u64) -> u64 {
-    seconds.min(i64::MAX as u64)
+/// A `google.protobuf.Duration`'s seconds: `seconds`, clamped to `i64`
+/// (both [`to_wire`] and [`encode`] send this).
+fn duration_seconds(seconds: u64) -> i64 {
+    i64::try_from(seconds).unwrap_or(i64::MAX)
+}
+
+/// [`duration_seconds`] as its varint is written (never negative).
+fn duration_varint(seconds: u64) -> u64 {
+    duration_seconds(seconds).unsigned_abs()
 }
 
 // Every field number here is below 16: its key is one byte.
@@ -259,7 +264,7 @@ fn status_to_wire(status: decision::Status) -> DescriptorStatus {
         duration_until_reset: status
             .duration_until_reset_s
             .map(|seconds| prost_types::Duration {
-                seconds: i64::try_from(seconds).unwrap_or(i64::MAX),
+                seconds: duration_seconds(seconds),
                 nanos: 0,
             }),
     }
