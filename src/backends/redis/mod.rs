@@ -208,8 +208,8 @@ pub struct RedisBackend {
     /// Calls made off the serving threads (the shared runtime's), and the
     /// health probe.
     core: Arc<Core>,
-    /// One per serving thread (`--grpc-threads`), made on that thread, on
-    /// its first call: its pool's connections, their tasks and the batches
+    /// One per serving thread (`--grpc-threads`), made on that thread as it
+    /// starts (`warm_up`) or at its first call: its pool's connections, their tasks and the batches
     /// it sends all run on the thread's own runtime, so a request's call
     /// and its answer never cross threads. Each has its own pool of
     /// `pool_size` connections, circuit and gate.
@@ -393,7 +393,7 @@ impl RedisBackend {
     }
 
     /// Gives each of `threads` serving threads (`--grpc-threads`) its own
-    /// connections, made on the thread at its first call (see
+    /// connections, made on the thread as it starts or at its first call (see
     /// [`crate::serving_thread`]); 0, the default: every call uses the
     /// shared runtime's.
     pub fn with_serving_threads(mut self, threads: usize) -> RedisBackend {

@@ -11,9 +11,10 @@
 //! and its answer then stay on the thread too. What it measured on two
 //! cores shared with the load generator is in docs/benchmarks.md
 //! ("Serving threads", and the sections of 2026-12-05): less CPU per
-//! decision at 500 requests in flight, but answers at one request per
-//! connection no faster, within a noisy machine's spread. Hence an option,
-//! not the default.
+//! decision at 500 requests in flight, but a worse p99 at one request per
+//! connection on the memory backend (a thread's connections wait while it
+//! is descheduled; the shared runtime's other worker would take them).
+//! Hence an option, not the default.
 //!
 //! The listener stays on the caller's runtime: it accepts within the cap
 //! and hands each connection to the next thread, which moves the socket
