@@ -314,6 +314,13 @@ async fn sighup_reloads_when_the_watcher_is_off() {
     server.signal("HUP");
     wait_for(&mut client, Code::Ok, Instant::now()).await;
 
+    // SIGHUP with nothing changed: counted and logged, the rules kept.
+    server.signal("HUP");
+    server
+        .wait_for_log("config reloaded, unchanged", WITHIN)
+        .await;
+    assert_eq!(code(&mut client).await, Code::Ok);
+
     // A refused config on SIGHUP: logged with its problem, the process
     // lives on with the last good rules.
     std::fs::write(&path, BAD).unwrap();

@@ -227,7 +227,9 @@ impl Reloader {
                     );
                 } else {
                     self.status.record_loaded(SystemTime::now(), false);
-                    tracing::debug!(%path, "config reloaded, unchanged");
+                    // Logged like a change: an operator who sent SIGHUP
+                    // sees that it was read, and that nothing differed.
+                    tracing::info!(%path, "config reloaded, unchanged");
                 }
                 self.observe(true);
                 Ok(summary)
