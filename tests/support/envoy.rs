@@ -89,7 +89,7 @@ impl EnvoyConfig {
         }
     }
 
-    /// `${name}` is replaced with `value`.
+    /// `${name}` is replaced with `value` (the last one given wins).
     pub fn var(mut self, name: &str, value: impl Display) -> EnvoyConfig {
         self.vars.push((name.to_owned(), value.to_string()));
         self
@@ -326,6 +326,7 @@ fn substitute(
         } else {
             let value = vars
                 .iter()
+                .rev()
                 .find(|(key, _)| key == name)
                 .map(|(_, value)| value)
                 .unwrap_or_else(|| panic!("no value for ${{{name}}} in the Envoy config"));
@@ -426,3 +427,58 @@ pub fn upstream_listener(echo: &[&str]) -> String {
         headers.join(", ")
     )
 }
+
+/// The usual front: an `edge` listener on `${PORT_HTTP}` (HTTP/1.1,
+/// `use_remote_address: true`) whose one route forwards everything to
+/// cluster `upstream` (the same Envoy's [`upstream_listener`], echoing
+/// `x-reply-tokens`), behind the HTTP rate-limit filter of domain `edge`
+/// asking cluster `throttlegate` (`rls`, over HTTP/2).
+///
+/// What tests change, as YAML flow style:
+/// - `ROUTE_RATE_LIMITS`: the route's own `rate_limits` (`[]`);
+/// - `PER_ROUTE`: the route's `typed_per_filter_config` (`{}`);
+/// - `FILTER`: more fields of the filter's config (`timeout: 1s`), such as
+///   `failure_mode_deny: true` or the filter-level `rate_limits: [...]`;
+/// - `RLS_CLUSTER`: the whole `throttlegate` cluster ([`grpc_cluster`]).
+pub fn edge(rls: &[SocketAddr]) -> EnvoyConfig {
+    EnvoyConfig::new(EDGE)
+        .var("UPSTREAM_LISTENER", upstream_listener(&["x-reply-tokens"]))
+        .var(
+            "UPSTREAM_CLUSTER",
+            http_cluster("upstream", "PORT_UPSTREAM"),
+        )
+        .var("RLS_CLUSTER", grpc_cluster("throttlegate", rls, ""))
+        .var("ROUTE_RATE_LIMITS", "[]")
+        .var("PER_ROUTE", "{}")
+        .var("FILTER", "timeout: 1s")
+}
+
+const EDGE: &str = r#"
+static_resources:
+  listeners:
+    - ${UPSTREAM_LISTENER}
+    - name: edge
+      address: {socket_address: {address: 127.0.0.1, port_value: ${PORT_HTTP}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: edge
+                use_remote_address: true
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes:
+                        - {match: {prefix: "/"}, route: {cluster: upstream, rate_limits: ${ROUTE_RATE_LIMITS}}, typed_per_filter_config: ${PER_ROUTE}}
+                http_filters:
+                  - name: envoy.filters.http.ratelimit
+                    typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit, domain: edge, rate_limit_service: {grpc_service: {envoy_grpc: {cluster_name: throttlegate}}, transport_api_version: V3}, ${FILTER}}
+                  - name: envoy.filters.http.router
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+    - ${RLS_CLUSTER}
+    - ${UPSTREAM_CLUSTER}
+"#;

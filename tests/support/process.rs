@@ -371,6 +371,7 @@ impl HttpResponse {
 /// An HTTP/1.1 request (through Envoy, say) on a fresh connection (closed after
 /// the response), from `source` (any 127.0.0.0/8 address) when given;
 /// header values are bytes, so they need not be UTF-8.
+#[derive(Clone)]
 pub struct HttpRequest<'a> {
     pub method: &'a str,
     pub path: &'a str,
