@@ -168,6 +168,44 @@ async fn per_route_rate_limits_send_a_number_and_a_format() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_format_reads_the_cost_from_dynamic_metadata() {
+    let Some(bin) = envoy_bin("hits_addend format from dynamic metadata") else {
+        return;
+    };
+    // Envoy 1.40 has no metadata or filter-state field in hits_addend: a
+    // format reaches them. Here a filter before the rate-limit filter puts
+    // x-cost into the dynamic metadata (namespace tg, key cost).
+    let service = service(10).await;
+    let rate_limits = format!(
+        "[{}]",
+        entry(", hits_addend: {format: \"%DYNAMIC_METADATA(tg:cost)%\"}")
+    );
+    let envoy = start(
+        &bin,
+        &service,
+        &[
+            ("FILTER", filter(&format!(", rate_limits: {rate_limits}"))),
+            (
+                "BEFORE_RATELIMIT",
+                "- {name: envoy.filters.http.header_to_metadata, typed_config: \
+                 {\"@type\": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config, \
+                 request_rules: [{header: x-cost, on_header_present: {metadata_namespace: tg, key: cost, type: STRING}}]}}"
+                    .to_owned(),
+            ),
+        ],
+    )
+    .await;
+    let statuses = with_costs(envoy.addr("HTTP"), &[Some("6"), Some("5"), Some("4")]).await;
+    assert_eq!(statuses, [200, 429, 200]);
+    assert_eq!(hits(&service).await, 15.0);
+    let counters = envoy.ratelimit_counters("upstream").await;
+    assert_eq!(
+        (counters.ok, counters.over_limit, counters.error),
+        (2, 1, 0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_addend_on_a_routes_own_rate_limits_is_dropped_and_each_call_costs_one() {
     let Some(bin) = envoy_bin("hits_addend on a route's own rate_limits") else {
         return;

@@ -439,7 +439,9 @@ pub fn upstream_listener(echo: &[&str]) -> String {
 /// - `PER_ROUTE`: the route's `typed_per_filter_config` (`{}`);
 /// - `FILTER`: more fields of the filter's config (`timeout: 1s`), such as
 ///   `failure_mode_deny: true` or the filter-level `rate_limits: [...]`;
-/// - `RLS_CLUSTER`: the whole `throttlegate` cluster ([`grpc_cluster`]).
+/// - `RLS_CLUSTER`: the whole `throttlegate` cluster ([`grpc_cluster`]);
+/// - `BEFORE_RATELIMIT`: an HTTP filter before the rate-limit filter, as
+///   `- {name: ..., typed_config: {...}}` (none).
 pub fn edge(rls: &[SocketAddr]) -> EnvoyConfig {
     EnvoyConfig::new(EDGE)
         .var("UPSTREAM_LISTENER", upstream_listener(&["x-reply-tokens"]))
@@ -451,6 +453,7 @@ pub fn edge(rls: &[SocketAddr]) -> EnvoyConfig {
         .var("ROUTE_RATE_LIMITS", "[]")
         .var("PER_ROUTE", "{}")
         .var("FILTER", "timeout: 1s")
+        .var("BEFORE_RATELIMIT", "")
 }
 
 const EDGE: &str = r#"
@@ -473,6 +476,7 @@ static_resources:
                       routes:
                         - {match: {prefix: "/"}, route: {cluster: upstream, rate_limits: ${ROUTE_RATE_LIMITS}}, typed_per_filter_config: ${PER_ROUTE}}
                 http_filters:
+                  ${BEFORE_RATELIMIT}
                   - name: envoy.filters.http.ratelimit
                     typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimit, domain: edge, rate_limit_service: {grpc_service: {envoy_grpc: {cluster_name: throttlegate}}, transport_api_version: V3}, ${FILTER}}
                   - name: envoy.filters.http.router
