@@ -350,7 +350,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
 }
 
 /// An HTTP response: status, headers (names lower-cased, in order) and
-/// body.
+/// body as received (a chunked body is not decoded).
 #[derive(Debug, Clone)]
 pub struct HttpResponse {
     pub status: u16,
@@ -368,9 +368,10 @@ impl HttpResponse {
     }
 }
 
-/// An HTTP/1.1 request (through Envoy, say) on a fresh connection (closed after
-/// the response), from `source` (any 127.0.0.0/8 address) when given;
-/// header values are bytes, so they need not be UTF-8.
+/// An HTTP/1.1 request, sent on a fresh connection that closes after the
+/// response, from `source` (any 127.0.0.0/8 address) when given. Header
+/// values are bytes, so they need not be UTF-8. [`http_get`] is the
+/// shorter form for a text answer from the service's own HTTP port.
 #[derive(Clone)]
 pub struct HttpRequest<'a> {
     pub method: &'a str,
