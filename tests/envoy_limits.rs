@@ -460,3 +460,56 @@ async fn a_config_reload_under_traffic_loses_no_request_and_the_new_limit_applie
     assert_eq!(counters.ok + counters.over_limit, seen.len() as u64);
     assert_eq!(counters.over_limit, (seen.len() - passed) as u64);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_builds_its_rate_limit_headers_from_the_answer_and_passes_throttlegates_on() {
+    let Some(bin) = envoy_bin("rate-limit headers") else {
+        return;
+    };
+    let mut service = Serve::yaml(
+        "domain: edge\ndescriptors:\n  - key: generic_key\n    value: headers\n    rate_limit: {unit: minute, requests_per_unit: 2}\n",
+    )
+    .spawn();
+    service.connect().await;
+    let envoy = edge(&[service.grpc])
+        .var(
+            "ROUTE_RATE_LIMITS",
+            "[{actions: [{generic_key: {descriptor_value: headers}}]}]",
+        )
+        .var(
+            "FILTER",
+            "timeout: 2s, enable_x_ratelimit_headers: DRAFT_VERSION_03",
+        )
+        .start(&bin);
+    let addr = envoy.addr("HTTP");
+    let seconds = |value: Option<&str>| -> u64 {
+        value
+            .and_then(|it| it.parse().ok())
+            .unwrap_or_else(|| panic!("not seconds: {value:?}"))
+    };
+    let first = HttpRequest::get("/").send(addr).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("x-ratelimit-limit"), Some("2, 2;w=60"));
+    assert_eq!(first.header("x-ratelimit-remaining"), Some("1"));
+    assert!((1..=60).contains(&seconds(first.header("x-ratelimit-reset"))));
+    assert_eq!(first.header("ratelimit-limit"), Some("2"));
+    assert_eq!(first.header("ratelimit-remaining"), Some("1"));
+    assert_eq!(first.header("retry-after"), None);
+
+    let second = HttpRequest::get("/").send(addr).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("x-ratelimit-remaining"), Some("0"));
+
+    let denied = HttpRequest::get("/").send(addr).await;
+    assert_eq!(denied.status, 429);
+    assert_eq!(denied.header("x-envoy-ratelimited"), Some("true"));
+    assert_eq!(denied.header("x-ratelimit-limit"), Some("2, 2;w=60"));
+    assert_eq!(denied.header("x-ratelimit-remaining"), Some("0"));
+    assert_eq!(denied.header("ratelimit-remaining"), Some("0"));
+    let retry = seconds(denied.header("retry-after"));
+    assert!((1..=60).contains(&retry), "retry-after {retry}");
+    assert_eq!(
+        seconds(denied.header("x-ratelimit-reset")),
+        seconds(denied.header("ratelimit-reset"))
+    );
+}
