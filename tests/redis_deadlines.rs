@@ -186,3 +186,82 @@ async fn a_call_without_time_for_redis_is_answered_at_once_and_never_sent() {
         .expect("a decision");
     assert_eq!(setup.fcalls().await, fcalls_before + 1.0);
 }
+
+/// With batching and one connection: while Redis sleeps, one call is in
+/// flight and two wait for the next batch, one whose caller's `send_by`
+/// passes during the sleep and one with time. When the first returns, the
+/// late one is answered `Deadline` and never written; the other is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_member_whose_deadline_passed_is_never_written() {
+    use std::sync::Arc;
+    use support::keys::{check, counter_key};
+    use support::redis::{backend_with, reset_stats};
+    use throttlegate::algorithms::Algorithm;
+    use throttlegate::backends::redis::{BatchSettings, ClockSource};
+    use throttlegate::backends::{Backend, CallContext, Error, Progress, Stage};
+
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.pool_size = 1;
+        it.timeout_ms = 3_000;
+        it.batch = Some(BatchSettings {
+            max_requests: 64,
+            max_keys: 512,
+        });
+    })
+    .await;
+    let backend = Arc::new(backend);
+    let checks = |user: &str| {
+        vec![check(
+            counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
+            1_000_000,
+            1,
+        )]
+    };
+    backend.decide(&checks("warm")).await.expect("decided");
+    let mut admin = server.connection().await;
+    reset_stats(&mut admin).await;
+    let sleep = server.put_to_sleep(0.5).await;
+    let first = tokio::spawn({
+        let backend = backend.clone();
+        let checks = checks("first");
+        async move { backend.decide(&checks).await }
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let late_call = CallContext {
+        send_by: Some(Instant::now() + Duration::from_millis(100)),
+        progress: Progress::new(Stage::Decide),
+    };
+    let late = tokio::spawn({
+        let backend = backend.clone();
+        let checks = checks("late");
+        let call = late_call.clone();
+        async move { backend.decide_within(&checks, &call).await }
+    });
+    let patient = tokio::spawn({
+        let backend = backend.clone();
+        let checks = checks("patient");
+        async move { backend.decide(&checks).await }
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(late_call.progress.get(), Stage::Queue);
+    sleep.await.expect("sleep task").expect("DEBUG SLEEP");
+    first.await.expect("task").expect("the first call decided");
+    patient
+        .await
+        .expect("task")
+        .expect("the patient call decided");
+    match late.await.expect("task") {
+        Err(Error::Deadline) => {}
+        other => panic!("expected Deadline, got {other:?}"),
+    }
+    let stats = command_stats(&mut admin).await;
+    // The first call alone, then the patient one alone (a batch of one is
+    // an FCALL of `decide`): two calls, the late one never written.
+    assert_eq!(command_stat(&stats, "fcall", "calls"), Some(2.0), "{stats}");
+    assert!(
+        server.keys("*late*").await.is_empty(),
+        "the late request reached Redis"
+    );
+    assert!(!server.keys("*patient*").await.is_empty());
+}
