@@ -46,6 +46,35 @@ pub const OVERFLOW_SUFFIX: &str = "_overflow";
 /// Per-value series a rule may create unless configured otherwise.
 pub const DEFAULT_MAX_VALUES_PER_RULE: usize = 10_000;
 
+/// The call a request came by; the `method` label of the abandoned calls
+/// and of the decision latency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// gRPC `ShouldRateLimit`.
+    ShouldRateLimit,
+    /// HTTP `POST /json`.
+    Json,
+}
+
+impl Method {
+    pub const ALL: [Method; 2] = [Method::ShouldRateLimit, Method::Json];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::ShouldRateLimit => "ShouldRateLimit",
+            Method::Json => "json",
+        }
+    }
+}
+
+/// Edges of the decision latency histogram, in seconds: fine around
+/// Envoy's default rate-limit timeout of 20 ms (10, 15, 20, 25 ms), so
+/// that the share of answers near or past it can be read off a bucket.
+pub const DECISION_LATENCY_BUCKETS: [f64; 16] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.015, 0.02, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.5,
+];
+
 /// How one descriptor's decision was answered; the `result` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -132,6 +161,17 @@ struct RuleLabels {
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BackendLabels {
     backend: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AbandonedLabels {
+    method: &'static str,
+    stage: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -307,6 +347,10 @@ pub struct Metrics {
     value_overflows: Family<RuleLabels, Counter>,
     backend_latency: Family<BackendLabels, Histogram, fn() -> Histogram>,
     backend_errors: Family<BackendErrorLabels, Counter>,
+    abandoned: Family<AbandonedLabels, Counter>,
+    /// `throttlegate_decision_latency_seconds` of each [`Method`], in
+    /// [`Method::ALL`]'s order.
+    decision_latency: [Histogram; 2],
     in_flight: Gauge<i64, AtomicI64>,
     reloads: Family<ReloadLabels, Counter>,
     config_loaded_at: Gauge<i64, AtomicI64>,
@@ -359,6 +403,9 @@ impl BackendMetrics {
             backends::Error::Protocol(_) => self.protocol.inc(),
             backends::Error::Full(_) => self.full.inc(),
             backends::Error::Shed(_) => self.shed.inc(),
+            // The caller's deadline, not the backend: counted as an
+            // abandoned call (stage `deadline`) by the limiter.
+            backends::Error::Deadline => return,
         };
     }
 }
@@ -422,6 +469,36 @@ impl Metrics {
             "Failed backend calls by kind (timeout, unavailable, protocol, full, shed)",
             backend_errors.clone(),
         );
+        let abandoned = Family::<AbandonedLabels, Counter>::default();
+        registry.register(
+            "abandoned_calls",
+            "Calls that got no decision in their caller's time, by method and by the stage they were at: the caller cancelled or its deadline passed first (read, decide, queue, connect, backend), or the deadline left no time for a backend call (deadline); each was answered through the failure mode or not at all",
+            abandoned.clone(),
+        );
+        // Every series exists from the start, so `increase()` sees the first one.
+        for method in Method::ALL {
+            for stage in backends::Stage::ALL {
+                abandoned.get_or_create_owned(&AbandonedLabels {
+                    method: method.name(),
+                    stage: stage.name(),
+                });
+            }
+        }
+        let latency_family =
+            Family::<MethodLabels, Histogram, fn() -> Histogram>::new_with_constructor(
+                decision_latency_histogram,
+            );
+        registry.register_with_unit(
+            "decision_latency",
+            "Time from a call's arrival (its headers) to its answer, decided or answered through the failure mode; compare with the caller's timeout (Envoy's is 20 ms by default)",
+            Unit::Seconds,
+            latency_family.clone(),
+        );
+        let decision_latency = Method::ALL.map(|method| {
+            latency_family.get_or_create_owned(&MethodLabels {
+                method: method.name(),
+            })
+        });
         let in_flight = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "grpc_requests_in_flight",
@@ -488,6 +565,8 @@ impl Metrics {
             value_overflows,
             backend_latency,
             backend_errors,
+            abandoned,
+            decision_latency,
             in_flight,
             reloads,
             config_loaded_at,
@@ -672,6 +751,25 @@ impl Metrics {
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
     }
 
+    /// Counts one call of `method` that got no decision in its caller's
+    /// time, at `stage`.
+    pub fn record_abandoned(&self, method: Method, stage: backends::Stage) {
+        self.abandoned
+            .get_or_create(&AbandonedLabels {
+                method: method.name(),
+                stage: stage.name(),
+            })
+            .inc();
+    }
+
+    /// Records how long one call of `method` took to answer.
+    pub fn observe_decision_latency(&self, method: Method, elapsed: Duration) {
+        let idx = Method::ALL.iter().position(|it| *it == method).unwrap_or(0);
+        if let Some(histogram) = self.decision_latency.get(idx) {
+            histogram.observe(elapsed.as_secs_f64());
+        }
+    }
+
     /// Counts a request as in flight until the guard is dropped.
     pub fn track_in_flight(&self) -> InFlight<'_> {
         self.in_flight.inc();
@@ -733,6 +831,11 @@ impl Metrics {
             .expect("writing to a String cannot fail");
         text
     }
+}
+
+/// [`DECISION_LATENCY_BUCKETS`].
+fn decision_latency_histogram() -> Histogram {
+    Histogram::new(DECISION_LATENCY_BUCKETS)
 }
 
 /// 50 µs to about 1.6 s, doubling.

@@ -593,6 +593,8 @@ fn dashboard_and_prometheus_files_parse() {
         "Backend errors",
         "gRPC requests in flight",
         "Config reloads",
+        "Decision latency against Envoy's timeout",
+        "Abandoned calls",
     ] {
         assert!(titles.contains(&title), "{title} in {titles:?}");
     }
@@ -602,15 +604,53 @@ fn dashboard_and_prometheus_files_parse() {
             && expr.contains("throttlegate_backend_latency_seconds_bucket")),
         "{exprs:?}"
     );
+    // The decision latency is drawn against Envoy's 20 ms timeout.
+    let latency = panels
+        .iter()
+        .find(|panel| panel["title"] == "Decision latency against Envoy's timeout")
+        .expect("the decision latency panel");
+    assert!(
+        latency["targets"][0]["expr"]
+            .as_str()
+            .is_some_and(|expr| expr.contains("throttlegate_decision_latency_seconds_bucket")),
+        "{latency}"
+    );
+    let steps = latency["fieldConfig"]["defaults"]["thresholds"]["steps"]
+        .as_array()
+        .expect("threshold steps");
+    assert!(steps.iter().any(|step| step["value"] == 0.02), "{steps:?}");
+    assert_eq!(
+        latency["fieldConfig"]["defaults"]["custom"]["thresholdsStyle"]["mode"],
+        "line"
+    );
+    assert!(
+        exprs
+            .iter()
+            .any(|expr| expr.contains("throttlegate_abandoned_calls_total")),
+        "{exprs:?}"
+    );
 
     let alerts = alert_exprs();
     assert_eq!(
         alerts.keys().collect::<Vec<_>>(),
         [
+            "ThrottlegateAbandonedCalls",
             "ThrottlegateBackendErrors",
             "ThrottlegateConfigReloadFailed",
+            "ThrottlegateDecisionLatencyNearEnvoyTimeout",
             "ThrottlegateNearLimitShareHigh"
         ]
+    );
+    // The latency alert fires below Envoy's 20 ms, on the histogram's
+    // 15 ms edge.
+    let latency = &alerts["ThrottlegateDecisionLatencyNearEnvoyTimeout"];
+    assert!(
+        latency.contains("histogram_quantile(0.99") && latency.contains("> 0.015"),
+        "{latency}"
+    );
+    assert!(
+        throttlegate::metrics::DECISION_LATENCY_BUCKETS.contains(&0.015)
+            && throttlegate::metrics::DECISION_LATENCY_BUCKETS.contains(&0.02)
     );
     let prometheus = yaml(&deploy("prometheus/prometheus.yml"));
     let rule_files = at(&prometheus, &["rule_files"]).as_sequence().unwrap();

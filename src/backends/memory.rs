@@ -435,6 +435,11 @@ impl Backend for MemoryBackend {
         Ok(())
     }
 
+    /// Decided under its shards' locks, with no IO: ready when first polled.
+    fn answers_at_once(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &'static str {
         "memory"
     }

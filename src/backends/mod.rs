@@ -9,6 +9,8 @@ pub mod memory;
 pub mod redis;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use sha2::{Digest, Sha256};
@@ -200,6 +202,10 @@ pub enum Error {
     /// toward the backend (Redis's queue bound; see `redis::gate`).
     #[error("backend overloaded: {0} calls already waiting, call shed")]
     Shed(usize),
+    /// Not sent: the caller's deadline came before the call could be
+    /// written with time left to answer it. Not a failure of the backend.
+    #[error("no time left before the caller's deadline for a backend call")]
+    Deadline,
 }
 
 impl Error {
@@ -207,8 +213,98 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Timeout(_) | Error::Unavailable(_) | Error::Shed(_)
+            Error::Timeout(_) | Error::Unavailable(_) | Error::Shed(_) | Error::Deadline
         )
+    }
+}
+
+/// How far one call has got, for the count of calls whose caller gave up
+/// before its answer (`throttlegate_abandoned_calls_total`'s `stage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Stage {
+    /// The request's message is still being read.
+    Read = 0,
+    /// Read, and being decided: the backend not yet asked.
+    Decide = 1,
+    /// Waiting for a place toward the backend: a permit of Redis's gate,
+    /// or a place in a batch of the batch queue.
+    Queue = 2,
+    /// Waiting for a pooled connection (a connect, the code loaded on it).
+    Connect = 3,
+    /// The call is with the backend: written to Redis, its answer awaited.
+    Backend = 4,
+    /// Never sent: the caller's deadline left too little time for a
+    /// backend call, so the failure mode answered at once.
+    Deadline = 5,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 6] = [
+        Stage::Read,
+        Stage::Decide,
+        Stage::Queue,
+        Stage::Connect,
+        Stage::Backend,
+        Stage::Deadline,
+    ];
+
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Read => "read",
+            Stage::Decide => "decide",
+            Stage::Queue => "queue",
+            Stage::Connect => "connect",
+            Stage::Backend => "backend",
+            Stage::Deadline => "deadline",
+        }
+    }
+}
+
+/// The [`Stage`] of one call, shared by its caller and the backend's
+/// future (which may finish in a task of its own after the caller left).
+#[derive(Debug, Clone)]
+pub struct Progress(Arc<AtomicU8>);
+
+impl Progress {
+    pub fn new(stage: Stage) -> Progress {
+        Progress(Arc::new(AtomicU8::new(stage as u8)))
+    }
+
+    pub fn set(&self, stage: Stage) {
+        self.0.store(stage as u8, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> Stage {
+        let n = self.0.load(Ordering::Relaxed);
+        Stage::ALL
+            .into_iter()
+            .find(|it| *it as u8 == n)
+            .unwrap_or(Stage::Backend)
+    }
+}
+
+/// What a backend knows of its caller: when the call must be written by,
+/// and where to report how far it has got.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    /// The last moment the call may be sent, from the caller's deadline
+    /// (less the time to answer); `None`: only the backend's own timeout.
+    /// A call not written by then fails with [`Error::Deadline`]. The
+    /// answer to a call written in time is still awaited within the
+    /// backend's own timeout, so that what it consumed is counted.
+    pub send_by: Option<Instant>,
+    pub progress: Progress,
+}
+
+impl CallContext {
+    /// No deadline of the caller's.
+    pub fn unbounded() -> CallContext {
+        CallContext {
+            send_by: None,
+            progress: Progress::new(Stage::Decide),
+        }
     }
 }
 
@@ -217,6 +313,24 @@ impl Error {
 pub trait Backend: Send + Sync + std::fmt::Debug {
     /// Decides one request over `checks` (distinct keys) atomically.
     async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error>;
+
+    /// [`Backend::decide`] for a caller with a deadline: never sent after
+    /// `call.send_by`, its stage reported in `call.progress`. By default
+    /// the deadline is not looked at (the call is in the backend at once).
+    async fn decide_within(
+        &self,
+        checks: &[KeyedCheck],
+        call: &CallContext,
+    ) -> Result<Verdict, Error> {
+        call.progress.set(Stage::Backend);
+        self.decide(checks).await
+    }
+
+    /// Whether a decision is always ready at once (no IO, no wait): then
+    /// no caller can leave in the middle of one. `false` by default.
+    fn answers_at_once(&self) -> bool {
+        false
+    }
 
     /// Whether the backend answers now; drives gRPC health.
     async fn probe(&self) -> Result<(), Error>;

@@ -9,7 +9,7 @@ use crate::algorithms::{Mode, Outcome, Verdict};
 use crate::metrics;
 use crate::rules::{Domain, Unit};
 
-use super::Limiter;
+use super::Shared;
 use super::headers;
 use super::plan::{DescriptorPlan, Plan, PlannedLimit, PlannedLimits};
 
@@ -195,7 +195,7 @@ impl<'p> Answered<'p> {
     }
 }
 
-impl Limiter {
+impl Shared {
     /// Builds the answer from the plan and, when counters were involved,
     /// the backend's verdict (one outcome per check of the plan).
     pub(super) fn answer(

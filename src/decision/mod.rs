@@ -16,15 +16,18 @@
 //!
 //! `labels` turns request bytes into text for logs and metric labels.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Instant;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 
 use crate::algorithms::Verdict;
-use crate::backends::{self, Backend};
+use crate::backends::{self, Backend, CallContext};
 use crate::log_gate::LogGate;
-use crate::metrics::{self, BackendMetrics, Metrics};
+use crate::metrics::{self, BackendMetrics, Method, Metrics};
 use crate::rules::RuleSet;
 
 mod answer;
@@ -147,6 +150,14 @@ pub enum Error {
 /// Decides requests against the current rules and a backend.
 #[derive(Debug)]
 pub struct Limiter {
+    /// Shared with the backend calls still running after their callers
+    /// left, so that what they decide is counted.
+    shared: Arc<Shared>,
+}
+
+/// Everything of a [`Limiter`].
+#[derive(Debug)]
+struct Shared {
     rules: Arc<ArcSwap<RuleSet>>,
     backend: Arc<dyn Backend>,
     options: Options,
@@ -174,7 +185,7 @@ impl Limiter {
         let over_limit = backend
             .local_clock()
             .and_then(|clock| OverLimitCache::new(options.over_limit_cache, clock));
-        Self {
+        let shared = Shared {
             rules,
             backend,
             options,
@@ -183,48 +194,236 @@ impl Limiter {
             metrics,
             backend_metrics,
             over_limit,
+        };
+        Self {
+            shared: Arc::new(shared),
         }
     }
 
     /// Where decisions, backend calls and reloads are counted.
     pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.metrics
+        &self.shared.metrics
     }
 
     /// The rules in force; a reload stores a new set here.
     pub fn rules(&self) -> &Arc<ArcSwap<RuleSet>> {
-        &self.rules
+        &self.shared.rules
     }
 
     /// Readies the backend for the calling thread's first decision (see
     /// [`Backend::warm_up`]).
     pub async fn warm_up(&self) {
-        self.backend.warm_up().await;
+        self.shared.backend.warm_up().await;
+    }
+
+    /// Decides one request for a caller without a deadline (see
+    /// [`Limiter::decide_within`]).
+    pub async fn decide(&self, request: &Request) -> Result<Decision, Error> {
+        self.decide_within(request, Caller::unbounded(Method::ShouldRateLimit))
+            .await
     }
 
     /// Decides one request: at most one backend call, none when no
     /// descriptor needs a counter.
-    pub async fn decide(&self, request: &Request) -> Result<Decision, Error> {
+    ///
+    /// Within `caller.deadline`: a backend call is started only while at
+    /// least [`MIN_BACKEND_TIME`] is left before [`ANSWER_MARGIN`] ahead
+    /// of it, and awaited no later than that margin; otherwise the request
+    /// is answered through the failure mode and counted as abandoned
+    /// (stage `deadline`, or the stage its call had reached).
+    ///
+    /// A decision the backend makes is counted (decisions, hits) whether
+    /// or not anyone reads it: a call written to the backend when its
+    /// caller leaves (a cancelled call, a passed deadline) is finished in
+    /// a task of its own. A call not yet written is dropped unsent.
+    pub async fn decide_within(
+        &self,
+        request: &Request,
+        caller: Caller,
+    ) -> Result<Decision, Error> {
+        let shared = &self.shared;
         request::validate(request)?;
         // One snapshot per request: a reload mid-request cannot mix rule sets.
-        let rules = self.rules.load_full();
+        let rules = shared.rules.load_full();
         let Some(domain) = rules.domain(&request.domain) else {
-            return Ok(self.answer_unknown_domain(request));
+            return Ok(shared.answer_unknown_domain(request));
         };
         let plan = plan::plan(domain, request, rules.max_log_entries())?;
         if plan.checks.is_empty() {
-            return Ok(self.answer(domain, &plan, None));
+            return Ok(shared.answer(domain, &plan, None));
         }
-        self.warn_never_pass(request, &plan);
-        if let Some(verdict) = self.known_over_limit(&rules, &plan) {
-            return Ok(self.answer(domain, &plan, Some(&verdict)));
+        shared.warn_never_pass(request, &plan);
+        if let Some(verdict) = shared.known_over_limit(&rules, &plan) {
+            return Ok(shared.answer(domain, &plan, Some(&verdict)));
         }
-        match self.call_backend(&rules, &plan).await {
-            Ok(verdict) => Ok(self.answer(domain, &plan, Some(&verdict))),
-            Err(error) => self.on_backend_error(&plan, error),
+        let answer_by = caller
+            .deadline
+            .map(|it| it.checked_sub(ANSWER_MARGIN).unwrap_or(it));
+        let send_by = answer_by.map(|it| it.checked_sub(MIN_BACKEND_TIME).unwrap_or(it));
+        // Decided before any deadline could pass: nothing to bound.
+        if shared.backend.answers_at_once() {
+            return match shared.call_backend(&rules, &plan, None).await {
+                Ok(verdict) => Ok(shared.answer(domain, &plan, Some(&verdict))),
+                Err(error) => shared.on_backend_error(&plan, error),
+            };
+        }
+        if send_by.is_some_and(|it| it <= Instant::now()) {
+            shared
+                .metrics
+                .record_abandoned(caller.method, backends::Stage::Deadline);
+            return shared.failure_answer(&plan, backends::Error::Deadline);
+        }
+        let call = CallContext {
+            send_by,
+            progress: backends::Progress::new(backends::Stage::Decide),
+        };
+        let plan = Arc::new(plan);
+        let mut pending =
+            Pending::start(shared, caller.method, rules, &request.domain, &plan, call);
+        let finished = match answer_by {
+            None => Some((&mut pending).await),
+            Some(answer_by) => tokio::time::timeout_at(answer_by.into(), &mut pending)
+                .await
+                .ok(),
+        };
+        match finished {
+            Some(Ok(decision)) => Ok(decision),
+            Some(Err(backends::Error::Deadline)) => {
+                shared
+                    .metrics
+                    .record_abandoned(caller.method, backends::Stage::Deadline);
+                shared.failure_answer(&plan, backends::Error::Deadline)
+            }
+            Some(Err(error)) => shared.failure_answer(&plan, error),
+            None => {
+                // Counted as abandoned at the stage reached; a call already
+                // with the backend finishes without its caller.
+                drop(pending);
+                shared.failure_answer(&plan, backends::Error::Deadline)
+            }
         }
     }
+}
 
+/// Who asks for a decision: by which method, and until when.
+#[derive(Debug, Clone, Copy)]
+pub struct Caller {
+    pub method: Method,
+    /// When the caller gives up (its `grpc-timeout`, or the server's
+    /// request timeout); `None`: it waits as long as the backend takes.
+    pub deadline: Option<Instant>,
+}
+
+impl Caller {
+    pub fn unbounded(method: Method) -> Caller {
+        Caller {
+            method,
+            deadline: None,
+        }
+    }
+}
+
+/// A request is answered this long before its caller's deadline, for the
+/// answer to reach the caller in time: tokio's timers fire up to 1 ms
+/// after their instant (a millisecond wheel), and writing the answer and
+/// its way back over a local network take well under another.
+pub const ANSWER_MARGIN: Duration = Duration::from_millis(2);
+
+/// The least time before the answer is due for which a backend call is
+/// started: a Redis decision on a healthy local network takes 0.1 to
+/// 0.5 ms, so with less left its answer would come too late even from a
+/// healthy Redis, and would only be work nobody waits for.
+pub const MIN_BACKEND_TIME: Duration = Duration::from_millis(1);
+
+/// A backend call and the counting of what it decides, owned, so that it
+/// can finish in a task of its own when its caller leaves.
+type Finish = Pin<Box<dyn Future<Output = Result<Decision, backends::Error>> + Send>>;
+
+/// A backend call in progress for one caller. Dropped before it finished
+/// (its caller cancelled or out of time), it counts the call as
+/// abandoned at the stage reached and, when the call is already with the
+/// backend, hands it to a task of its own to finish and be counted.
+struct Pending {
+    finish: Option<Finish>,
+    progress: backends::Progress,
+    method: Method,
+    metrics: Arc<Metrics>,
+}
+
+impl Pending {
+    fn start(
+        shared: &Arc<Shared>,
+        method: Method,
+        rules: Arc<RuleSet>,
+        domain: &str,
+        plan: &Arc<Plan>,
+        call: CallContext,
+    ) -> Pending {
+        let progress = call.progress.clone();
+        let shared_ = shared.clone();
+        let plan = plan.clone();
+        let domain = domain.to_owned();
+        let finish: Finish = Box::pin(async move {
+            let shared = shared_;
+            let verdict = match shared.call_backend(&rules, &plan, Some(&call)).await {
+                Ok(verdict) => verdict,
+                Err(backends::Error::Deadline) => return Err(backends::Error::Deadline),
+                Err(error) => {
+                    shared.record_backend_error(&error);
+                    return Err(error);
+                }
+            };
+            match rules.domain(&domain) {
+                Some(domain) => Ok(shared.answer(domain, &plan, Some(&verdict))),
+                // The domain was found in this very rule set.
+                None => Err(backends::Error::Protocol("domain vanished".into())),
+            }
+        });
+        Pending {
+            finish: Some(finish),
+            progress,
+            method,
+            metrics: shared.metrics.clone(),
+        }
+    }
+}
+
+impl Future for Pending {
+    type Output = Result<Decision, backends::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let Some(finish) = this.finish.as_mut() else {
+            return Poll::Pending;
+        };
+        let output = std::task::ready!(finish.as_mut().poll(cx));
+        this.finish = None;
+        Poll::Ready(output)
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(finish) = self.finish.take() else {
+            return;
+        };
+        let stage = self.progress.get();
+        self.metrics.record_abandoned(self.method, stage);
+        if stage != backends::Stage::Backend {
+            // Not written: dropped unsent, nothing consumed.
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = finish.await;
+            });
+        }
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
     /// OK without a limit for every descriptor, counted under one series
     /// for every unknown domain: clients choose the names.
     fn answer_unknown_domain(&self, request: &Request) -> Decision {
@@ -276,11 +475,17 @@ impl Limiter {
         &self,
         rules: &Arc<RuleSet>,
         plan: &Plan,
+        call: Option<&CallContext>,
     ) -> Result<Verdict, backends::Error> {
         let sent_us = self.over_limit.as_ref().map(OverLimitCache::now_us);
         let started = Instant::now();
-        let res = self.backend.decide(&plan.checks).await;
-        self.backend_metrics.observe_latency(started.elapsed());
+        let res = match call {
+            Some(call) => self.backend.decide_within(&plan.checks, call).await,
+            None => self.backend.decide(&plan.checks).await,
+        };
+        if !matches!(res, Err(backends::Error::Deadline)) {
+            self.backend_metrics.observe_latency(started.elapsed());
+        }
         let verdict = res?;
         if verdict.outcomes.len() != plan.checks.len() {
             return Err(backends::Error::Protocol(format!(
@@ -299,7 +504,13 @@ impl Limiter {
     }
 
     fn on_backend_error(&self, plan: &Plan, error: backends::Error) -> Result<Decision, Error> {
-        self.backend_metrics.record_error(&error);
+        self.record_backend_error(&error);
+        self.failure_answer(plan, error)
+    }
+
+    /// Counts and logs (rate-limited) a failed backend call.
+    fn record_backend_error(&self, error: &backends::Error) {
+        self.backend_metrics.record_error(error);
         if let Some(suppressed) = self.backend_errors.admit() {
             tracing::error!(
                 backend = self.backend.name(),
@@ -308,6 +519,10 @@ impl Limiter {
                 "backend failed: {error}"
             );
         }
+    }
+
+    /// The answer through `--failure-mode` when no decision could be had.
+    fn failure_answer(&self, plan: &Plan, error: backends::Error) -> Result<Decision, Error> {
         let code = match self.options.failure_mode {
             FailureMode::Error => return Err(Error::Backend(error)),
             FailureMode::Allow => Code::Ok,

@@ -8,8 +8,10 @@
 //! one call of `decide_batch`, which decides them one after the other, in
 //! arrival order, each all-or-nothing with its own answer. A wait is
 //! bounded by the request's own timeout; a request whose caller gave up
-//! before its batch left is never sent, and a batch is sent only before
-//! the deadline of its oldest request. The queue holds at most
+//! before its batch left is never sent, nor one whose caller's deadline
+//! leaves no time for it (answered [`Error::Deadline`] when the batch is
+//! formed), and a batch is sent only before the deadline of its oldest
+//! request and the earliest `send_by` of its requests' callers. The queue holds at most
 //! `max_waiting` requests (as many as the gate lets wait); beyond, a
 //! request is refused at once with [`Error::Shed`].
 //!
@@ -25,7 +27,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::engine::Entry;
 use super::script::{self, BATCH_FIELDS, REQUEST_FIELDS};
-use super::{BatchSettings, Core, Encoded, Error};
+use super::{BatchSettings, CallContext, Core, Encoded, Error, Stage};
 use crate::algorithms::Verdict;
 
 /// The queue and the slots of one backend.
@@ -47,6 +49,8 @@ struct Waiting {
     request: Encoded,
     /// When its caller gives up.
     deadline: Instant,
+    /// Its caller's deadline for sending, and its stage.
+    call: CallContext,
     answer: oneshot::Sender<Result<Verdict, Error>>,
 }
 
@@ -80,15 +84,24 @@ impl Batcher {
     }
 
     /// The oldest waiting requests within the bounds (at least one, when
-    /// any waits); those whose callers gave up are dropped unsent. Empty
-    /// when none waits: the slot is then given back.
+    /// any waits); those whose callers gave up are dropped unsent, and
+    /// those whose callers' `send_by` has passed are answered
+    /// [`Error::Deadline`] unsent. Empty when none waits: the slot is then
+    /// given back.
     fn next_batch(&self) -> Vec<Waiting> {
+        let now = std::time::Instant::now();
         let mut state = self.lock();
         let mut batch = Vec::new();
         let mut n_keys = 0;
         while let Some(next) = state.waiting.front() {
             if next.answer.is_closed() {
                 state.waiting.pop_front();
+                continue;
+            }
+            if next.call.send_by.is_some_and(|it| it <= now) {
+                if let Some(late) = state.waiting.pop_front() {
+                    let _ = late.answer.send(Err(Error::Deadline));
+                }
                 continue;
             }
             let keys = next.request.keys.len();
@@ -109,9 +122,13 @@ impl Batcher {
 
 /// Decides `request`: at once when a slot is free, else with the next
 /// batch.
-pub(super) async fn decide(core: &Arc<Core>, request: Encoded) -> Result<Verdict, Error> {
+pub(super) async fn decide(
+    core: &Arc<Core>,
+    request: Encoded,
+    call: &CallContext,
+) -> Result<Verdict, Error> {
     let Some(batcher) = &core.batcher else {
-        return core.decide_one(&request).await;
+        return core.decide_one(&request, call).await;
     };
     let deadline = Instant::now() + core.timeout;
     let receiver = {
@@ -123,9 +140,11 @@ pub(super) async fn decide(core: &Arc<Core>, request: Encoded) -> Result<Verdict
             return Err(Error::Shed(batcher.max_waiting));
         } else {
             let (answer, receiver) = oneshot::channel();
+            call.progress.set(Stage::Queue);
             state.waiting.push_back(Waiting {
                 request,
                 deadline,
+                call: call.clone(),
                 answer,
             });
             Ok(receiver)
@@ -135,7 +154,7 @@ pub(super) async fn decide(core: &Arc<Core>, request: Encoded) -> Result<Verdict
         Ok(receiver) => receiver,
         Err(request) => {
             let _slot = Slot(core.clone());
-            return core.decide_one_by(deadline, &request).await;
+            return core.decide_one_by(deadline, &request, call).await;
         }
     };
     match timeout_at(deadline, receiver).await {
@@ -179,7 +198,9 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
         .min()
         .unwrap_or_else(|| Instant::now() + core.timeout);
     if let [only] = &batch[..] {
-        let answer = core.decide_one_by(deadline, &only.request).await;
+        let answer = core
+            .decide_one_by(deadline, &only.request, &only.call)
+            .await;
         for it in batch {
             let _ = it.answer.send(answer.clone());
         }
@@ -206,21 +227,39 @@ async fn decide_batch(
     batch: &[Waiting],
 ) -> Result<Vec<Verdict>, Error> {
     let sizes: Vec<usize> = batch.iter().map(|it| it.request.keys.len()).collect();
+    // Written only while every request's caller can still use its answer.
+    let send_by = batch
+        .iter()
+        .filter_map(|it| it.call.send_by)
+        .min()
+        .map(Instant::from_std);
+    let report = |stage| {
+        for it in batch {
+            it.call.progress.set(stage);
+        }
+    };
     let reply = core
-        .call(deadline, Entry::DecideBatch, sizes.iter().sum(), |cmd| {
-            for it in batch {
-                cmd.arg(&it.request.keys);
-            }
-            for field in &BATCH_FIELDS {
-                cmd.arg((field.value)(&batch.len()));
-            }
-            for it in batch {
-                for field in &REQUEST_FIELDS {
-                    cmd.arg((field.value)(&it.request.keys.len()));
+        .call(
+            deadline,
+            send_by,
+            report,
+            Entry::DecideBatch,
+            sizes.iter().sum(),
+            |cmd| {
+                for it in batch {
+                    cmd.arg(&it.request.keys);
                 }
-                script::write_request(cmd, &it.request.header, &it.request.limits);
-            }
-        })
+                for field in &BATCH_FIELDS {
+                    cmd.arg((field.value)(&batch.len()));
+                }
+                for it in batch {
+                    for field in &REQUEST_FIELDS {
+                        cmd.arg((field.value)(&it.request.keys.len()));
+                    }
+                    script::write_request(cmd, &it.request.header, &it.request.limits);
+                }
+            },
+        )
         .await?;
     script::parse_batch_reply(&reply, &sizes)
 }

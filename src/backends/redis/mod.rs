@@ -41,7 +41,7 @@ use self::script::{HeaderArgs, LimitArgs};
 use self::sentinel::Sentinel;
 pub use self::sentinel::SentinelSettings;
 use super::keys::{HashTag, KeyFormat};
-use super::{Backend, Error, KeyedCheck};
+use super::{Backend, CallContext, Error, KeyedCheck, Stage};
 use crate::algorithms::Verdict;
 use crate::clock::{Clock, MonotonicClock};
 use crate::pem;
@@ -461,15 +461,32 @@ impl Core {
     /// deadline: checked when the wait for the gate ends and again after
     /// the checkout and the engine, at the moment the call would be
     /// written.
+    ///
+    /// `caller_send_by`, from the callers' deadlines, can only bring the
+    /// moment of sending earlier: a call refused by it fails with
+    /// [`Error::Deadline`]. The reply to a call written is awaited until
+    /// `deadline`, whoever still waits for it, so that what it consumed is
+    /// counted. `report` hears each stage the call reaches.
     async fn call(
         &self,
         deadline: Instant,
+        caller_send_by: Option<Instant>,
+        report: impl Fn(Stage),
         entry: Entry,
         n_keys: usize,
         args: impl FnOnce(&mut redis::Cmd),
     ) -> Result<Vec<i64>, Error> {
-        let send_by = gate::send_by(deadline, self.timeout);
-        let _permit = self.gate.admit(send_by, self.timeout_ms).await?;
+        let own_send_by = gate::send_by(deadline, self.timeout);
+        let (send_by, late) = match caller_send_by {
+            Some(caller) if caller < own_send_by => (caller, Error::Deadline),
+            _ => (own_send_by, Error::Timeout(self.timeout_ms)),
+        };
+        report(Stage::Queue);
+        let _permit = match self.gate.admit(send_by, self.timeout_ms).await {
+            Err(Error::Timeout(_)) => return Err(late),
+            admitted => admitted?,
+        };
+        report(Stage::Connect);
         // One timer for the checkout and the engine: both are usually ready
         // at once, and a timer is only registered when they are not.
         let mut checked_out = false;
@@ -491,8 +508,9 @@ impl Core {
             // Its caller is (or is about to be) answered under the failure
             // mode: sent, it would only be work for Redis that nobody
             // waits for, delaying the calls behind it.
-            return Err(Error::Timeout(self.timeout_ms));
+            return Err(late);
         }
+        report(Stage::Backend);
         let mut cmd = engine.command(entry, n_keys);
         args(&mut cmd);
         let mut multiplexed = conn.conn.clone();
@@ -506,18 +524,33 @@ impl Core {
     }
 
     /// One request in a call of its own.
-    async fn decide_one(&self, request: &Encoded) -> Result<Verdict, Error> {
-        self.decide_one_by(Instant::now() + self.timeout, request)
+    async fn decide_one(&self, request: &Encoded, call: &CallContext) -> Result<Verdict, Error> {
+        self.decide_one_by(Instant::now() + self.timeout, request, call)
             .await
     }
 
-    /// One request in a call of its own, sent only before `deadline`.
-    async fn decide_one_by(&self, deadline: Instant, request: &Encoded) -> Result<Verdict, Error> {
+    /// One request in a call of its own, sent only before `deadline` (and
+    /// its caller's `send_by`).
+    async fn decide_one_by(
+        &self,
+        deadline: Instant,
+        request: &Encoded,
+        call: &CallContext,
+    ) -> Result<Verdict, Error> {
+        let send_by = call.send_by.map(Instant::from_std);
+        let report = |stage| call.progress.set(stage);
         let reply = self
-            .call(deadline, Entry::Decide, request.keys.len(), |cmd| {
-                cmd.arg(&request.keys);
-                script::write_request(cmd, &request.header, &request.limits);
-            })
+            .call(
+                deadline,
+                send_by,
+                report,
+                Entry::Decide,
+                request.keys.len(),
+                |cmd| {
+                    cmd.arg(&request.keys);
+                    script::write_request(cmd, &request.header, &request.limits);
+                },
+            )
             .await?;
         script::parse_reply(&reply, request.keys.len())
     }
@@ -542,6 +575,14 @@ impl fmt::Debug for RedisBackend {
 #[async_trait::async_trait]
 impl Backend for RedisBackend {
     async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
+        self.decide_within(checks, &CallContext::unbounded()).await
+    }
+
+    async fn decide_within(
+        &self,
+        checks: &[KeyedCheck],
+        call: &CallContext,
+    ) -> Result<Verdict, Error> {
         if checks.is_empty() {
             return Ok(Verdict {
                 allowed: true,
@@ -551,8 +592,8 @@ impl Backend for RedisBackend {
         let request = self.encode(checks)?;
         let core = self.core();
         match &core.batcher {
-            None => core.decide_one(&request).await,
-            Some(_) => batch::decide(core, request).await,
+            None => core.decide_one(&request, call).await,
+            Some(_) => batch::decide(core, request, call).await,
         }
     }
 

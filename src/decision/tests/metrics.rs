@@ -271,3 +271,122 @@ async fn per_value_series_are_capped_per_rule_then_fold_into_overflow() {
     );
     assert!(!text.contains("client_v3"), "{text}");
 }
+
+/// A limiter over `TREE` whose backend (memory, behind a fake) answers
+/// each decision after `delay`, answering through `options`.
+fn slow_limiter(delay: std::time::Duration, options: Options) -> (Limiter, Arc<FakeBackend>) {
+    let clock = ManualClock::new(testing::T0);
+    let backend = Arc::new(FakeBackend::slow(testing::memory_backend(&clock), delay));
+    let limiter = yaml_limiter_on(TREE, backend.clone(), options);
+    (limiter, backend)
+}
+
+fn abandoned(text: &str, stage: &str) -> Option<f64> {
+    sample(
+        text,
+        &format!(
+            "throttlegate_abandoned_calls_total{{method=\"ShouldRateLimit\",stage=\"{stage}\"}}"
+        ),
+    )
+}
+
+#[tokio::test]
+async fn a_decision_whose_caller_left_is_still_counted() {
+    use std::time::Duration;
+    let (limiter, backend) = slow_limiter(Duration::from_millis(50), allow_options(false));
+    let req = request("api", &[("user", "a")], 3);
+    // The caller gives up (its future dropped, as on a stream reset)
+    // while the backend decides.
+    let gave_up = tokio::time::timeout(Duration::from_millis(10), limiter.decide(&req)).await;
+    assert!(gave_up.is_err(), "answered before the backend did");
+    let text = limiter.metrics().encode();
+    assert_eq!(abandoned(&text, "backend"), Some(1.0), "{text}");
+    assert_eq!(decisions(&text, "api", "user", "ok"), None, "{text}");
+    // The call finishes without its caller, and what it consumed counts.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let text = limiter.metrics().encode();
+    assert_eq!(backend.calls(), 1);
+    assert_eq!(decisions(&text, "api", "user", "ok"), Some(1.0), "{text}");
+    assert_eq!(
+        sample(
+            &text,
+            "throttlegate_hits_total{domain=\"api\",rule=\"user\"}"
+        ),
+        Some(3.0),
+        "{text}"
+    );
+    // And the counter holds it: 10 per minute, 3 used, so 7 remain.
+    let fast = yaml_limiter_on(TREE, backend.clone(), allow_options(false));
+    let decision = fast
+        .decide(&request("api", &[("user", "a")], 1))
+        .await
+        .unwrap();
+    assert_eq!(decision.statuses[0].limit_remaining, 6);
+}
+
+#[tokio::test]
+async fn a_deadline_too_close_for_the_backend_is_answered_at_once_through_the_failure_mode() {
+    use std::time::{Duration, Instant};
+    let (limiter, backend) = slow_limiter(Duration::ZERO, crate::testing::default_options());
+    let caller = crate::decision::Caller {
+        method: crate::metrics::Method::ShouldRateLimit,
+        deadline: Some(Instant::now() + Duration::from_micros(2500)),
+    };
+    let req = request("api", &[("user", "a")], 1);
+    let started = Instant::now();
+    let answer = limiter.decide_within(&req, caller).await;
+    assert!(
+        started.elapsed() < Duration::from_millis(1),
+        "answered at once"
+    );
+    // `--failure-mode error`: UNAVAILABLE for the transport.
+    match answer {
+        Err(crate::decision::Error::Backend(backends::Error::Deadline)) => {}
+        other => panic!("expected the failure mode's error, got {other:?}"),
+    }
+    assert_eq!(backend.calls(), 0, "the backend was never asked");
+    let text = limiter.metrics().encode();
+    assert_eq!(abandoned(&text, "deadline"), Some(1.0), "{text}");
+    // Not a backend failure.
+    assert_eq!(
+        sample(
+            &text,
+            "throttlegate_backend_errors_total{backend=\"fake\",kind=\"timeout\"}"
+        ),
+        Some(0.0),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_backend_is_answered_through_the_failure_mode_before_the_deadline_then_counted() {
+    use std::time::{Duration, Instant};
+    let mut options = crate::testing::default_options();
+    options.failure_mode = crate::decision::FailureMode::Deny;
+    let (limiter, _backend) = slow_limiter(Duration::from_millis(60), options);
+    let deadline = Instant::now() + Duration::from_millis(20);
+    let caller = crate::decision::Caller {
+        method: crate::metrics::Method::ShouldRateLimit,
+        deadline: Some(deadline),
+    };
+    let decision = limiter
+        .decide_within(&request("api", &[("user", "a")], 1), caller)
+        .await
+        .expect("the failure mode answers");
+    let answered = Instant::now();
+    assert!(
+        answered < deadline,
+        "answered {:?} late",
+        answered - deadline
+    );
+    assert!(
+        deadline - answered < Duration::from_millis(5),
+        "answered too early"
+    );
+    assert_eq!(decision.overall, crate::decision::Code::OverLimit);
+    let text = limiter.metrics().encode();
+    assert_eq!(abandoned(&text, "backend"), Some(1.0), "{text}");
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    let text = limiter.metrics().encode();
+    assert_eq!(decisions(&text, "api", "user", "ok"), Some(1.0), "{text}");
+}

@@ -162,7 +162,7 @@ impl<S: GrpcService> hyper::service::Service<http::Request<Incoming>> for Connec
         let timeout = client_timeout(request.headers())
             .map_or(self.request_timeout, |it| it.min(self.request_timeout));
         if request.uri().path() == SHOULD_RATE_LIMIT {
-            let answer = self.rate_limit.clone().call_http(request);
+            let answer = self.rate_limit.clone().call_http(request, timeout);
             return Box::pin(within(timeout, answer));
         }
         let mut services = self.services.clone();

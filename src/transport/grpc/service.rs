@@ -17,6 +17,7 @@ use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body::{Frame, SizeHint};
@@ -25,8 +26,8 @@ use prost::Message as _;
 use tonic::body::Body;
 use tonic::codegen::http;
 
-use crate::decision::{self, Limiter};
-use crate::metrics::Metrics;
+use crate::decision::{self, Caller, Limiter};
+use crate::metrics::{Method, Metrics};
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
 use crate::transport::wire::{self, from_wire};
@@ -57,30 +58,38 @@ impl RateLimitService {
     }
 
     /// The answer to a `ShouldRateLimit` call (its path already matched),
-    /// its body read from hyper's stream as the server receives it.
+    /// its body read from hyper's stream as the server receives it, due
+    /// within `timeout` (the client's `grpc-timeout` or the server's).
     pub(super) fn call_http(
         self,
         request: http::Request<hyper::body::Incoming>,
+        timeout: Duration,
     ) -> impl Future<Output = http::Response<Reply>> + Send + 'static {
         let refused = identity_encoding(request.headers()).err();
+        let arrived = Instant::now();
         async move {
             if let Some(status) = refused {
                 return status_response(status).map(Either::Right);
             }
-            self.answer(request.into_body()).await
+            self.answer(request.into_body(), arrived, timeout).await
         }
     }
 
     /// The answer to one `ShouldRateLimit` call whose headers were
-    /// accepted: a decision, or the status that says why there is none.
-    async fn answer<B>(self, body: B) -> http::Response<Reply>
+    /// accepted at `arrived`: a decision, or the status that says why
+    /// there is none. Decided by `arrived + timeout`, through the failure
+    /// mode when the backend cannot answer by then.
+    async fn answer<B>(self, body: B, arrived: Instant, timeout: Duration) -> http::Response<Reply>
     where
         B: http_body::Body<Data = Bytes> + Unpin,
         B::Error: Into<tonic::codegen::StdError>,
     {
         let _in_flight = self.metrics.track_in_flight();
         let refused = |status| status_response(status).map(Either::Right);
-        let message = match read_message(body).await {
+        let reading = Reading(Some(&self.metrics));
+        let message = read_message(body).await;
+        reading.done();
+        let message = match message {
             Ok(message) => message,
             Err(status) => return refused(status),
         };
@@ -88,9 +97,38 @@ impl RateLimitService {
             Ok(request) => request,
             Err(error) => return refused(malformed(&error.to_string())),
         };
-        match self.limiter.decide(&from_wire(request)).await {
+        let caller = Caller {
+            method: Method::ShouldRateLimit,
+            deadline: arrived.checked_add(timeout),
+        };
+        let decided = self
+            .limiter
+            .decide_within(&from_wire(request), caller)
+            .await;
+        self.metrics
+            .observe_decision_latency(Method::ShouldRateLimit, arrived.elapsed());
+        match decided {
             Ok(decision) => answer_response(&decision),
             Err(error) => refused(to_status(error)),
+        }
+    }
+}
+
+/// A call whose message is being read: dropped before [`Reading::done`]
+/// (the client reset the stream, the connection ended, the deadline
+/// passed), it is counted as abandoned at the stage `read`.
+struct Reading<'a>(Option<&'a Metrics>);
+
+impl Reading<'_> {
+    fn done(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Reading<'_> {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.0 {
+            metrics.record_abandoned(Method::ShouldRateLimit, crate::backends::Stage::Read);
         }
     }
 }

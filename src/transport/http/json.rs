@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::decision;
+use crate::metrics::Method;
 use crate::rules::Unit;
 use crate::transport::http::App;
 use crate::transport::wire;
@@ -36,7 +37,13 @@ pub(super) async fn decide(
                 .into_response();
         }
     };
-    match app.limiter.decide(&request).await {
+    // No deadline: an HTTP client's timeout is not sent with its request.
+    let caller = decision::Caller::unbounded(Method::Json);
+    let started = std::time::Instant::now();
+    let decided = app.limiter.decide_within(&request, caller).await;
+    app.metrics
+        .observe_decision_latency(Method::Json, started.elapsed());
+    match decided {
         Ok(decision) => {
             let status = match decision.overall {
                 decision::Code::Ok => StatusCode::OK,
