@@ -629,3 +629,198 @@ async fn metrics_count_grpc_decisions_and_no_request_stays_in_flight() {
         "{text}"
     );
 }
+
+// === what a decided or refused call looks like on the wire ===
+
+/// What tonic's own server answers: a decision for domain `test`, an
+/// INVALID_ARGUMENT status for any other.
+struct TonicReference;
+
+#[tonic::async_trait]
+impl throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService
+    for TonicReference
+{
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        if request.get_ref().domain != "test" {
+            return Err(tonic::Status::invalid_argument("empty domain"));
+        }
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// Serves [`TonicReference`] with tonic's server on an ephemeral port.
+async fn tonic_reference() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let service = throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(TonicReference);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    addr
+}
+
+type Headers = tonic::codegen::http::HeaderMap;
+
+/// One ShouldRateLimit call sent with `h2`, with `extra` request headers:
+/// the response's headers and its trailers (`None`: trailers-only).
+async fn raw_call(
+    addr: std::net::SocketAddr,
+    request: &RateLimitRequest,
+    extra: &[(&str, &str)],
+) -> (Headers, Option<Headers>) {
+    use tonic::codegen::http;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut client, connection) = h2::client::handshake(tcp).await.expect("h2 handshake");
+    tokio::spawn(connection);
+    let mut builder = http::Request::post(format!(
+        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers");
+    for (name, value) in extra {
+        builder = builder.header(*name, *value);
+    }
+    let (response, mut body) = client
+        .send_request(builder.body(()).unwrap(), false)
+        .expect("send");
+    let message = prost::Message::encode_to_vec(request);
+    let mut framed = vec![0];
+    framed.extend_from_slice(&u32::try_from(message.len()).unwrap().to_be_bytes());
+    framed.extend_from_slice(&message);
+    // The server may answer (and end the stream) before the body is sent.
+    let _ = body.send_data(framed.into(), true);
+    let response = response.await.expect("a response");
+    let (parts, mut body) = response.into_parts();
+    if body.is_end_stream() {
+        return (parts.headers, None);
+    }
+    while let Some(data) = body.data().await {
+        let data = data.expect("data");
+        let _ = body.flow_control().release_capacity(data.len());
+    }
+    let trailers = body.trailers().await.expect("trailers");
+    (parts.headers, trailers)
+}
+
+/// The names in `headers`, sorted, without `date` (which tonic's server
+/// sends and this one leaves out: gRPC has no use for it).
+fn names(headers: &Headers) -> Vec<String> {
+    let mut names: Vec<String> = headers
+        .keys()
+        .map(|it| it.as_str().to_owned())
+        .filter(|it| it != "date")
+        .collect();
+    names.sort();
+    names
+}
+
+/// A decided call carries the headers and trailers tonic's server sends
+/// (`content-type`; `grpc-status` in the trailers), and no
+/// `content-length`, which tonic's server never sends with a message and
+/// clients hand to applications as metadata; a refused call is the same
+/// trailers-only answer as tonic's.
+#[tokio::test]
+async fn answers_carry_the_headers_tonics_server_sends_and_no_content_length() {
+    let service = start().await;
+    let reference = tonic_reference().await;
+    let decided = request(vec![desc(&[("user", "alice")])]);
+    let refused = RateLimitRequest {
+        domain: String::new(),
+        ..decided.clone()
+    };
+
+    let (ours, our_trailers) = raw_call(service.addr, &decided, &[]).await;
+    let (theirs, their_trailers) = raw_call(reference, &decided, &[]).await;
+    assert_eq!(ours.get("content-length"), None, "{ours:?}");
+    assert_eq!(
+        names(&ours),
+        names(&theirs),
+        "ours {ours:?}, tonic's {theirs:?}"
+    );
+    assert_eq!(ours.get("content-type"), theirs.get("content-type"));
+    let (ours, theirs) = (
+        our_trailers.expect("trailers"),
+        their_trailers.expect("trailers"),
+    );
+    assert_eq!(
+        names(&ours),
+        names(&theirs),
+        "ours {ours:?}, tonic's {theirs:?}"
+    );
+    assert_eq!(
+        ours.get("grpc-status").map(|it| it.as_bytes()),
+        Some(&b"0"[..])
+    );
+
+    let (ours, our_trailers) = raw_call(service.addr, &refused, &[]).await;
+    let (theirs, their_trailers) = raw_call(reference, &refused, &[]).await;
+    assert!(
+        our_trailers.is_none() && their_trailers.is_none(),
+        "trailers-only"
+    );
+    assert_eq!(
+        names(&ours),
+        names(&theirs),
+        "ours {ours:?}, tonic's {theirs:?}"
+    );
+    assert_eq!(
+        ours.get("grpc-status").map(|it| it.as_bytes()),
+        Some(&b"3"[..])
+    );
+    assert_eq!(ours.get("grpc-message"), theirs.get("grpc-message"));
+
+    // A tonic client sees no content-length among the answer's metadata.
+    let answer = service
+        .client()
+        .should_rate_limit(decided)
+        .await
+        .expect("decided");
+    assert_eq!(answer.metadata().get("content-length"), None, "{answer:?}");
+}
+
+/// A 15 KB `grpc-encoding` is refused UNIMPLEMENTED with a `grpc-message`
+/// of at most 1 KiB (it quotes the encoding), still a valid status.
+#[tokio::test]
+async fn status_messages_quoting_the_client_are_capped_at_one_kib() {
+    let service = start().await;
+    let decided = request(vec![desc(&[("user", "alice")])]);
+    let encoding = "x".repeat(15 * 1024);
+    let (headers, trailers) =
+        raw_call(service.addr, &decided, &[("grpc-encoding", &encoding)]).await;
+    assert!(trailers.is_none(), "trailers-only: {trailers:?}");
+    assert_eq!(
+        headers.get("grpc-status").map(|it| it.as_bytes()),
+        Some(&b"12"[..])
+    );
+    let message = headers.get("grpc-message").expect("grpc-message");
+    assert!(
+        message.len() <= 1024,
+        "grpc-message of {} bytes",
+        message.len()
+    );
+    let message = message.to_str().expect("visible ASCII");
+    assert!(
+        message.starts_with("Content is compressed with `xxx"),
+        "{message}"
+    );
+    assert_eq!(
+        headers.get("grpc-accept-encoding").map(|it| it.as_bytes()),
+        Some(&b"identity"[..])
+    );
+    // Cut at a whole character, and marked.
+    let decoded = percent_encoding::percent_decode(message.as_bytes())
+        .decode_utf8()
+        .expect("UTF-8 once decoded");
+    assert!(decoded.ends_with("xxx..."), "{decoded}");
+    // The connection and the server carry on.
+    let res = call(&service, decided).await;
+    assert_eq!(res.overall_code, Code::Ok as i32);
+}

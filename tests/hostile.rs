@@ -9,6 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use support::process::{Serve, ServiceProcess};
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 
@@ -798,4 +799,230 @@ async fn a_client_deadline_shorter_than_the_servers_ends_an_unfinished_call() {
         answered >= Duration::from_millis(250) && answered < Duration::from_secs(10),
         "answered after {answered:?}, the client's deadline being 300 ms"
     );
+}
+
+// === the first request's deadline ===
+
+const DATA: u8 = 0x0;
+const END_STREAM: u8 = 0x1;
+const PING_FRAME: u8 = 0x6;
+const NO_ERROR: u32 = 0x0;
+
+/// What a raw client saw of a connection that sent no request by the
+/// handshake deadline.
+#[derive(Debug, Default)]
+struct Farewell {
+    /// The GOAWAY frames, in order: (when, last stream id, error code).
+    goaways: Vec<(Duration, u32, u32)>,
+    /// The answer to a call sent right after the first GOAWAY, if any.
+    answer: Option<RateLimitResponse>,
+    /// Streams the server reset: (stream, code).
+    resets: Vec<(u32, u32)>,
+    /// When the server closed the connection.
+    closed: Duration,
+}
+
+/// A client that completes the HTTP/2 handshake, sends nothing more, and
+/// reads until the server closes: acknowledging PINGs if `acks`, and
+/// sending a ShouldRateLimit call on stream 1 as soon as the first GOAWAY
+/// arrives if `calls`.
+async fn wait_for_farewell(grpc: SocketAddr, acks: bool, calls: bool) -> Farewell {
+    let mut stream = TcpStream::connect(grpc).await.unwrap();
+    let opened = Instant::now();
+    h2_handshake(&mut stream).await;
+    let mut seen = Farewell::default();
+    let mut message = Vec::new();
+    let read_all = async {
+        while let Some(frame_in) = read_frame(&mut stream).await {
+            match frame_in.kind {
+                GOAWAY => {
+                    let word = |at: usize| {
+                        u32::from_be_bytes(frame_in.payload[at..at + 4].try_into().unwrap())
+                    };
+                    seen.goaways
+                        .push((opened.elapsed(), word(0) & 0x7fff_ffff, word(4)));
+                    if calls && seen.goaways.len() == 1 {
+                        let body = prost::Message::encode_to_vec(&alice());
+                        let mut call = frame(HEADERS, END_HEADERS, 1, &request_header_block());
+                        let mut data = vec![0];
+                        data.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+                        data.extend_from_slice(&body);
+                        call.extend(frame(DATA, END_STREAM, 1, &data));
+                        stream.write_all(&call).await.unwrap();
+                    }
+                }
+                PING_FRAME if acks && frame_in.flags & ACK == 0 => {
+                    let ack = frame(PING_FRAME, ACK, 0, &frame_in.payload);
+                    if stream.write_all(&ack).await.is_err() {
+                        break;
+                    }
+                }
+                DATA if frame_in.stream_id == 1 => message.extend_from_slice(&frame_in.payload),
+                RST_STREAM => {
+                    let code = u32::from_be_bytes(frame_in.payload[..4].try_into().unwrap());
+                    seen.resets.push((frame_in.stream_id, code));
+                }
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read_all)
+        .await
+        .expect("a connection without a request still open after 10 s");
+    seen.closed = opened.elapsed();
+    if message.len() > 5 {
+        seen.answer = Some(prost::Message::decode(&message[5..]).expect("a RateLimitResponse"));
+    }
+    seen
+}
+
+/// A connection that completed its HTTP/2 handshake and sends no request
+/// by the handshake deadline gets GOAWAY (NO_ERROR) before it is closed,
+/// never a bare close: a client that acknowledges the GOAWAY's PING gets
+/// the final GOAWAY (no stream processed) and the connection closes at
+/// once; one that ignores it is closed after the grace; a call that
+/// crosses the first GOAWAY is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_a_request_by_the_deadline_gets_goaway_before_the_close() {
+    const TIMEOUT_MS: u64 = 1000;
+    let server = start(
+        &["--grpc-handshake-timeout-ms", &TIMEOUT_MS.to_string()],
+        None,
+    )
+    .await;
+    let grpc = server.grpc;
+    let ignoring = tokio::spawn(wait_for_farewell(grpc, false, false));
+    let acking = tokio::spawn(wait_for_farewell(grpc, true, false));
+    let calling = tokio::spawn(wait_for_farewell(grpc, true, true));
+    let ignoring = ignoring.await.unwrap();
+    let acking = acking.await.unwrap();
+    let calling = calling.await.unwrap();
+    eprintln!("ignoring: {ignoring:?}\nacking: {acking:?}\ncalling: {calling:?}");
+    let deadline = Duration::from_millis(TIMEOUT_MS - 100);
+    for (what, seen) in [
+        ("ignoring", &ignoring),
+        ("acking", &acking),
+        ("calling", &calling),
+    ] {
+        let &(at, last, code) = seen
+            .goaways
+            .first()
+            .unwrap_or_else(|| panic!("{what}: closed after {:?} without GOAWAY", seen.closed));
+        assert!(at >= deadline, "{what}: GOAWAY after {at:?}");
+        assert_eq!(code, NO_ERROR, "{what}");
+        // The first GOAWAY refuses nothing yet: streams in flight are taken.
+        assert_eq!(last, 0x7fff_ffff, "{what}");
+        assert!(seen.resets.is_empty(), "{what}: {:?}", seen.resets);
+    }
+    // Ignored, the GOAWAY is followed by the close about a second later.
+    assert_eq!(ignoring.goaways.len(), 1, "{ignoring:?}");
+    assert!(
+        ignoring.closed >= ignoring.goaways[0].0 + Duration::from_millis(800),
+        "{ignoring:?}"
+    );
+    // Acknowledged, the final GOAWAY says no stream was processed, and the
+    // connection closes without waiting for the grace.
+    let &(_, last, code) = acking.goaways.last().unwrap();
+    assert_eq!(
+        (acking.goaways.len(), last, code),
+        (2, 0, NO_ERROR),
+        "{acking:?}"
+    );
+    assert!(
+        acking.closed < acking.goaways[0].0 + Duration::from_millis(500),
+        "{acking:?}"
+    );
+    // A call sent after the first GOAWAY is served, and the final GOAWAY
+    // names its stream as processed.
+    let answer = calling.answer.as_ref().expect("the crossing call answered");
+    assert_eq!(answer.overall_code, Code::Ok as i32, "{answer:?}");
+    let &(_, last, code) = calling.goaways.last().unwrap();
+    assert_eq!(
+        (calling.goaways.len(), last, code),
+        (2, 1, NO_ERROR),
+        "{calling:?}"
+    );
+}
+
+/// tonic clients that open their channel at once and make their first
+/// call around the handshake deadline (before it, as the GOAWAY goes out,
+/// during the grace, after the close) are answered or told to retry: the
+/// GOAWAY makes them reconnect instead of losing a call on a closed
+/// connection. Within a few hundred milliseconds of the deadline a call
+/// may fail the client's own way, which a retrying client (grpcio) retries
+/// and tonic reports: queued as its connection closed and never sent
+/// (hyper cancels it), or on a stream the final GOAWAY leaves out. A call
+/// sent and then lost (a broken pipe, a reset: what a bare close causes)
+/// fails the test.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_whose_first_call_meets_the_handshake_deadline_are_answered() {
+    const TIMEOUT_MS: u64 = 1000;
+    let server = start(
+        &["--grpc-handshake-timeout-ms", &TIMEOUT_MS.to_string()],
+        None,
+    )
+    .await;
+    let grpc = server.grpc;
+    // From 300 ms before the deadline to 2.5 s after it, 20 ms apart, and
+    // every 2 ms right at it.
+    let mut delays: Vec<u64> = (TIMEOUT_MS - 300..TIMEOUT_MS + 2500).step_by(20).collect();
+    delays.extend((TIMEOUT_MS - 20..TIMEOUT_MS + 20).step_by(2));
+    let calls: Vec<_> = delays
+        .into_iter()
+        .map(|delay| {
+            tokio::spawn(async move {
+                let opened = tokio::time::Instant::now();
+                let channel = tonic::transport::Endpoint::from_shared(format!("http://{grpc}"))
+                    .unwrap()
+                    .connect()
+                    .await
+                    .expect("connect");
+                let mut client = RateLimitServiceClient::new(channel);
+                tokio::time::sleep_until(opened + Duration::from_millis(delay)).await;
+                (delay, client.should_rate_limit(alice()).await)
+            })
+        })
+        .collect();
+    let total = calls.len();
+    let mut unsent = Vec::new();
+    let mut failed = Vec::new();
+    for call in calls {
+        let (delay, res) = call.await.unwrap();
+        match res {
+            Ok(answer) => assert_eq!(answer.into_inner().overall_code, Code::Ok as i32),
+            Err(status) if unprocessed(&status) && delay.abs_diff(TIMEOUT_MS) < 300 => {
+                unsent.push((delay, status.code()));
+            }
+            Err(status) => failed.push((delay, status)),
+        }
+    }
+    eprintln!("{total} calls; unprocessed, to retry (ms after opening): {unsent:?}");
+    assert!(
+        failed.is_empty(),
+        "{} of {total} failed: {failed:?}",
+        failed.len()
+    );
+}
+
+/// Whether tonic failed `status` for a call the server never saw or told
+/// the client it did not process: hyper cancels a request still queued
+/// when its connection closes, and h2 fails a stream above the last one a
+/// GOAWAY names, or one the server refused.
+fn unprocessed(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if let Some(err) = err.downcast_ref::<hyper::Error>()
+            && err.is_canceled()
+        {
+            return true;
+        }
+        if let Some(err) = err.downcast_ref::<h2::Error>() {
+            return (err.is_go_away()
+                && err.is_remote()
+                && err.reason() == Some(h2::Reason::NO_ERROR))
+                || err.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        source = err.source();
+    }
+    false
 }

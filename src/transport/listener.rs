@@ -162,8 +162,10 @@ fn is_peer_error(err: &io::Error) -> bool {
 /// When a connection must have made progress by, as its requests go.
 ///
 /// gRPC arms it at accept (the peer must send the preface and a complete
-/// request's headers) and disarms it for good at the first request: from
-/// then on HTTP/2 keepalive and the maximum connection age bound it. HTTP/1
+/// request's headers: the server sends GOAWAY at the handshake deadline,
+/// and this deadline, a grace later, closes a peer that does not go) and
+/// disarms it for good at the first request: from then on HTTP/2
+/// keepalive and the maximum connection age bound it. HTTP/1
 /// re-arms it between requests: an idle deadline after each response, a
 /// header deadline from the first byte of the next request head.
 #[derive(Debug)]

@@ -1,7 +1,14 @@
 //! The answers of tonic's generated services (health, reflection), with
-//! tonic's decode failures given the status codes Envoy operators expect.
+//! tonic's decode failures given the status codes Envoy operators expect,
+//! and the one function that bounds a status message.
 
 use tonic::codegen::http;
+
+/// Longest `grpc-message` the server sends, in bytes as sent. A status
+/// message can quote what the client sent (an encoding name, a descriptor
+/// value) and a client can make that as long as its headers or a whole
+/// message; clients refuse headers much bigger than this.
+pub(super) const MAX_STATUS_MESSAGE: usize = 1024;
 
 /// The status codes tonic's own decode failures are answered with, mapped
 /// to those Envoy operators expect, in one pass over the response headers
@@ -38,7 +45,49 @@ pub(super) fn decode_failure_statuses<B>(mut response: http::Response<B>) -> htt
             headers.insert(GRPC_MESSAGE, value);
         }
     }
+    cap_status_message(headers, MAX_STATUS_MESSAGE);
     response
+}
+
+/// Cuts a `grpc-message` longer than `max` bytes (as sent, percent-encoded)
+/// to at most `max`: whole characters are kept, and `...` marks the cut.
+/// Costs one lookup when the message is short or absent.
+pub(super) fn cap_status_message(headers: &mut http::HeaderMap, max: usize) {
+    let Some(value) = headers.get(GRPC_MESSAGE) else {
+        return;
+    };
+    if value.len() <= max {
+        return;
+    }
+    let message = percent_encoding::percent_decode(value.as_bytes()).decode_utf8_lossy();
+    let mut short = String::new();
+    for it in message.chars() {
+        let mut buf = [0; 4];
+        let encoded = encode_status_message(it.encode_utf8(&mut buf));
+        // Room for the closing "...".
+        if short.len() + encoded.len() + 3 > max {
+            break;
+        }
+        short.push_str(&encoded);
+    }
+    short.push_str("...");
+    match http::HeaderValue::from_str(&short) {
+        Ok(it) => {
+            headers.insert(GRPC_MESSAGE, it);
+        }
+        // Cannot happen (the encoding leaves only visible ASCII), but a
+        // status without a message beats an oversized one.
+        Err(_) => {
+            headers.remove(GRPC_MESSAGE);
+        }
+    }
+}
+
+/// The percent-encoding gRPC asks for in `grpc-message`: every byte
+/// outside printable ASCII, and `%` itself.
+fn encode_status_message(text: &str) -> String {
+    const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+    percent_encoding::utf8_percent_encode(text, SET).to_string()
 }
 
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
@@ -117,5 +166,71 @@ mod tests {
         }
         let decided = decode_failure_statuses(http::Response::new(()));
         assert_eq!(status_of(&decided), (None, None));
+    }
+
+    /// The `grpc-message` left after capping `message` (sent encoded, as
+    /// tonic sends it) at `max`, decoded as a client decodes it.
+    fn capped(message: &str, max: usize) -> Option<String> {
+        let mut headers = http::HeaderMap::new();
+        let encoded = encode_status_message(message);
+        headers.insert(GRPC_MESSAGE, encoded.parse().unwrap());
+        cap_status_message(&mut headers, max);
+        let value = headers.get(GRPC_MESSAGE)?;
+        assert!(value.len() <= max, "{value:?}");
+        let decoded = percent_encoding::percent_decode(value.as_bytes())
+            .decode_utf8()
+            .expect("whole characters are kept");
+        Some(decoded.into_owned())
+    }
+
+    #[test]
+    fn long_status_messages_are_cut_at_a_character() {
+        for limit in [MAX_STATUS_MESSAGE, 256] {
+            let check = |message: &str, expected: &str| {
+                assert_eq!(
+                    capped(message, limit).as_deref(),
+                    Some(expected),
+                    "{limit}: {message}"
+                );
+            };
+            check("symbol 'a.b' not found", "symbol 'a.b' not found");
+            check(&"x".repeat(limit), &"x".repeat(limit));
+            check(
+                &"x".repeat(limit + 1),
+                &format!("{}...", "x".repeat(limit - 3)),
+            );
+            // "é" is sent as %C3%A9: 6 bytes, never split.
+            check(
+                &"é".repeat(limit),
+                &format!("{}...", "é".repeat((limit - 3) / 6)),
+            );
+            // "%" is sent as %25.
+            check(
+                &"%".repeat(limit),
+                &format!("{}...", "%".repeat((limit - 3) / 3)),
+            );
+            check(
+                &format!("symbol '{}' not found", "y".repeat(60 * 1024)),
+                &format!("symbol '{}...", "y".repeat(limit - 3 - 8)),
+            );
+        }
+    }
+
+    #[test]
+    fn every_status_message_through_the_layers_is_capped() {
+        let long = "z".repeat(20 * 1024);
+        let kept = decode_failure_statuses(trailers_only(tonic::Code::Unavailable, Some(&long)));
+        let (status, message) = status_of(&kept);
+        assert_eq!(status, Some("14"));
+        let message = message.expect("grpc-message");
+        assert!(message.len() <= MAX_STATUS_MESSAGE, "{}", message.len());
+        assert!(message.starts_with("zzz") && message.ends_with("..."));
+        let undecodable =
+            decode_failure_statuses(trailers_only(tonic::Code::Internal, Some(&long)));
+        let (status, message) = status_of(&undecodable);
+        assert_eq!(status, Some("3"));
+        let message = message.expect("grpc-message");
+        assert!(message.len() <= MAX_STATUS_MESSAGE, "{}", message.len());
+        assert!(message.starts_with("malformed request: zzz"), "{message}");
     }
 }

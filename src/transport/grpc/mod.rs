@@ -42,6 +42,10 @@ const MAX_LOCAL_ERROR_RESETS: usize = 1024;
 /// (h2's own default).
 const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 
+/// A connection that has sent no request by the handshake deadline gets
+/// GOAWAY then, and is closed this much later if it has still sent none.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
 /// What the server runs.
 #[derive(Debug, Clone)]
 pub struct App {
@@ -65,7 +69,8 @@ pub struct GrpcLimits {
     /// open; the peer's extra streams are refused (REFUSED_STREAM).
     pub max_concurrent_streams: u32,
     /// A connection must send the HTTP/2 preface and one complete request's
-    /// headers within this time of being accepted, or it is closed.
+    /// headers within this time of being accepted, or it gets GOAWAY (once
+    /// its handshakes are done) and is closed [`FIRST_REQUEST_GRACE`] later.
     pub handshake_timeout: Duration,
     /// An HTTP/2 PING is sent after this much silence from the peer...
     pub keepalive_interval: Duration,
@@ -150,10 +155,12 @@ pub async fn serve_limited(
         reflection_v1alpha: ShortStatus(reflection_v1alpha()),
     };
     let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
-    // The handshake deadline bounds the TLS handshake too. GOAWAY goes out
-    // at the connection's age (server.rs); at age + grace the connection
-    // closes itself, whatever its streams.
-    let first_deadline = Some(limits.handshake_timeout);
+    // A connection with no request by the handshake deadline gets GOAWAY
+    // then (server.rs) and its IO fails a grace later, which bounds the TLS
+    // and HTTP/2 handshakes too. GOAWAY goes out at the connection's age
+    // (server.rs); at age + grace the connection closes itself, whatever
+    // its streams.
+    let first_deadline = Some(limits.handshake_timeout + FIRST_REQUEST_GRACE);
     let lifetime = Some(limits.max_connection_age + limits.max_connection_age_grace);
     let conns = listener.into_incoming(first_deadline, lifetime);
     let connections = Connections {

@@ -10,6 +10,8 @@ use tonic::Status;
 use tonic::codegen::http;
 use tonic::server::NamedService;
 
+use super::layers::cap_status_message;
+
 /// Longest `grpc-message` a reflection service sends, in bytes as sent.
 /// Its errors quote the symbol or file name asked for, which a client can
 /// make as long as a whole message: a trailer that big is refused by
@@ -117,91 +119,7 @@ impl http_body::Body for ShortStatusBody {
     }
 }
 
-/// Cuts a `grpc-message` longer than [`MAX_REFLECTION_STATUS_MESSAGE`]
-/// bytes: whole characters are kept, and `...` marks the cut.
+/// Cuts a `grpc-message` longer than [`MAX_REFLECTION_STATUS_MESSAGE`].
 fn shorten_status_message(headers: &mut http::HeaderMap) {
-    let Some(value) = headers.get("grpc-message") else {
-        return;
-    };
-    if value.len() <= MAX_REFLECTION_STATUS_MESSAGE {
-        return;
-    }
-    let message = percent_encoding::percent_decode(value.as_bytes()).decode_utf8_lossy();
-    let mut short = String::new();
-    for it in message.chars() {
-        let mut buf = [0; 4];
-        let encoded = encode_status_message(it.encode_utf8(&mut buf));
-        // Room for the closing "...".
-        if short.len() + encoded.len() + 3 > MAX_REFLECTION_STATUS_MESSAGE {
-            break;
-        }
-        short.push_str(&encoded);
-    }
-    short.push_str("...");
-    match http::HeaderValue::from_str(&short) {
-        Ok(it) => {
-            headers.insert("grpc-message", it);
-        }
-        // Cannot happen (the encoding leaves only visible ASCII), but a
-        // status without a message beats an oversized one.
-        Err(_) => {
-            headers.remove("grpc-message");
-        }
-    }
-}
-
-/// The percent-encoding gRPC asks for in `grpc-message`: every byte
-/// outside printable ASCII, and `%` itself.
-fn encode_status_message(text: &str) -> String {
-    const SET: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
-    percent_encoding::utf8_percent_encode(text, SET).to_string()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The `grpc-message` left after shortening `message` (sent encoded,
-    /// as tonic sends it), decoded as a client decodes it.
-    fn shortened(message: &str) -> Option<String> {
-        let mut headers = http::HeaderMap::new();
-        let encoded = encode_status_message(message);
-        headers.insert("grpc-message", encoded.parse().unwrap());
-        shorten_status_message(&mut headers);
-        let value = headers.get("grpc-message")?;
-        assert!(value.len() <= MAX_REFLECTION_STATUS_MESSAGE, "{value:?}");
-        let decoded = percent_encoding::percent_decode(value.as_bytes())
-            .decode_utf8()
-            .expect("whole characters are kept");
-        Some(decoded.into_owned())
-    }
-
-    fn check(message: &str, expected: &str) {
-        assert_eq!(shortened(message).as_deref(), Some(expected), "{message}");
-    }
-
-    #[test]
-    fn long_status_messages_are_cut_at_a_character() {
-        let limit = MAX_REFLECTION_STATUS_MESSAGE;
-        check("symbol 'a.b' not found", "symbol 'a.b' not found");
-        check(&"x".repeat(limit), &"x".repeat(limit));
-        check(
-            &"x".repeat(limit + 1),
-            &format!("{}...", "x".repeat(limit - 3)),
-        );
-        // "é" is sent as %C3%A9: 6 bytes, never split.
-        check(
-            &"é".repeat(limit),
-            &format!("{}...", "é".repeat((limit - 3) / 6)),
-        );
-        // "%" is sent as %25.
-        check(
-            &"%".repeat(limit),
-            &format!("{}...", "%".repeat((limit - 3) / 3)),
-        );
-        check(
-            &format!("symbol '{}' not found", "y".repeat(60 * 1024)),
-            &format!("symbol '{}...", "y".repeat(limit - 3 - 8)),
-        );
-    }
+    cap_status_message(headers, MAX_REFLECTION_STATUS_MESSAGE);
 }

@@ -17,9 +17,14 @@
 //!   ("Timeout expired") when it runs out. The timer is only armed when
 //!   the answer is not ready at once.
 //!
-//! A connection past `max_connection_age` gets GOAWAY and finishes the
-//! requests it has; the listener's lifetime (age plus grace) closes it if
-//! they do not. When the stop reaches its closing stage the listener is
+//! A connection that has sent no request by the handshake deadline gets
+//! GOAWAY, so that a client calling at that moment retries on a new
+//! connection instead of failing on a closed one; its watchdog closes it
+//! a grace later if it still sends none. (A peer that has not finished
+//! its TLS or HTTP/2 handshake by then cannot be told anything: it is
+//! closed at the same time, without a word.) A connection past
+//! `max_connection_age` gets GOAWAY and finishes the requests it has; the
+//! listener's lifetime (age plus grace) closes it if they do not. When the stop reaches its closing stage the listener is
 //! dropped, every connection gets GOAWAY, and [`serve`] returns once they
 //! have all closed.
 
@@ -34,6 +39,7 @@ use futures_util::{Stream, StreamExt};
 use http_body_util::Either;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::codegen::http;
 use tonic::transport::server::Connected;
@@ -41,7 +47,7 @@ use tonic::transport::server::Connected;
 use super::layers;
 use super::routes::GrpcService;
 use super::service::{RateLimitService, Reply, SHOULD_RATE_LIMIT, status_response};
-use super::{GrpcLimits, MAX_LOCAL_ERROR_RESETS, MAX_PENDING_ACCEPT_RESETS};
+use super::{FIRST_REQUEST_GRACE, GrpcLimits, MAX_LOCAL_ERROR_RESETS, MAX_PENDING_ACCEPT_RESETS};
 use crate::transport::listener::Watchdog;
 use crate::transport::tls::Io;
 
@@ -84,8 +90,9 @@ pub(super) async fn serve<S>(
                     None => break,
                 },
             };
+            let watchdog = io.connect_info().watchdog;
             let service = Connection {
-                watchdog: io.connect_info().watchdog,
+                watchdog: watchdog.clone(),
                 services: services.clone(),
                 rate_limit: rate_limit.clone(),
                 request_timeout: limits.request_timeout,
@@ -93,6 +100,7 @@ pub(super) async fn serve<S>(
             let conn = builder.serve_connection(TokioIo::new(io), service);
             tokio::spawn(serve_connection(
                 conn,
+                watchdog,
                 limits.max_connection_age,
                 stopping.clone(),
             ));
@@ -106,9 +114,15 @@ pub(super) async fn serve<S>(
 }
 
 /// Runs one connection to its end: GOAWAY once it reaches `max_age` or
-/// the server stops, its running requests then finished.
+/// the server stops, its running requests then finished, or when it has
+/// sent no request by the handshake deadline (`watchdog`'s deadline less
+/// [`FIRST_REQUEST_GRACE`]). hyper sends GOAWAY once the HTTP/2 handshake
+/// is done, first with the highest stream id, then, a round trip later,
+/// with the last stream it took: a call that crossed it is either served
+/// or known by the client to be unprocessed, and retried elsewhere.
 async fn serve_connection<S>(
     conn: hyper::server::conn::http2::Connection<TokioIo<Io>, S, TokioExecutor>,
+    watchdog: Arc<Watchdog>,
     max_age: Duration,
     mut stopping: tokio::sync::watch::Receiver<()>,
 ) where
@@ -118,6 +132,14 @@ async fn serve_connection<S>(
     let mut conn = pin!(conn);
     let aged = tokio::time::sleep(max_age);
     let mut aged = pin!(aged);
+    // gRPC's watchdog holds a deadline until the first request, and none
+    // after it.
+    let first_request_by = watchdog
+        .deadline()
+        .and_then(|close| close.checked_sub(FIRST_REQUEST_GRACE));
+    let mut awaiting_first = first_request_by.is_some();
+    let unasked = tokio::time::sleep_until(first_request_by.unwrap_or_else(Instant::now));
+    let mut unasked = pin!(unasked);
     let mut going_away = false;
     loop {
         tokio::select! {
@@ -126,6 +148,13 @@ async fn serve_connection<S>(
                     tracing::debug!(error = %err, "grpc connection ended with an error");
                 }
                 break;
+            }
+            () = &mut unasked, if awaiting_first && !going_away => {
+                awaiting_first = false;
+                if watchdog.deadline().is_some() {
+                    going_away = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
             () = &mut aged, if !going_away => {
                 going_away = true;

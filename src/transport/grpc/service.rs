@@ -30,6 +30,7 @@ use crate::decision::{self, Caller, Limiter};
 use crate::metrics::{Method, Metrics};
 use crate::proto::envoy::service::ratelimit::v3 as rls;
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
+use crate::transport::grpc::layers::{MAX_STATUS_MESSAGE, cap_status_message};
 use crate::transport::wire::{self, from_wire};
 
 /// The path of the one method served.
@@ -275,9 +276,10 @@ fn malformed(reason: &str) -> tonic::Status {
 
 const GRPC_CONTENT_TYPE: http::HeaderValue = http::HeaderValue::from_static("application/grpc");
 
-/// A decided call: `content-type`, the answer in one message frame (a
-/// `RateLimitResponse` written straight from the decision, `wire::encode`),
-/// and `grpc-status: 0` in the trailers.
+/// A decided call: `content-type` (the one header, as from tonic's
+/// server), the answer in one message frame (a `RateLimitResponse` written
+/// straight from the decision, `wire::encode`), and `grpc-status: 0` in
+/// the trailers.
 fn answer_response(decision: &decision::Decision) -> http::Response<Reply> {
     let length = wire::encoded_len(decision);
     let mut frame = BytesMut::with_capacity(PREFIX_BYTES + length);
@@ -297,9 +299,11 @@ fn answer_response(decision: &decision::Decision) -> http::Response<Reply> {
 }
 
 /// A call answered with a status and no message: gRPC's trailers-only
-/// form, the status in the response headers.
+/// form, the status in the response headers, its `grpc-message` cut to
+/// [`MAX_STATUS_MESSAGE`] (a message can quote what the client sent).
 pub(super) fn status_response(status: tonic::Status) -> http::Response<Body> {
-    let (parts, ()) = status.into_http::<()>().into_parts();
+    let (mut parts, ()) = status.into_http::<()>().into_parts();
+    cap_status_message(&mut parts.headers, MAX_STATUS_MESSAGE);
     http::Response::from_parts(parts, Body::empty())
 }
 
@@ -337,9 +341,13 @@ impl http_body::Body for Answer {
         self.frame.is_none() && !self.trailers
     }
 
+    /// At least the frame, never an exact size: hyper turns an exact size
+    /// into `content-length`, which tonic's server never sends with a
+    /// message and some clients hand to the application as metadata.
     fn size_hint(&self) -> SizeHint {
-        let length = self.frame.as_ref().map_or(0, Bytes::len);
-        SizeHint::with_exact(length as u64)
+        let mut hint = SizeHint::new();
+        hint.set_lower(self.frame.as_ref().map_or(0, Bytes::len) as u64);
+        hint
     }
 }
 
@@ -476,6 +484,50 @@ mod tests {
                 .get("grpc-accept-encoding")
                 .map(|it| it.to_str().ok()),
             Some(Some("identity"))
+        );
+    }
+
+    #[test]
+    fn a_long_encoding_name_gets_a_capped_message() {
+        let mut headers = http::HeaderMap::new();
+        let name = "x".repeat(15 * 1024);
+        headers.insert("grpc-encoding", name.parse().expect("ascii"));
+        let status = identity_encoding(&headers).expect_err("not identity");
+        assert!(status.message().len() > 15 * 1024);
+        let response = status_response(status);
+        let headers = response.headers();
+        assert_eq!(
+            headers.get("grpc-status").map(|it| it.as_bytes()),
+            Some(&b"12"[..])
+        );
+        let message = headers.get("grpc-message").expect("grpc-message");
+        assert!(message.len() <= MAX_STATUS_MESSAGE, "{}", message.len());
+        assert!(
+            message
+                .as_bytes()
+                .starts_with(b"Content is compressed with `xxx")
+        );
+        assert!(message.as_bytes().ends_with(b"xxx..."));
+        assert_eq!(
+            headers.get("grpc-accept-encoding").map(|it| it.as_bytes()),
+            Some(&b"identity"[..])
+        );
+    }
+
+    #[test]
+    fn an_answer_has_no_exact_size_so_no_content_length() {
+        let decision = decision::Decision {
+            overall: decision::Code::Ok,
+            statuses: Vec::new(),
+            headers: Vec::new(),
+        };
+        let response = answer_response(&decision);
+        assert_eq!(response.headers().len(), 1, "{:?}", response.headers());
+        let hint = response.body().size_hint();
+        assert_eq!(hint.exact(), None);
+        assert_eq!(
+            hint.lower(),
+            (PREFIX_BYTES + wire::encoded_len(&decision)) as u64
         );
     }
 
