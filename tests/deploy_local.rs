@@ -389,7 +389,14 @@ impl Traffic {
 async fn assert_every_request_decided(deploy: &Deploy, tally: &Tally) {
     let stats = deploy.stats().await;
     let stat = |name: &str| stats.get(name).copied().unwrap_or(0);
-    let context = format!("{tally:?}\n{}", deploy.logs());
+    let envoy_view: BTreeMap<&String, &u64> = stats
+        .iter()
+        .filter(|(name, value)| {
+            **value > 0
+                && (name.starts_with("cluster.throttlegate.") || name.contains("ratelimit"))
+        })
+        .collect();
+    let context = format!("{tally:?}\nEnvoy: {envoy_view:?}\n{}", deploy.logs());
     assert!(tally.failures.is_empty(), "requests failed: {context}");
     assert!(
         tally.statuses.keys().all(|status| *status < 500),
