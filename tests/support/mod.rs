@@ -5,6 +5,7 @@ pub mod backend;
 pub mod certs;
 pub mod cluster;
 pub mod config;
+pub mod envoy;
 pub mod keys;
 pub mod process;
 pub mod proxy;

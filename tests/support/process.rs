@@ -349,6 +349,113 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> String {
     String::from_utf8(response).expect("utf-8 response")
 }
 
+/// An HTTP response: status, headers (names lower-cased, in order) and
+/// body as received (a chunked body is not decoded).
+#[derive(Debug, Clone)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    /// The first value of header `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+}
+
+/// An HTTP/1.1 request, sent on a fresh connection that closes after the
+/// response, from `source` (any 127.0.0.0/8 address) when given. Header
+/// values are bytes, so they need not be UTF-8. [`http_get`] is the
+/// shorter form for a text answer from the service's own HTTP port.
+#[derive(Clone)]
+pub struct HttpRequest<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub headers: Vec<(&'a str, Vec<u8>)>,
+    pub source: Option<std::net::IpAddr>,
+}
+
+impl<'a> HttpRequest<'a> {
+    pub fn get(path: &'a str) -> HttpRequest<'a> {
+        HttpRequest {
+            method: "GET",
+            path,
+            headers: Vec::new(),
+            source: None,
+        }
+    }
+
+    pub fn header(mut self, name: &'a str, value: impl AsRef<[u8]>) -> HttpRequest<'a> {
+        self.headers.push((name, value.as_ref().to_vec()));
+        self
+    }
+
+    pub fn from(mut self, source: std::net::IpAddr) -> HttpRequest<'a> {
+        self.source = Some(source);
+        self
+    }
+
+    /// Sends it to `addr`; panics when no complete response comes within
+    /// 10 s.
+    pub async fn send(&self, addr: SocketAddr) -> HttpResponse {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        if let Some(source) = self.source {
+            socket
+                .bind(SocketAddr::new(source, 0))
+                .unwrap_or_else(|err| panic!("bind {source}: {err}"));
+        }
+        let mut stream = socket
+            .connect(addr)
+            .await
+            .unwrap_or_else(|err| panic!("connect to {addr}: {err}"));
+        let mut request =
+            format!("{} {} HTTP/1.1\r\nHost: test\r\n", self.method, self.path).into_bytes();
+        for (name, value) in &self.headers {
+            request.extend_from_slice(name.as_bytes());
+            request.extend_from_slice(b": ");
+            request.extend_from_slice(value);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"Connection: close\r\n\r\n");
+        stream.write_all(&request).await.expect("send the request");
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+            .await
+            .unwrap_or_else(|_| panic!("no response from {addr} within 10 s"))
+            .unwrap_or_else(|err| panic!("read the response from {addr}: {err}"));
+        parse_response(&raw).unwrap_or_else(|| {
+            panic!(
+                "not an HTTP response from {addr}: {:?}",
+                String::from_utf8_lossy(&raw)
+            )
+        })
+    }
+}
+
+fn parse_response(raw: &[u8]) -> Option<HttpResponse> {
+    let split = raw.windows(4).position(|it| it == b"\r\n\r\n")?;
+    let head = std::str::from_utf8(&raw[..split]).ok()?;
+    let mut lines = head.split("\r\n");
+    let status = lines.next()?.split_whitespace().nth(1)?.parse().ok()?;
+    let headers = lines
+        .filter_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            Some((name.trim().to_ascii_lowercase(), value.trim().to_owned()))
+        })
+        .collect();
+    Some(HttpResponse {
+        status,
+        headers,
+        body: raw[split + 4..].to_vec(),
+    })
+}
+
 /// The binary with no flags and only `vars` in its environment, as a
 /// deployment configured by environment variables alone starts it; `grpc`
 /// and `http` are where `vars` make it listen.
