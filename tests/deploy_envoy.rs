@@ -64,9 +64,17 @@ fn envoy() -> Value {
     yaml(&deploy("envoy/envoy.yaml"))
 }
 
+/// docker-compose.yaml with its `<<: *anchor` merge keys applied, as
+/// Compose reads it.
 fn compose() -> Value {
-    yaml(&deploy("docker-compose.yaml"))
+    let mut compose = yaml(&deploy("docker-compose.yaml"));
+    compose.apply_merge().expect("compose merge keys");
+    compose
 }
+
+/// The compose services of the two replicas, which are also the endpoint
+/// names of Envoy's `throttlegate` cluster.
+const REPLICAS: [&str; 2] = ["throttlegate-a", "throttlegate-b"];
 
 /// Every HTTP connection manager of every listener.
 fn connection_managers(envoy: &Value) -> Vec<&Value> {
@@ -109,6 +117,11 @@ fn route_rate_limits(envoy: &Value) -> Vec<&Value> {
         for host in seq(&hcm["route_config"]["virtual_hosts"]) {
             for route in seq(&host["routes"]) {
                 if let Some(limits) = route["route"]["rate_limits"].as_sequence() {
+                    found.extend(limits.iter().map(|it| &it["actions"]));
+                }
+                if let Some(limits) =
+                    route["typed_per_filter_config"][RATELIMIT_FILTER]["rate_limits"].as_sequence()
+                {
                     found.extend(limits.iter().map(|it| &it["actions"]));
                 }
             }
@@ -168,7 +181,7 @@ fn rules() -> Vec<(String, BTreeSet<String>)> {
 
 /// The compose service `throttlegate`'s command, as a list of arguments.
 fn throttlegate_command(compose: &Value) -> Vec<String> {
-    seq(&compose["services"]["throttlegate"]["command"])
+    seq(&compose["services"][REPLICAS[0]]["command"])
         .iter()
         .map(|it| it.as_str().expect("string arguments").to_owned())
         .collect()
@@ -315,21 +328,31 @@ fn throttlegate_cluster_is_http2_on_the_grpc_port_compose_serves() {
     );
     let endpoints = seq(&cluster["load_assignment"]["endpoints"]);
     let lb = seq(&endpoints[0]["lb_endpoints"]);
-    let address = &lb[0]["endpoint"]["address"]["socket_address"];
-    assert_eq!(
-        str_at(address, &["address"]),
-        "throttlegate",
-        "the compose service name"
-    );
-    assert!(compose["services"]["throttlegate"].is_mapping());
-    let port = address["port_value"].as_u64().expect("port_value") as u16;
     let grpc = compose_grpc_port(&compose);
-    assert_eq!(
-        port, grpc,
-        "envoy's cluster port vs throttlegate's gRPC port"
-    );
     assert_eq!(grpc, 8081, "the documented gRPC port");
-    assert!(published_ports(&compose, "throttlegate").contains(&grpc));
+    let names: Vec<&str> = lb
+        .iter()
+        .map(|it| {
+            let address = &it["endpoint"]["address"]["socket_address"];
+            let port = address["port_value"].as_u64().expect("port_value") as u16;
+            assert_eq!(
+                port, grpc,
+                "envoy's cluster port vs throttlegate's gRPC port"
+            );
+            str_at(address, &["address"])
+        })
+        .collect();
+    assert_eq!(names, REPLICAS, "one endpoint per compose replica");
+    for replica in REPLICAS {
+        assert!(compose["services"][replica].is_mapping(), "{replica}");
+        assert!(published_ports(&compose, replica).contains(&grpc));
+        assert_eq!(
+            seq(&compose["services"][replica]["command"]),
+            seq(&compose["services"][REPLICAS[0]]["command"]),
+            "the replicas run alike"
+        );
+        assert!(compose["services"][replica]["depends_on"]["redis"].is_mapping());
+    }
     // Envoy's active health check asks a service name throttlegate answers.
     for check in seq(&cluster["health_checks"]) {
         let service = check["grpc_health_check"]["service_name"]
@@ -384,12 +407,14 @@ fn check_config_accepts_deploy_config() {
 }
 
 /// The descriptors Envoy sends for `GET path` from `client`, without an
-/// API key: one per rate_limits entry whose actions all produced a value.
+/// API key: one per rate_limits entry whose actions all produced a value,
+/// and a fixed [path=/expensive] on the route for paths under /expensive.
 fn envoy_descriptors(client: &str, path: &str) -> Vec<RateLimitDescriptor> {
-    vec![
-        descriptor(&[("remote_address", client)]),
-        descriptor(&[("path", path)]),
-    ]
+    let mut descriptors = vec![descriptor(&[("remote_address", client)])];
+    if path == "/expensive" || path.starts_with("/expensive/") {
+        descriptors.push(descriptor(&[("path", "/expensive")]));
+    }
+    descriptors
 }
 
 #[tokio::test]
@@ -420,7 +445,7 @@ async fn the_served_rules_allow_five_requests_from_an_address_then_deny() {
 
     // The expensive path is shared by every address: two in total.
     let mut codes = Vec::new();
-    for (i, path) in ["/expensive", "/expensive/a", "/expensive?q=1"]
+    for (i, path) in ["/expensive", "/expensive/a", "/expensive/b"]
         .into_iter()
         .enumerate()
     {
@@ -448,7 +473,7 @@ async fn the_served_rules_allow_five_requests_from_an_address_then_deny() {
         .unwrap()
         .into_inner();
     assert_eq!(answer.overall_code, ok);
-    let api_key_status = &answer.statuses[2];
+    let api_key_status = &answer.statuses[1];
     assert_eq!(
         api_key_status
             .current_limit
@@ -478,7 +503,7 @@ fn compose_flags_are_flags_of_serve() {
 
     // --config is the mount of deploy/config.
     let config = flag_value(&args, "--config").expect("--config");
-    let mounted = volumes(&compose, "throttlegate");
+    let mounted = volumes(&compose, REPLICAS[0]);
     assert!(
         mounted
             .iter()
@@ -499,7 +524,7 @@ fn compose_flags_are_flags_of_serve() {
     assert!(str_at(&compose, &["services", "envoy", "image"]).starts_with("envoyproxy/envoy:"));
 
     // The build is deploy/Dockerfile from the repository root.
-    let build = &compose["services"]["throttlegate"]["build"];
+    let build = &compose["services"][REPLICAS[0]]["build"];
     let context = deploy(str_at(build, &["context"]));
     let dockerfile = context.join(str_at(build, &["dockerfile"]));
     assert_eq!(
@@ -524,7 +549,7 @@ fn compose_flags_are_flags_of_serve() {
 async fn the_health_checks_ask_an_endpoint_the_service_answers() {
     let compose = compose();
     let dockerfile = read(&deploy("Dockerfile"));
-    let test: Vec<&str> = seq(&compose["services"]["throttlegate"]["healthcheck"]["test"])
+    let test: Vec<&str> = seq(&compose["services"][REPLICAS[0]]["healthcheck"]["test"])
         .iter()
         .map(|it| it.as_str().unwrap())
         .collect();
@@ -599,4 +624,225 @@ fn dockerfile_builds_like_the_readme_and_runs_as_non_root() {
         dockerfile.contains("/target/release/throttlegate "),
         "copies target/release/throttlegate"
     );
+}
+
+/// The value of `name=value` in deploy/throttlegate.env.
+fn env_file_value(name: &str) -> u64 {
+    let text = read(&deploy("throttlegate.env"));
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .find_map(|line| line.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name} in deploy/throttlegate.env"))
+        .trim()
+        .parse()
+        .expect("a number")
+}
+
+/// Seconds of an Envoy duration (`"2s"`, `"0.5s"`).
+fn seconds(value: &Value) -> f64 {
+    let text = value
+        .as_str()
+        .unwrap_or_else(|| panic!("a duration: {value:?}"));
+    text.strip_suffix('s')
+        .and_then(|it| it.parse().ok())
+        .unwrap_or_else(|| panic!("a duration in seconds: {text}"))
+}
+
+#[test]
+fn replicas_answer_longer_after_sigterm_than_envoy_takes_to_see_it() {
+    let envoy = envoy();
+    let compose = compose();
+    let delay_ms = env_file_value("THROTTLEGATE_SHUTDOWN_DELAY_MS");
+    let drain_ms = env_file_value("THROTTLEGATE_DRAIN_TIMEOUT_MS");
+    let cluster = cluster(&envoy, "throttlegate");
+    let checks = seq(&cluster["health_checks"]);
+    assert_eq!(checks.len(), 1);
+    let check = &checks[0];
+    let interval = seconds(&check["interval"]);
+    let timeout = seconds(&check["timeout"]);
+    // Envoy stops calling a replica at its first NOT_SERVING answer, at
+    // most one interval plus one timeout after it turned NOT_SERVING.
+    let seen_within_ms = (interval + timeout) * 1000.0;
+    assert!(
+        (delay_ms as f64) > seen_within_ms + 1000.0,
+        "shutdown delay {delay_ms} ms vs interval {interval} s + timeout {timeout} s"
+    );
+    // A fresh cluster is checked as often, not once a minute.
+    let no_traffic = seconds(&check["no_traffic_interval"]);
+    assert!(no_traffic <= interval, "no_traffic_interval {no_traffic} s");
+    // Never the stopping replica when the other is unhealthy too.
+    assert_eq!(
+        cluster["common_lb_config"]["healthy_panic_threshold"]["value"].as_f64(),
+        Some(0.0)
+    );
+    // Both replicas read the delay from the file (the binary reads
+    // THROTTLEGATE_* variables), and Docker waits for delay and drain.
+    let help = serve_help();
+    for name in [
+        "THROTTLEGATE_SHUTDOWN_DELAY_MS",
+        "THROTTLEGATE_DRAIN_TIMEOUT_MS",
+    ] {
+        assert!(help.contains(&format!("[env: {name}=")), "{name}");
+    }
+    for replica in REPLICAS {
+        let service = &compose["services"][replica];
+        let env_files: Vec<PathBuf> = seq(&service["env_file"])
+            .iter()
+            .map(|it| deploy(it.as_str().expect("a path")))
+            .collect();
+        assert_eq!(env_files, [deploy("throttlegate.env")], "{replica}");
+        let args = throttlegate_command(&compose);
+        assert!(flag_value(&args, "--shutdown-delay-ms").is_none());
+        let grace = str_at(service, &["stop_grace_period"]);
+        let grace: u64 = grace.strip_suffix('s').unwrap().parse().unwrap();
+        assert!(grace * 1000 > delay_ms + drain_ms, "{replica}: {grace} s");
+    }
+    // The script runs the replicas with the same file.
+    let script = read(&deploy("local/run.sh"));
+    assert!(
+        script.contains("\"$deploy/throttlegate.env\""),
+        "run.sh sources it"
+    );
+}
+
+#[test]
+fn paths_are_normalized_and_matched_whatever_their_case() {
+    let envoy = envoy();
+    for hcm in connection_managers(&envoy) {
+        assert_eq!(hcm["normalize_path"].as_bool(), Some(true));
+        assert_eq!(hcm["merge_slashes"].as_bool(), Some(true));
+        assert_eq!(
+            hcm["path_with_escaped_slashes_action"].as_str(),
+            Some("UNESCAPE_AND_FORWARD")
+        );
+        for host in seq(&hcm["route_config"]["virtual_hosts"]) {
+            for route in seq(&host["routes"]) {
+                let matcher = &route["match"];
+                if matcher["prefix"].as_str() == Some("/") {
+                    continue;
+                }
+                assert_eq!(
+                    matcher["case_sensitive"].as_bool(),
+                    Some(false),
+                    "{matcher:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn hits_addend_is_only_where_envoy_sends_it_and_its_route_demands_a_number() {
+    let envoy = envoy();
+    let mut costed = 0;
+    for hcm in connection_managers(&envoy) {
+        for host in seq(&hcm["route_config"]["virtual_hosts"]) {
+            for route in seq(&host["routes"]) {
+                // Envoy drops hits_addend on a route's own rate_limits.
+                if let Some(limits) = route["route"]["rate_limits"].as_sequence() {
+                    for limit in limits {
+                        assert!(limit["hits_addend"].is_null(), "{limit:?}");
+                    }
+                }
+                let per_route = &route["typed_per_filter_config"][RATELIMIT_FILTER];
+                let Some(limits) = per_route["rate_limits"].as_sequence() else {
+                    continue;
+                };
+                assert_eq!(
+                    str_at(per_route, &["@type"]),
+                    "type.googleapis.com/envoy.extensions.filters.http.ratelimit.v3.RateLimitPerRoute"
+                );
+                for limit in limits {
+                    let Some(format) = limit["hits_addend"]["format"].as_str() else {
+                        continue;
+                    };
+                    costed += 1;
+                    // A format that gives no number makes Envoy skip the
+                    // call: the route only matches when the header is one.
+                    let header = format
+                        .strip_prefix("%REQ(")
+                        .and_then(|it| it.strip_suffix(")%"))
+                        .expect("a request header");
+                    let demanded = seq(&route["match"]["headers"]).iter().any(|it| {
+                        it["name"].as_str() == Some(header)
+                            && it["string_match"]["safe_regex"]["regex"]
+                                .as_str()
+                                .is_some_and(|re| re.starts_with('^') && re.ends_with('$'))
+                    });
+                    assert!(demanded, "{header} not required to be a number: {route:?}");
+                }
+            }
+        }
+    }
+    assert!(costed > 0, "no rule with a cost");
+}
+
+#[test]
+fn compose_runs_the_envoy_version_the_suite_tests() {
+    assert_eq!(
+        str_at(&compose(), &["services", "envoy", "image"]),
+        "envoyproxy/envoy:v1.40.0"
+    );
+}
+
+/// The descriptors (as key chains: `route.remote_address`) the actions of
+/// envoy.yaml can send.
+fn produced_chains(envoy: &Value) -> BTreeSet<String> {
+    route_rate_limits(envoy)
+        .into_iter()
+        .map(|actions| {
+            seq(actions)
+                .iter()
+                .map(action_key)
+                .collect::<Vec<_>>()
+                .join(".")
+        })
+        .collect()
+}
+
+/// The key chains of a rules file's descriptors, every level.
+fn rule_chains(rules: &Value) -> BTreeSet<String> {
+    fn walk(nodes: &Value, prefix: &str, out: &mut BTreeSet<String>) {
+        for node in nodes.as_sequence().map(Vec::as_slice).unwrap_or_default() {
+            let chain = format!("{prefix}{}", str_at(node, &["key"]));
+            if node.get("rate_limit").is_some() {
+                out.insert(chain.clone());
+            }
+            walk(&node["descriptors"], &format!("{chain}."), out);
+        }
+    }
+    let mut out = BTreeSet::new();
+    walk(&rules["descriptors"], "", &mut out);
+    out
+}
+
+#[test]
+fn every_rule_set_limits_exactly_the_descriptors_envoy_sends() {
+    let envoy = envoy();
+    let domain = str_at(ratelimit_filter(&envoy), &["domain"]);
+    let produced = produced_chains(&envoy);
+    let mut sets = vec![(
+        "deploy/config/edge.yaml".to_owned(),
+        yaml(&deploy("config/edge.yaml")),
+    )];
+    let manifests: Vec<Value> =
+        serde_yaml_ng::Deserializer::from_str(&read(&deploy("kubernetes/throttlegate.yaml")))
+            .map(|doc| serde::Deserialize::deserialize(doc).expect("a YAML document"))
+            .collect();
+    let map = manifests
+        .iter()
+        .find(|doc| doc["kind"].as_str() == Some("ConfigMap"))
+        .expect("the rules ConfigMap");
+    for (name, text) in map["data"].as_mapping().expect("data") {
+        let rules = serde_yaml_ng::from_str(text.as_str().unwrap()).expect("rules YAML");
+        sets.push((format!("ConfigMap {}", name.as_str().unwrap()), rules));
+    }
+    for (name, rules) in sets {
+        assert_eq!(str_at(&rules, &["domain"]), domain, "{name}");
+        assert_eq!(
+            rule_chains(&rules),
+            produced,
+            "{name}: rules vs what Envoy sends"
+        );
+    }
 }
