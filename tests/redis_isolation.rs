@@ -256,7 +256,7 @@ async fn under_load_only_the_failing_requests_fail() {
         tasks.push(tokio::spawn(async move {
             let (mut decided, mut failed, mut wrong) = (0, 0, Vec::new());
             for idx in 0..PER_CLIENT {
-                let poisoned = (task * PER_CLIENT + idx) % 50 == 0;
+                let poisoned = (task * PER_CLIENT + idx).is_multiple_of(50);
                 let value = if poisoned {
                     "poison".to_owned()
                 } else {
