@@ -26,7 +26,18 @@
 --          at_us, units (see `receipt` below and lua/refund.lua, which takes
 --          them back). One string rather than an array of integers: the
 --          client reads it with one length instead of parsing every
---          integer, and Redis writes it as one bulk reply.
+--          integer, and Redis writes it as one bulk reply. A batch
+--          (`decide_batch`) answers each request's section in turn; a
+--          request it refuses (bad parameters, bad header) or fails on (a
+--          Redis error on its keys) answers -1 and the reason instead (k
+--          for its limit k, 0 for its header, -1 for an error while
+--          deciding it; see REFUSED below), and the others are decided.
+--
+-- Nothing kept between calls is read before the call writes it: the
+-- tables reused from call to call (`single`, the reply, `states`...) are
+-- filled for the request's own n limits before any is read, and `run`
+-- reads n from the request, so a call that failed half-way changes no
+-- later call's answer.
 --
 -- The work per limit is a few reads and writes (for a log O(log n) each,
 -- plus at most LOG_EXPIRE_MAX expired members removed): never a pass over
@@ -855,40 +866,39 @@ end
 
 -- One request's header and its `n` limits, argv[at + 1] on, validated
 -- before anything is read or written: the header (its time, nil for the
--- server's) and the checks, or nil and the error. Written into `into`
--- when given (every field, and checks past n cleared), else a new table.
+-- server's; `n`, the one count of its checks that `run` reads) and the
+-- checks, or nil, the error and its reason (REFUSED: k for limit k, 0 for
+-- the header). Written into `into` when given, else a new table: the
+-- whole header, n included, is written before it is returned, so what an
+-- earlier call left (a failed one included) is never read; checks past
+-- n may hold an earlier call's and are never looked at.
 local function parse_request(argv, at, n, into)
   local checks = into and into.checks or {}
   for idx = 1, n do
     checks[idx] = parse_limit(argv, at + N_HEADER + N_LIMIT * (idx - 1))
     if not checks[idx] then
-      return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx)
+      return nil, 'ERR throttlegate: bad parameters for limit ' .. fmt(idx), idx
     end
-  end
-  local past = n + 1
-  while checks[past] ~= nil do
-    checks[past] = nil
-    past = past + 1
   end
   local grace = integer(argv[at + H.grace_ms])
   if grace == nil then
-    return nil, 'ERR throttlegate: bad expiry grace'
+    return nil, 'ERR throttlegate: bad expiry grace', 0
   end
   local flag = argv[at + H.receipts]
   if flag ~= '0' and flag ~= '1' then
-    return nil, 'ERR throttlegate: bad receipts flag'
+    return nil, 'ERR throttlegate: bad receipts flag', 0
   end
   local now_us, now = argv[at + H.now_us], false
   if now_us ~= '' then
     now = integer(now_us)
     if now == nil then
-      return nil, 'ERR throttlegate: bad time'
+      return nil, 'ERR throttlegate: bad time', 0
     end
   end
   if not into then
-    return { grace_ms = grace, checks = checks, receipts = flag == '1', now = now, first = 0 }
+    return { grace_ms = grace, checks = checks, n = n, receipts = flag == '1', now = now, first = 0 }
   end
-  into.grace_ms, into.receipts, into.now, into.first = grace, flag == '1', now, 0
+  into.grace_ms, into.n, into.receipts, into.now, into.first = grace, n, flag == '1', now, 0
   return into
 end
 
@@ -896,7 +906,7 @@ end
 -- a server, so in the library they are kept from call to call instead of
 -- three tables per call (a call writes every field it reads, and the
 -- reply is joined up to the call's own last section).
-local single, single_reply = { checks = {} }, {}
+local single, single_reply = { checks = {}, n = 0 }, {}
 
 -- The reply's integers by section: a request's first limit carries the
 -- request's `allowed` in front, so every limit is one `pack` (each call
@@ -920,7 +930,9 @@ local states, effective_now, has_room = {}, {}, {}
 -- `seen`: the batch's keys (see `open`), nil outside a batch.
 local function run(keys, first, header, now, reply, seen, out)
   local checks = header.checks
-  local n = #checks
+  -- The request's own count: never #checks (a border of a table that
+  -- may hold more), so nothing an earlier call left is ever decided.
+  local n = header.n
   grace_ms = header.grace_ms
   -- Check every limit first.
   local enforced_ok, quota_seen, quota_ok = true, false, false
@@ -1001,11 +1013,22 @@ local function decide(keys, argv)
   return concat(reply, '', 1, last)
 end
 
+-- A refused request's section in a batch's reply: REFUSED, then why: k
+-- (>= 1) when its limit k's parameters are refused, 0 when its header is,
+-- FAILED when deciding it raised an error (a Redis error on one of its
+-- keys). Two integers in place of its decision; the other requests are
+-- decided as if it had not been sent.
+local REFUSED, FAILED = -1, -1
+local REFUSED_FORMAT = '>i8i8'
+
 -- Several requests, each decided on its own, in order: ARGV is
 -- BATCH_FIELDS, then per request REQUEST_FIELDS, HEADER_FIELDS and
 -- LIMIT_FIELDS per key; KEYS are the requests' keys one after the other;
 -- the reply is their sections one after the other. Every request is
--- validated before any runs; the server's TIME is read once.
+-- validated before any runs; the server's TIME is read once. A request
+-- refused or failing answers its own REFUSED section and the others are
+-- decided all the same: one request's failure is its own. Only a batch
+-- whose layout is wrong (counts that do not add up) is an error reply.
 local function decide_batch(keys, argv)
   local n_requests = integer(argv[B.requests])
   if n_requests == nil or n_requests < 1 then
@@ -1018,9 +1041,9 @@ local function decide_batch(keys, argv)
     if n == nil or n < 1 or first + n > #keys or at + size > #argv then
       return redis.error_reply('ERR throttlegate: bad layout of request ' .. fmt(idx))
     end
-    local header, problem = parse_request(argv, at + N_REQUEST, n)
+    local header, _, reason = parse_request(argv, at + N_REQUEST, n)
     if not header then
-      return redis.error_reply(problem .. ' of request ' .. fmt(idx))
+      header = { refused = reason }
     end
     header.first = first
     requests[idx] = header
@@ -1030,22 +1053,31 @@ local function decide_batch(keys, argv)
     return redis.error_reply('ERR throttlegate: arguments past the last request')
   end
   local reply, server_now, seen, out = {}, nil, {}, 0
-  local ok, problem = pcall(function()
-    for idx = 1, n_requests do
-      local header = requests[idx]
+  for idx = 1, n_requests do
+    local header = requests[idx]
+    local ok, last = false, FAILED
+    if header.refused then
+      last = header.refused
+    else
       local now = header.now
       if not now then
         server_now = server_now or now_of('')
         now = server_now
       end
-      out = run(keys, header.first, header, now, reply, seen, out)
+      ok, last = pcall(run, keys, header.first, header, now, reply, seen, out)
+      if not ok then
+        last = FAILED
+      end
     end
-  end)
-  -- Written even when a request failed: the requests before it are
-  -- decided, and their stores must not be lost.
-  flush(seen)
-  if not ok then
-    error(problem, 0)
+    if ok then
+      out = last
+    else
+      -- Whatever section a failing run began is overwritten: the reply is
+      -- joined up to `out` only.
+      out = out + 1
+      reply[out] = pack(REFUSED_FORMAT, REFUSED, last)
+    end
   end
-  return concat(reply)
+  flush(seen)
+  return concat(reply, '', 1, out)
 end

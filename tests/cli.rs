@@ -241,6 +241,24 @@ async fn the_redis_expiry_grace_extends_key_ttls() {
     assert!((85_000..=90_000).contains(&ttl), "pttl {ttl}");
 }
 
+/// `check-config` refuses a window no backend can decide, naming the
+/// rule, the bound and what to change (the Redis script refused it on
+/// every request while the file loaded).
+#[test]
+fn check_config_refuses_a_window_no_backend_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: year, unit_multiplier: 300, requests_per_unit: 10}\n";
+    let path = write(dir.path(), "long.yaml", yaml);
+    let out = run(&["check-config", &path]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        stderr.contains("descriptor 'api.user': a window of 9460800000s is longer than any backend can decide: at most 1125899906s"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("use a shorter unit"), "{stderr}");
+}
+
 #[test]
 fn check_config_says_where_the_sliding_log_cap_applies() {
     let dir = tempfile::tempdir().unwrap();

@@ -229,6 +229,27 @@ fn limit_too_precise_for_exact_state() {
     );
 }
 
+/// Spans no backend can decide (a script keeps times below 2^53 µs): a
+/// window, or a bucket's refill, longer than 2^50 µs is refused with the
+/// bound and what to change; the longest that fit load.
+#[test]
+fn a_span_past_what_every_backend_decides_is_refused() {
+    check_refused(
+        "window_too_long.yaml",
+        "descriptor 'test-domain.user': a window of 9460800000s is longer than any backend can decide: at most 1125899906s (2^50 µs, about 35 years); use a shorter unit or a smaller unit_multiplier",
+    );
+    check_refused(
+        "window_past_the_bound.yaml",
+        "descriptor 'test-domain.user': a window of 1125964800s is longer than any backend can decide: at most 1125899906s (2^50 µs, about 35 years); use a shorter unit or a smaller unit_multiplier",
+    );
+    check_refused(
+        "refill_too_long.yaml",
+        "descriptor 'test-domain.user': gcra refilling a capacity of 36 at 1 per 31536000s takes 1135296000s, longer than any backend can decide: at most 1125899906s (2^50 µs, about 35 years); use a shorter unit, a smaller burst or a larger number",
+    );
+    let loaded = load_ok(&fixture("valid/longest_span.yaml"), &options());
+    assert!(loaded.warnings.is_empty(), "{:?}", loaded.warnings);
+}
+
 #[test]
 fn non_string_key() {
     check_refused(

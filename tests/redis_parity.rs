@@ -22,7 +22,7 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use support::redis::RedisServer;
 use support::rng::Rng;
-use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, State, Verdict};
+use throttlegate::algorithms::{Algorithm, Check, LimitParams, MAX_SPAN_US, Mode, State, Verdict};
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
@@ -427,14 +427,15 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
     // (algorithm, window, the (limit, burst) variants a reload switches
     // between): switching exercises the exact rescaling of stored state.
     let cases: [(Algorithm, u64, &[Variant]); 8] = [
-        // per_us / scale = 7 / 31_536_000_000_000, burst near 2^53 / scale;
-        // reloading to 285 per year rescales through a 2^96 product.
+        // per_us / scale = 7 / 31_536_000_000_000, burst near 2^53 / scale
+        // (245 tokens refill in 35 years, the longest span a limit may
+        // cover); reloading to 245 per year rescales through a 2^96 product.
         (
             Algorithm::TokenBucket,
             year_s,
-            &[(7, Some(285)), (285, None)],
+            &[(7, Some(245)), (245, None)],
         ),
-        (Algorithm::Gcra, year_s, &[(7, Some(285))]),
+        (Algorithm::Gcra, year_s, &[(7, Some(245))]),
         (
             Algorithm::TokenBucket,
             1,
@@ -479,6 +480,122 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
             }
         }
     }
+}
+
+/// A limit at the longest span any backend decides (MAX_SPAN_US): its
+/// algorithm, limit, window in whole seconds and burst.
+type SpanCase = (Algorithm, u64, u64, Option<u64>);
+
+/// Limits at the span bound: a window of the longest whole-second length
+/// (or a little shorter), or a token bucket or GCRA whose capacity refills
+/// in as close to the bound as a whole burst gets.
+fn arb_span_case() -> impl Strategy<Value = SpanCase> {
+    let max_s = MAX_SPAN_US / 1_000_000;
+    let windowed = (
+        prop::sample::select(vec![
+            Algorithm::SlidingWindowLog,
+            Algorithm::SlidingWindowCounter,
+            Algorithm::FixedWindow,
+        ]),
+        1..=2_000u64,
+        prop_oneof![Just(max_s), (max_s - 86_400)..=max_s],
+    )
+        .prop_map(|(algorithm, limit, window_s)| (algorithm, limit, window_s, None));
+    let refilled = (
+        prop::sample::select(vec![Algorithm::TokenBucket, Algorithm::Gcra]),
+        // Small enough that most bursts at the bound stay within 53 bits.
+        prop_oneof![1..=8u64, Just(1_000), Just(86_400)],
+        prop::sample::select(vec![1u64, 60, 3_600, 86_400, 31_536_000, 315_360_000]),
+    )
+        .prop_map(|(algorithm, limit, window_s)| {
+            // The largest burst refilling within the bound.
+            let burst = MAX_SPAN_US as u128 * limit as u128 / (window_s as u128 * 1_000_000);
+            (algorithm, limit, window_s, Some(burst as u64))
+        });
+    prop_oneof![windowed, refilled]
+}
+
+/// One second more than the longest window, or one token more burst:
+/// past the bound.
+fn past_the_span(case: SpanCase) -> SpanCase {
+    match case {
+        (algorithm, limit, _, None) => (algorithm, limit, MAX_SPAN_US / 1_000_000 + 1, None),
+        (algorithm, limit, window_s, Some(burst)) => (algorithm, limit, window_s, Some(burst + 1)),
+    }
+}
+
+/// Limits at the longest span a limit may cover are decided identically
+/// by both backends over steps of up to a whole window, costs 0 to past
+/// the capacity; one second (or one token) more is refused at load, so
+/// nothing loads that a script cannot decide (a window of 2^53 µs or
+/// more loaded, and the script refused every request on it).
+#[test]
+fn memory_and_redis_agree_at_the_longest_span_and_refuse_past_it() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let res = runner.run(&(arb_span_case(), any::<u64>()), |(span, seed)| {
+        let (algorithm, limit, window_s, burst) = span;
+        let Ok(params) = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst) else {
+            // Only where the 53-bit bound on the state comes first.
+            let err = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst).unwrap_err();
+            prop_assert!(err.to_string().contains("53 bits"), "{span:?}: {err}");
+            return Ok(());
+        };
+        let (algorithm, limit, window_s, burst) = past_the_span(span);
+        let past = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst);
+        prop_assert!(past.is_err(), "{:?} loads", past_the_span(span));
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        runtime.block_on(run_span_trace(&server, case, params, seed))
+    });
+    if let Err(err) = res {
+        panic!("{err}");
+    }
+    let traced = case.into_inner();
+    assert!(
+        traced >= 24,
+        "only {traced} of 48 cases decided: the strategy misses"
+    );
+}
+
+async fn run_span_trace(
+    server: &RedisServer,
+    case: u64,
+    params: LimitParams,
+    seed: u64,
+) -> Result<(), TestCaseError> {
+    let mut pair = Pair::new(server, format!("span{case}"), T0, Expiry::Kept).await;
+    let mut rng = Rng(seed);
+    let window_us = params.window_us();
+    let key = support::keys::counter_key(
+        params.algorithm(),
+        window_us / 1_000_000,
+        &[("span", &case.to_string())],
+    );
+    for step in 0..24 {
+        // Now stays below T0 + 6 windows of at most 2^50 µs: below 2^53.
+        let jump = rng.pick(&[0, 1, 999_983, window_us / 7, window_us / 2]);
+        pair.clock.advance(jump);
+        let capacity = params.capacity();
+        let cost = rng.pick(&[0, 1, capacity / 3, capacity, capacity + 1]);
+        let checks = [KeyedCheck {
+            key: key.clone(),
+            check: Check {
+                params,
+                cost,
+                mode: Mode::Enforce,
+            },
+        }];
+        pair.step(&checks).await.map_err(|err| {
+            TestCaseError::fail(format!("step {step}: {err} for {params:?} cost {cost}"))
+        })?;
+    }
+    Ok(())
 }
 
 /// A cost anywhere in the uint64 range a descriptor's hits_addend can

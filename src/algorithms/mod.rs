@@ -26,6 +26,15 @@ pub use token_bucket::TokenBucket;
 /// numbers are IEEE doubles.
 pub const MAX_EXACT: u64 = 1 << 53;
 
+/// The longest span of time a limit's state may cover, in µs (2^50, about
+/// 35.7 years of 365 days): its window, or for a token bucket and GCRA the
+/// time its whole capacity takes to refill. A script keeps times as
+/// doubles, exact below 2^53 µs: with every stored time at most `now` plus
+/// twice this span (a sliding-window counter's count weighs in for two
+/// windows), each stays exact while clocks read before 2^53 - 2^51 µs (the
+/// year 2184). Both backends refuse a longer limit alike, at load.
+pub const MAX_SPAN_US: u64 = 1 << 50;
+
 /// A rate-limit algorithm, chosen per limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Algorithm {
@@ -101,6 +110,21 @@ pub enum ParamsError {
         window_s: u64,
         capacity: u64,
     },
+    #[error(
+        "a window of {window_s}s is longer than any backend can decide: at most {max_s}s (2^50 µs, about 35 years); use a shorter unit or a smaller unit_multiplier"
+    )]
+    WindowTooLong { window_s: u64, max_s: u64 },
+    #[error(
+        "{algorithm} refilling a capacity of {capacity} at {limit} per {window_s}s takes {refill_s}s, longer than any backend can decide: at most {max_s}s (2^50 µs, about 35 years); use a shorter unit, a smaller burst or a larger number"
+    )]
+    RefillTooLong {
+        algorithm: Algorithm,
+        limit: u64,
+        window_s: u64,
+        capacity: u64,
+        refill_s: u64,
+        max_s: u64,
+    },
 }
 
 impl LimitParams {
@@ -151,7 +175,33 @@ impl LimitParams {
                 capacity,
             });
         }
+        params.check_span()?;
         Ok(params)
+    }
+
+    /// Refuses a limit whose state would cover more than [`MAX_SPAN_US`].
+    fn check_span(&self) -> Result<(), ParamsError> {
+        let max_s = MAX_SPAN_US / 1_000_000;
+        let window_s = self.window_us / 1_000_000;
+        if self.window_us > MAX_SPAN_US {
+            return Err(ParamsError::WindowTooLong { window_s, max_s });
+        }
+        if self.algorithm.has_burst() && self.limit > 0 {
+            // capacity × window / limit, rounded up: the time from empty to full.
+            let refill_us = (u128::from(self.capacity) * u128::from(self.window_us))
+                .div_ceil(u128::from(self.limit));
+            if refill_us > u128::from(MAX_SPAN_US) {
+                return Err(ParamsError::RefillTooLong {
+                    algorithm: self.algorithm,
+                    limit: self.limit,
+                    window_s,
+                    capacity: self.capacity,
+                    refill_s: u64::try_from(refill_us.div_ceil(1_000_000)).unwrap_or(u64::MAX),
+                    max_s,
+                });
+            }
+        }
+        Ok(())
     }
 
     pub fn algorithm(&self) -> Algorithm {

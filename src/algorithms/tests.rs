@@ -614,7 +614,7 @@ fn limit_params_refuse_what_cannot_be_exact() {
             capacity,
         })
     };
-    let cases: [ParamsCase; 16] = [
+    let cases: [ParamsCase; 19] = [
         (SlidingWindowLog, 10, 0, None, Err(ParamsError::ZeroWindow)),
         (
             FixedWindow,
@@ -644,8 +644,36 @@ fn limit_params_refuse_what_cannot_be_exact() {
         (TokenBucket, 10, SECOND, Some(3), Ok(3)),
         (Gcra, 10, SECOND, None, Ok(10)),
         (TokenBucket, 0, SECOND, Some(5), Ok(0)),
-        // 7 per year: a token is 31,536,000,000,000 scaled units.
-        (TokenBucket, 7, YEAR, Some(285), Ok(285)),
+        // 7 per year: a token is 31,536,000,000,000 scaled units; 245 of
+        // them refill in 35 years, 285 (still exact) in 40.7, past
+        // MAX_SPAN_US.
+        (TokenBucket, 7, YEAR, Some(245), Ok(245)),
+        (
+            TokenBucket,
+            7,
+            YEAR,
+            Some(285),
+            Err(ParamsError::RefillTooLong {
+                algorithm: TokenBucket,
+                limit: 7,
+                window_s: 31_536_000,
+                capacity: 285,
+                refill_s: 1_283_965_715,
+                max_s: 1_125_899_906,
+            }),
+        ),
+        // The longest window, and one second more.
+        (FixedWindow, 10, MAX_SPAN_US / SECOND * SECOND, None, Ok(10)),
+        (
+            SlidingWindowLog,
+            10,
+            (MAX_SPAN_US / SECOND + 1) * SECOND,
+            None,
+            Err(ParamsError::WindowTooLong {
+                window_s: 1_125_899_907,
+                max_s: 1_125_899_906,
+            }),
+        ),
         (
             Gcra,
             7,

@@ -17,7 +17,10 @@
 //!
 //! A batch that fails (timeout, dropped connection, an error reply) fails
 //! every request in it with the same classified error, and is never
-//! retried: it may have run.
+//! retried: it may have run. A member the script refuses or fails on its
+//! own (bad parameters, a Redis error on one of its keys) is answered in
+//! its own section of the reply: it alone gets the error, the others
+//! their verdicts.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -207,9 +210,10 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
         return;
     }
     match decide_batch(core, deadline, &batch).await {
-        Ok(verdicts) => {
-            for (it, verdict) in batch.into_iter().zip(verdicts) {
-                let _ = it.answer.send(Ok(verdict));
+        Ok(answers) => {
+            // A member the script refused gets its own error alone.
+            for (it, answer) in batch.into_iter().zip(answers) {
+                let _ = it.answer.send(answer);
             }
         }
         Err(err) => {
@@ -220,12 +224,12 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
     }
 }
 
-/// One call of `decide_batch` for `batch`: a verdict per request, in order.
+/// One call of `decide_batch` for `batch`: an answer per request, in order.
 async fn decide_batch(
     core: &Core,
     deadline: Instant,
     batch: &[Waiting],
-) -> Result<Vec<Verdict>, Error> {
+) -> Result<Vec<Result<Verdict, Error>>, Error> {
     let sizes: Vec<usize> = batch.iter().map(|it| it.request.keys.len()).collect();
     // Written only while every request's caller can still use its answer.
     let send_by = batch

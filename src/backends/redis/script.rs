@@ -463,30 +463,65 @@ pub fn write_request(cmd: &mut redis::Cmd, header: &HeaderArgs, limits: &[LimitA
     }
 }
 
+/// The first integer of a batch member's section when the script refused
+/// or failed it; the next integer says why (see [`parse_batch_reply`]).
+const REFUSED: i64 = -1;
+
+/// Integers of a refused member's section: [`REFUSED`], then the reason.
+const REFUSED_LEN: usize = 2;
+
 /// Reads the reply of a batch whose requests had `sizes` limits each, in
-/// order: one verdict per request. Refuses a reply of any other length.
-pub fn parse_batch_reply(reply: &[i64], sizes: &[usize]) -> Result<Vec<Verdict>, Error> {
+/// order: one answer per request. A member's section is either its reply
+/// (as [`parse_reply`] reads it) or, when the script refused or failed it
+/// alone, two integers: [`REFUSED`] and the reason, `k` (>= 1) for bad
+/// parameters of its limit `k`, 0 for a bad header, -1 for an error while
+/// deciding it (a Redis error on one of its keys). Such a member gets its
+/// own [`Error::Protocol`]; the others keep their verdicts. Refuses a
+/// reply of any other length or shape.
+pub fn parse_batch_reply(
+    reply: &[i64],
+    sizes: &[usize],
+) -> Result<Vec<Result<Verdict, Error>>, Error> {
+    let bad = || {
+        Error::Protocol(format!(
+            "unexpected batch reply of {} integers",
+            reply.len()
+        ))
+    };
     let mut rest = reply;
     let mut out = Vec::with_capacity(sizes.len());
     for &n_checks in sizes {
-        let len = REPLY_HEAD + REPLY_PER_LIMIT * n_checks;
-        if rest.len() < len {
-            return Err(Error::Protocol(format!(
-                "unexpected batch reply of {} integers",
-                reply.len()
-            )));
+        if rest.first() == Some(&REFUSED) {
+            let (section, after) = rest.split_at_checked(REFUSED_LEN).ok_or_else(bad)?;
+            out.push(Err(refusal(section[1], n_checks).ok_or_else(bad)?));
+            rest = after;
+            continue;
         }
-        let (section, after) = rest.split_at(len);
-        out.push(parse_reply(section, n_checks)?);
+        let len = REPLY_HEAD + REPLY_PER_LIMIT * n_checks;
+        let (section, after) = rest.split_at_checked(len).ok_or_else(bad)?;
+        out.push(Ok(parse_reply(section, n_checks)?));
         rest = after;
     }
     if !rest.is_empty() {
-        return Err(Error::Protocol(format!(
-            "unexpected batch reply of {} integers",
-            reply.len()
-        )));
+        return Err(bad());
     }
     Ok(out)
+}
+
+/// The error of a batch member the script refused for `reason`; `None` for
+/// a reason no script answers.
+fn refusal(reason: i64, n_checks: usize) -> Option<Error> {
+    let what = match reason {
+        -1 => "failed while deciding it".to_owned(),
+        0 => "bad request header".to_owned(),
+        k if usize::try_from(k).is_ok_and(|k| k <= n_checks) => {
+            format!("bad parameters for limit {k}")
+        }
+        _ => return None,
+    };
+    Some(Error::Protocol(format!(
+        "the decision script refused this request of its batch: {what}"
+    )))
 }
 
 /// Reads `{allowed, (flags, remaining, reset_us)*n}`, flags being has_room
@@ -796,7 +831,11 @@ mod tests {
 
     #[test]
     fn a_batch_reply_is_one_section_per_request() {
-        let verdicts = parse_batch_reply(&[1, 3, 3, 10, 0, 0, 0, 7, 1, 2, 9], &[1, 2]).unwrap();
+        let verdicts: Vec<_> = parse_batch_reply(&[1, 3, 3, 10, 0, 0, 0, 7, 1, 2, 9], &[1, 2])
+            .unwrap()
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(verdicts.len(), 2);
         assert!(verdicts[0].allowed);
         assert!(!verdicts[1].allowed);
@@ -805,6 +844,26 @@ mod tests {
         assert_eq!(verdicts[1].outcomes[1].remaining, 2);
         assert!(parse_batch_reply(&[1, 3, 3, 10], &[1, 1]).is_err());
         assert!(parse_batch_reply(&[1, 3, 3, 10, 1], &[1]).is_err());
+    }
+
+    #[test]
+    fn a_refused_batch_member_gets_its_own_error_and_the_others_their_verdicts() {
+        // Request 1 refused at its limit 2, request 2 decided, request 3
+        // failed while deciding, request 4 refused at its header.
+        let answers =
+            parse_batch_reply(&[-1, 2, 1, 3, 4, 10, -1, -1, -1, 0], &[2, 1, 1, 3]).unwrap();
+        assert_eq!(answers.len(), 4);
+        let message = |it: &Result<Verdict, Error>| it.as_ref().unwrap_err().to_string();
+        assert!(message(&answers[0]).contains("bad parameters for limit 2"));
+        let verdict = answers[1].as_ref().unwrap();
+        assert!(verdict.allowed);
+        assert_eq!(verdict.outcomes[0].remaining, 4);
+        assert!(message(&answers[2]).contains("failed while deciding"));
+        assert!(message(&answers[3]).contains("bad request header"));
+        // A reason no script answers, or a refusal cut short, is no reply.
+        assert!(parse_batch_reply(&[-1, 3], &[2]).is_err());
+        assert!(parse_batch_reply(&[-1, -2], &[1]).is_err());
+        assert!(parse_batch_reply(&[-1], &[1]).is_err());
     }
 
     #[test]
