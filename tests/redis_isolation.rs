@@ -212,8 +212,10 @@ async fn after_a_refused_request_the_service_decides_every_request() {
 }
 
 /// 64 concurrent clients through the service with batching on, 2% of the
-/// requests on a counter the script fails on (its key holds a hash): each
-/// of those fails, every other request is decided, and batches were sent.
+/// requests on a counter the script fails on (its key holds a hash), while
+/// another client sends refused requests to the same library: each
+/// failing request fails, every other request is decided, and batches
+/// were sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_load_only_the_failing_requests_fail() {
     const CLIENTS: usize = 64;
@@ -250,6 +252,33 @@ async fn under_load_only_the_failing_requests_fail() {
         .await
         .unwrap();
 
+    // Meanwhile another client of the server sends refused requests to the
+    // same library, one by one and inside batches.
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refuser = {
+        let done = done.clone();
+        let mut conn = server.connection().await;
+        tokio::spawn(async move {
+            // FCALLs sent: three per round.
+            let mut sent = 0;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                refuse_after_a_longer_request(&mut conn).await;
+                let requests = vec![
+                    (vec!["side-a"], vec![fixed(1_000_000)]),
+                    (vec!["side-b"], vec![refused()]),
+                ];
+                let ReplyIntegers(reply) = batch_call(&requests)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("a batch with a refused member is answered");
+                let answers = script::parse_batch_reply(&reply, &[1, 1]).expect("a batch reply");
+                assert!(answers[0].is_ok() && answers[1].is_err(), "{answers:?}");
+                sent += 3;
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            sent
+        })
+    };
     let mut tasks = Vec::new();
     for task in 0..CLIENTS {
         let mut client = service.client();
@@ -280,6 +309,9 @@ async fn under_load_only_the_failing_requests_fail() {
         failed += f;
         wrong.extend(w);
     }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let side_calls = refuser.await.unwrap();
+    assert!(side_calls > 0, "no refused request was sent alongside");
     let total = CLIENTS * PER_CLIENT;
     let poisoned = total.div_ceil(50);
     assert!(
@@ -292,7 +324,7 @@ async fn under_load_only_the_failing_requests_fail() {
     let stats = command_stats(&mut conn).await;
     let calls = command_stat(&stats, "fcall", "calls").unwrap_or(0.0);
     assert!(
-        calls < total as f64,
+        calls < (total + side_calls) as f64,
         "{calls} calls for {total} requests: nothing was batched"
     );
 }
