@@ -645,6 +645,11 @@ async fn a_rolling_restart_of_both_replicas_leaves_nothing_unchecked() {
     };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
+    // Traffic to both replicas first, as in the SIGTERM test: what is
+    // asserted starts once Envoy has its connections to both.
+    let warm = Traffic::start(deploy.listen);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    warm.finish().await;
     let before = deploy.stats().await;
     let traffic = Traffic::start(deploy.listen);
     tokio::time::sleep(Duration::from_secs(2)).await;
