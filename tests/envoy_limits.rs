@@ -32,6 +32,29 @@ async fn allowed(service: &ServiceProcess, rule: &str) -> f64 {
         + service.metric(&decisions(rule, "near_limit")).await
 }
 
+/// Both sides counted the same answers: throttlegate denied `rule`
+/// `over_limit` times, and Envoy's filter on the protected cluster saw `ok`
+/// OK and `over_limit` OVER_LIMIT answers, and no error.
+async fn assert_counted(
+    service: &ServiceProcess,
+    envoy: &Envoy,
+    rule: &str,
+    ok: u64,
+    over_limit: u64,
+) {
+    assert_eq!(
+        service.metric(&decisions(rule, "over_limit")).await,
+        over_limit as f64,
+        "throttlegate's over-limit decisions of {rule}"
+    );
+    let counters = envoy.ratelimit_counters("upstream").await;
+    assert_eq!(
+        (counters.ok, counters.over_limit, counters.error),
+        (ok, over_limit, 0),
+        "Envoy's ok, over_limit and error"
+    );
+}
+
 fn ip(last: [u8; 2]) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(127, 0, last[0], last[1]))
 }
@@ -155,17 +178,7 @@ async fn remote_address_limits_each_client_address() {
     let other = HttpRequest::get("/").from(ip([0, 3]));
     assert_eq!(statuses(addr, &[other]).await, [200]);
     assert_eq!(allowed(&service, "remote_address").await, 3.0);
-    assert_eq!(
-        service
-            .metric(&decisions("remote_address", "over_limit"))
-            .await,
-        1.0
-    );
-    let counters = envoy.ratelimit_counters("upstream").await;
-    assert_eq!(
-        (counters.ok, counters.over_limit, counters.error),
-        (3, 1, 0)
-    );
+    assert_counted(&service, &envoy, "remote_address", 3, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,17 +203,7 @@ async fn masked_remote_address_limits_each_network() {
         HttpRequest::get("/").from(ip([1, 2])),
     ];
     assert_eq!(statuses(addr, &requests).await, [200, 200, 429, 200]);
-    assert_eq!(
-        service
-            .metric(&decisions("masked_remote_address", "over_limit"))
-            .await,
-        1.0
-    );
-    let counters = envoy.ratelimit_counters("upstream").await;
-    assert_eq!(
-        (counters.ok, counters.over_limit, counters.error),
-        (3, 1, 0)
-    );
+    assert_counted(&service, &envoy, "masked_remote_address", 3, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -224,12 +227,7 @@ async fn request_headers_limit_each_header_value_and_skip_requests_without_it() 
     // No header: no descriptor, so Envoy does not ask at all.
     assert_eq!(statuses(addr, &[HttpRequest::get("/")]).await, [200]);
     assert_eq!(allowed(&service, "user").await, 3.0);
-    assert_eq!(service.metric(&decisions("user", "over_limit")).await, 1.0);
-    let counters = envoy.ratelimit_counters("upstream").await;
-    assert_eq!(
-        (counters.ok, counters.over_limit, counters.error),
-        (3, 1, 0)
-    );
+    assert_counted(&service, &envoy, "user", 3, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,15 +247,7 @@ async fn generic_key_limits_every_request_of_the_route() {
         statuses(addr, &[any.clone(), any.clone(), any]).await,
         [200, 200, 429]
     );
-    assert_eq!(
-        service.metric(&decisions("plan_free", "over_limit")).await,
-        1.0
-    );
-    let counters = envoy.ratelimit_counters("upstream").await;
-    assert_eq!(
-        (counters.ok, counters.over_limit, counters.error),
-        (2, 1, 0)
-    );
+    assert_counted(&service, &envoy, "plan_free", 2, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -283,17 +273,7 @@ async fn header_value_match_limits_only_matching_requests() {
         .await,
         [200, 200, 429, 200, 200]
     );
-    assert_eq!(
-        service
-            .metric(&decisions("header_match_beta", "over_limit"))
-            .await,
-        1.0
-    );
-    let counters = envoy.ratelimit_counters("upstream").await;
-    assert_eq!(
-        (counters.ok, counters.over_limit, counters.error),
-        (2, 1, 0)
-    );
+    assert_counted(&service, &envoy, "header_match_beta", 2, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,15 +294,7 @@ async fn query_parameters_limit_each_parameter_value() {
         statuses(addr, &[acme.clone(), acme.clone(), acme, other]).await,
         [200, 200, 429, 200]
     );
-    assert_eq!(
-        service.metric(&decisions("tenant", "over_limit")).await,
-        1.0
-    );
-    let counters = envoy.ratelimit_counters("upstream").await;
-    assert_eq!(
-        (counters.ok, counters.over_limit, counters.error),
-        (3, 1, 0)
-    );
+    assert_counted(&service, &envoy, "tenant", 3, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
