@@ -364,6 +364,14 @@ impl Traffic {
     }
 }
 
+/// Two seconds of traffic, not counted by the test: what a test asserts
+/// starts once Envoy has its connections to both replicas.
+async fn warm_up(deploy: &Deploy) {
+    let warm = Traffic::start(deploy.listen);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    warm.finish().await;
+}
+
 /// Every request of `tally` was answered without a 5xx, and Envoy counted a
 /// decision for each since its counters were `before`: no rate-limit call
 /// failed and none was let through because it failed.
@@ -614,10 +622,7 @@ async fn sigterm_to_one_of_two_replicas_under_traffic_leaves_nothing_unchecked()
     };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
-    // Traffic to both replicas first; what is asserted starts here.
-    let warm = Traffic::start(deploy.listen);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    warm.finish().await;
+    warm_up(&deploy).await;
     let before = deploy.stats().await;
     let traffic = Traffic::start(deploy.listen);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -645,11 +650,7 @@ async fn a_rolling_restart_of_both_replicas_leaves_nothing_unchecked() {
     };
     let _serial = SERIAL.lock().await;
     let deploy = Deploy::start(&envoy);
-    // Traffic to both replicas first, as in the SIGTERM test: what is
-    // asserted starts once Envoy has its connections to both.
-    let warm = Traffic::start(deploy.listen);
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    warm.finish().await;
+    warm_up(&deploy).await;
     let before = deploy.stats().await;
     let traffic = Traffic::start(deploy.listen);
     tokio::time::sleep(Duration::from_secs(2)).await;
