@@ -35,7 +35,7 @@ use tokio::time::{Instant, timeout_at};
 use self::batch::Batcher;
 use self::engine::{Engine, Entry};
 use self::gate::Gate;
-use self::pool::{Pool, Target};
+use self::pool::{Link, Pool, Reconnect, Target};
 pub use self::script::DECIDE_LUA;
 use self::script::{HeaderArgs, LimitArgs};
 use self::sentinel::Sentinel;
@@ -212,7 +212,8 @@ pub struct RedisBackend {
     /// starts (`warm_up`) or at its first call: its pool's connections, their tasks and the batches
     /// it sends all run on the thread's own runtime, so a request's call
     /// and its answer never cross threads. Each has its own pool of
-    /// `pool_size` connections, circuit and gate.
+    /// `pool_size` connections and its own gate; the circuit and the
+    /// generation of connections are shared by all (see `pool::Link`).
     thread_cores: Box<[OnceLock<Arc<Core>>]>,
     /// What a thread's core is made from.
     recipe: CoreRecipe,
@@ -232,24 +233,29 @@ struct Core {
     redacted_url: String,
 }
 
-/// What a [`Core`] is made from: the settings of its pool, gate and batcher.
+/// What a [`Core`] is made from: the settings of its pool, gate and batcher,
+/// and what every core's pool shares (the circuit, the generation of
+/// connections).
 struct CoreRecipe {
     target: Target,
     pool_size: u32,
     timeout_ms: u64,
     batch: Option<BatchSettings>,
     redacted_url: String,
+    link: Link,
 }
 
 impl CoreRecipe {
-    /// A core whose pool starts on the calling runtime (its reconnecting
-    /// task, and the tasks that make and drive its connections).
-    fn make(&self) -> Core {
+    /// A core whose pool starts on the calling runtime (the tasks that make
+    /// and drive its connections, and its reconnecting task if it `Owns`
+    /// reconnecting: the shared core's).
+    fn make(&self, reconnect: Reconnect) -> Core {
         let pool = Pool::start(
             self.target.clone(),
             self.pool_size,
             self.timeout_ms,
-            self.redacted_url.clone(),
+            self.link.clone(),
+            reconnect,
         );
         let in_flight = usize::try_from(self.pool_size).unwrap_or(1);
         let gate = Gate::for_pool(self.pool_size);
@@ -373,10 +379,11 @@ impl RedisBackend {
             pool_size: settings.pool_size,
             timeout_ms: settings.timeout_ms,
             batch: settings.batch,
+            link: Link::new(redacted_url.clone()),
             redacted_url,
         };
         Ok(RedisBackend {
-            core: Arc::new(recipe.make()),
+            core: Arc::new(recipe.make(Reconnect::Owns)),
             thread_cores: Box::default(),
             recipe,
             keys: KeyFormat::new(settings.key_prefix, HashTag::None),
@@ -406,7 +413,7 @@ impl RedisBackend {
     fn core(&self) -> &Arc<Core> {
         let own = crate::serving_thread::current().and_then(|it| self.thread_cores.get(it));
         match own {
-            Some(cell) => cell.get_or_init(|| Arc::new(self.recipe.make())),
+            Some(cell) => cell.get_or_init(|| Arc::new(self.recipe.make(Reconnect::Shares))),
             None => &self.core,
         }
     }

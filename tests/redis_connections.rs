@@ -1,0 +1,327 @@
+//! The service binary's connections to Redis across what happens to the
+//! server: a restart never costs a decision (no connection made before an
+//! outage is used after it, on any serving thread), and a replica is
+//! backed off from like a refused connect.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+use tonic::transport::Channel;
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use support::process::{Serve, ServiceProcess};
+use support::redis::{RedisServer, command_stat, command_stats};
+use support::request::{descriptor, request};
+use support::service::connect;
+use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+const CONFIG: &str = r#"
+domain: conn
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: load
+    rate_limit: {unit: hour, requests_per_unit: 1000000000, algorithm: fixed_window}
+"#;
+
+/// Within this, health follows Redis going and coming back.
+const WITHIN: Duration = Duration::from_secs(10);
+
+/// The tests of this file load two shared cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn user(value: &str) -> RateLimitRequest {
+    request("conn", vec![descriptor(&[("user", value)])])
+}
+
+fn load_request() -> RateLimitRequest {
+    request("conn", vec![descriptor(&[("load", "x")])])
+}
+
+/// What one RPC was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answer {
+    Ok,
+    OverLimit,
+    Unavailable,
+}
+
+async fn ask(client: &mut RateLimitServiceClient<Channel>, request: RateLimitRequest) -> Answer {
+    match client.should_rate_limit(request).await {
+        Ok(res) => {
+            let res = res.into_inner();
+            assert!(
+                res.statuses.iter().all(|it| it.current_limit.is_some()),
+                "an answer that is not a decision: {res:?}"
+            );
+            match Code::try_from(res.overall_code) {
+                Ok(Code::Ok) => Answer::Ok,
+                Ok(Code::OverLimit) => Answer::OverLimit,
+                _ => panic!("unexpected answer {res:?}"),
+            }
+        }
+        Err(status) if status.code() == tonic::Code::Unavailable => Answer::Unavailable,
+        Err(status) => panic!("unexpected status {status:?}"),
+    }
+}
+
+async fn wait_health(channel: &Channel, expected: ServingStatus) {
+    let started = Instant::now();
+    loop {
+        let status = HealthClient::new(channel.clone())
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .ok()
+            .map(|it| it.into_inner().status());
+        if status == Some(expected) {
+            return;
+        }
+        assert!(
+            started.elapsed() < WITHIN,
+            "health is {status:?}, not {expected:?} within {WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `field` of `INFO stats`.
+async fn info_stat(conn: &mut redis::aio::MultiplexedConnection, field: &str) -> u64 {
+    let stats: String = redis::cmd("INFO")
+        .arg("stats")
+        .query_async(conn)
+        .await
+        .expect("INFO stats");
+    let prefix = format!("{field}:");
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix))
+        .and_then(|it| it.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {field} in {stats}"))
+}
+
+/// One client per serving thread: connections are dealt to the threads in
+/// turn, so client `i` is served by thread `i`.
+async fn clients(
+    service: &mut ServiceProcess,
+    n: usize,
+) -> (Channel, Vec<RateLimitServiceClient<Channel>>) {
+    let first = service.connect().await;
+    let mut clients = vec![RateLimitServiceClient::new(first.clone())];
+    for _ in 1..n {
+        clients.push(RateLimitServiceClient::new(connect(service.grpc).await));
+    }
+    (first, clients)
+}
+
+/// Redis stopped until the circuit opens (health NOT_SERVING), started
+/// again on the same port, health back: the next three requests on a
+/// 2/minute limit, spread over the serving threads, are OK, OK,
+/// OVER_LIMIT. Every thread's pool holds a connection made before the
+/// outage; none may be used after it. With `ask_during_outage`, each
+/// thread also meets the outage itself (its calls answered UNAVAILABLE).
+async fn a_restart_costs_no_decision(threads: usize, ask_during_outage: bool) {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let mut redis = RedisServer::start();
+    let mut service = Serve::yaml(CONFIG)
+        .args(&["--redis-url", &redis.url()])
+        .args(&["--grpc-threads", &threads.to_string()])
+        .args(&["--redis-timeout-ms", "1000"])
+        .args(&["--failure-mode", "error"])
+        .spawn();
+    let (channel, mut clients) = clients(&mut service, threads.max(1)).await;
+    wait_health(&channel, ServingStatus::Serving).await;
+    for (idx, client) in clients.iter_mut().enumerate() {
+        let answer = ask(client, user(&format!("warm{idx}"))).await;
+        assert_eq!(answer, Answer::Ok, "before the outage, thread {idx}");
+    }
+
+    tokio::task::block_in_place(|| redis.kill());
+    wait_health(&channel, ServingStatus::NotServing).await;
+    if ask_during_outage {
+        for client in &mut clients {
+            assert_eq!(ask(client, user("outage")).await, Answer::Unavailable);
+        }
+    }
+    tokio::task::block_in_place(|| redis.restart());
+    wait_health(&channel, ServingStatus::Serving).await;
+
+    let mut answers = Vec::new();
+    for idx in 0..3 {
+        let n = clients.len();
+        answers.push(ask(&mut clients[idx % n], user("alice")).await);
+    }
+    assert_eq!(
+        answers,
+        [Answer::Ok, Answer::Ok, Answer::OverLimit],
+        "after the restart, {threads} serving threads; log:\n{}",
+        service.log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_next_requests_are_decided_with_one_serving_thread() {
+    a_restart_costs_no_decision(1, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_next_requests_are_decided_with_several_serving_threads() {
+    a_restart_costs_no_decision(3, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_seen_by_every_thread_the_next_requests_are_decided() {
+    a_restart_costs_no_decision(3, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_restart_the_next_requests_are_decided_on_the_shared_runtime() {
+    a_restart_costs_no_decision(0, false).await;
+}
+
+/// `concurrency` tasks over `channels` connections sending `load_request()` in
+/// a loop until `stop`, each RPC with the deadline `rpc_timeout` if any;
+/// every answer tallied: decided, UNAVAILABLE, anything else (a deadline
+/// passed, a status the service must not give: kept by message).
+struct Load {
+    stop: Arc<AtomicBool>,
+    sent: Arc<AtomicU64>,
+    tasks: JoinSet<Tally>,
+}
+
+#[derive(Debug, Default)]
+struct Tally {
+    decided: u64,
+    unavailable: u64,
+    deadline: u64,
+    other: Vec<String>,
+}
+
+impl Load {
+    async fn start(
+        service: &ServiceProcess,
+        channels: usize,
+        concurrency: usize,
+        rpc_timeout: Option<Duration>,
+    ) -> Load {
+        let mut load = Load {
+            stop: Arc::default(),
+            sent: Arc::default(),
+            tasks: JoinSet::new(),
+        };
+        let mut clients = Vec::new();
+        for _ in 0..channels {
+            clients.push(RateLimitServiceClient::new(connect(service.grpc).await));
+        }
+        for task in 0..concurrency {
+            let mut client = clients[task % channels].clone();
+            let (stop, sent) = (load.stop.clone(), load.sent.clone());
+            load.tasks.spawn(async move {
+                let mut tally = Tally::default();
+                while !stop.load(Ordering::SeqCst) {
+                    let mut rpc = tonic::Request::new(load_request());
+                    if let Some(timeout) = rpc_timeout {
+                        rpc.set_timeout(timeout);
+                    }
+                    sent.fetch_add(1, Ordering::SeqCst);
+                    match client.should_rate_limit(rpc).await {
+                        Ok(res) if res.get_ref().overall_code == Code::Ok as i32 => {
+                            tally.decided += 1;
+                        }
+                        Err(status) if status.code() == tonic::Code::Unavailable => {
+                            tally.unavailable += 1;
+                        }
+                        Err(status) if status.code() == tonic::Code::DeadlineExceeded => {
+                            tally.deadline += 1;
+                            // A caller that gave up asks again soon after,
+                            // as Envoy's next request would.
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        Err(status) if status.code() == tonic::Code::Cancelled => {
+                            tally.deadline += 1;
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        other => tally.other.push(format!("{other:?}")),
+                    }
+                }
+                tally
+            });
+        }
+        load
+    }
+
+    async fn finish(mut self) -> Tally {
+        self.stop.store(true, Ordering::SeqCst);
+        let mut total = Tally::default();
+        while let Some(res) = self.tasks.join_next().await {
+            let tally = res.expect("load task");
+            total.decided += tally.decided;
+            total.unavailable += tally.unavailable;
+            total.deadline += tally.deadline;
+            total.other.extend(tally.other);
+        }
+        total
+    }
+}
+
+/// Pointed at a replica (every write refused with READONLY), 64 requests
+/// in flight: the circuit opens as for a refused connect and the service
+/// reconnects with the circuit's backoff: under 10 connections a second
+/// reach the replica, and neither the library nor a decision is ever sent
+/// to it. Every request is answered under the failure mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_backed_off_from_like_a_refused_connect() {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let master = RedisServer::start();
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let mut service = Serve::yaml(CONFIG)
+        .args(&["--redis-url", &replica.url()])
+        .args(&["--grpc-threads", "2"])
+        .args(&["--redis-timeout-ms", "500"])
+        .args(&["--failure-mode", "error"])
+        .spawn();
+    let channel = service.connect().await;
+    wait_health(&channel, ServingStatus::NotServing).await;
+    let mut admin = replica.connection().await;
+
+    let load = Load::start(&service, 8, 64, None).await;
+    // Counted once the load runs: connections per second while it lasts.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = info_stat(&mut admin, "total_connections_received").await;
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let after = info_stat(&mut admin, "total_connections_received").await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let tally = load.finish().await;
+
+    let per_second = (after - before) as f64 / elapsed;
+    eprintln!("{tally:?}; {per_second:.1} connections/s to the replica");
+    assert!(
+        tally.other.is_empty(),
+        "{:?}",
+        &tally.other[..3.min(tally.other.len())]
+    );
+    assert_eq!(tally.decided, 0, "decided on a replica");
+    assert!(tally.unavailable > 100, "{tally:?}");
+    assert!(
+        per_second < 10.0,
+        "{per_second:.1} connections/s to the replica; log:\n{}",
+        service.log()
+    );
+    let stats = command_stats(&mut admin).await;
+    for command in ["function|load", "fcall", "evalsha"] {
+        let sent = command_stat(&stats, command, "calls").unwrap_or(0.0)
+            + command_stat(&stats, command, "rejected_calls").unwrap_or(0.0);
+        assert_eq!(sent, 0.0, "{command} sent to the replica:\n{stats}");
+    }
+}
