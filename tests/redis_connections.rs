@@ -1,7 +1,9 @@
 //! The service binary's connections to Redis across what happens to the
 //! server: a restart never costs a decision (no connection made before an
-//! outage is used after it, on any serving thread), and a replica is
-//! backed off from like a refused connect.
+//! outage is used after it, on any serving thread), a replica is backed
+//! off from like a refused connect, and the gate bounds what Redis still
+//! has to run after a stall without shedding a healthy Redis at a pool of
+//! one.
 
 mod support;
 
@@ -15,8 +17,8 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use support::process::{Serve, ServiceProcess};
-use support::redis::{RedisServer, command_stat, command_stats};
+use support::process::{Serve, ServiceProcess, http_get};
+use support::redis::{RedisServer, command_stat, command_stats, reset_stats};
 use support::request::{descriptor, request};
 use support::service::connect;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -34,6 +36,11 @@ descriptors:
 
 /// Within this, health follows Redis going and coming back.
 const WITHIN: Duration = Duration::from_secs(10);
+
+/// The documented bound on calls sent to one Redis and not yet answered,
+/// per pool (the shared runtime's, and each serving thread's):
+/// `MAX_IN_FLIGHT` in `src/backends/redis/gate.rs`, `docs/redis.md`.
+const MAX_IN_FLIGHT: f64 = 64.0;
 
 /// The tests of this file load two shared cores: one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -107,6 +114,17 @@ async fn info_stat(conn: &mut redis::aio::MultiplexedConnection, field: &str) ->
         .find_map(|line| line.strip_prefix(&prefix))
         .and_then(|it| it.trim().parse().ok())
         .unwrap_or_else(|| panic!("no {field} in {stats}"))
+}
+
+/// The sum of every sample of `/metrics` whose series starts with `series`;
+/// 0 when there is none.
+async fn metric_sum(service: &ServiceProcess, series: &str) -> f64 {
+    http_get(service.http, "/metrics")
+        .await
+        .lines()
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// One client per serving thread: connections are dealt to the threads in
@@ -324,4 +342,115 @@ async fn a_replica_is_backed_off_from_like_a_refused_connect() {
             + command_stat(&stats, command, "rejected_calls").unwrap_or(0.0);
         assert_eq!(sent, 0.0, "{command} sent to the replica:\n{stats}");
     }
+}
+
+/// Redis stalls for a second (`DEBUG SLEEP 1`) while 64 callers with
+/// Envoy's 20 ms deadline keep asking: every call written holds its place
+/// until Redis answers it, so after the stall Redis runs at most the
+/// documented number of calls (64 per pool; here the shared runtime's
+/// pool alone), however many requests gave up meanwhile.
+async fn a_stall_leaves_at_most_the_bound_to_run(extra: &[&str]) {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let mut service = Serve::yaml(CONFIG)
+        .args(&["--redis-url", &redis.url()])
+        .args(&["--redis-timeout-ms", "250"])
+        .args(&["--failure-mode", "error"])
+        .args(extra)
+        .spawn();
+    let channel = service.connect().await;
+    wait_health(&channel, ServingStatus::Serving).await;
+    let mut client = RateLimitServiceClient::new(channel.clone());
+    assert_eq!(ask(&mut client, load_request()).await, Answer::Ok);
+    let mut admin = redis.connection().await;
+    reset_stats(&mut admin).await;
+
+    let sleep = redis.put_to_sleep(1.0).await;
+    let load = Load::start(&service, 8, 64, Some(Duration::from_millis(20))).await;
+    // Callers give up and ask again for most of the stall.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let sent = load.sent.load(Ordering::SeqCst);
+    let tally = load.finish().await;
+    sleep.await.expect("sleep task").expect("DEBUG SLEEP");
+    // What was written during the stall runs now; then nothing more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stats = command_stats(&mut admin).await;
+    let ran = command_stat(&stats, "fcall", "calls").unwrap_or(0.0)
+        + command_stat(&stats, "evalsha", "calls").unwrap_or(0.0);
+    eprintln!("{extra:?}: {sent} requests sent during the stall ({tally:?}); {ran} calls ran");
+    assert!(
+        tally.other.is_empty(),
+        "{:?}",
+        &tally.other[..3.min(tally.other.len())]
+    );
+    assert!(
+        sent > 3 * MAX_IN_FLIGHT as u64,
+        "only {sent} requests during the stall"
+    );
+    assert!(ran >= 1.0, "no call was written during the stall:\n{stats}");
+    assert!(
+        ran <= MAX_IN_FLIGHT,
+        "{ran} calls ran after the stall, over the bound of {MAX_IN_FLIGHT}:\n{stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_leaves_at_most_the_bound_to_run_one_call_per_request() {
+    a_stall_leaves_at_most_the_bound_to_run(&["--redis-batch", "off"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_leaves_at_most_the_bound_to_run_with_batches() {
+    // One batch in flight per pooled connection: 64 connections, so that
+    // calls, not the batcher's slots, meet the bound.
+    a_stall_leaves_at_most_the_bound_to_run(&["--redis-batch", "on", "--redis-pool-size", "64"])
+        .await;
+}
+
+/// A pool of one connection and 500 requests in flight against a healthy
+/// Redis: nothing is shed, every request is decided. (The bound once grew
+/// with the pool size: 8 calls in flight and 256 waiting per connection
+/// shed most of them.)
+async fn a_pool_of_one_sheds_nothing(batch: &str) {
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let mut service = Serve::yaml(CONFIG)
+        .args(&["--redis-url", &redis.url()])
+        .args(&["--redis-pool-size", "1"])
+        .args(&["--redis-batch", batch])
+        // Generous: two shared cores run the debug build, Redis and 500
+        // clients; the question is shedding, not speed.
+        .args(&["--redis-timeout-ms", "5000"])
+        .args(&["--failure-mode", "error"])
+        .spawn();
+    let channel = service.connect().await;
+    wait_health(&channel, ServingStatus::Serving).await;
+    let load = Load::start(&service, 10, 500, None).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let tally = load.finish().await;
+    let shed = metric_sum(
+        &service,
+        "throttlegate_backend_errors_total{backend=\"redis\",kind=\"shed\"}",
+    )
+    .await;
+    eprintln!("pool 1, batch {batch}, 500 in flight: {tally:?}, {shed} shed");
+    assert!(
+        tally.other.is_empty(),
+        "{:?}",
+        &tally.other[..3.min(tally.other.len())]
+    );
+    assert_eq!(shed, 0.0, "{tally:?}");
+    assert_eq!(tally.unavailable, 0, "{tally:?}");
+    assert_eq!(tally.deadline, 0, "{tally:?}");
+    assert!(tally.decided >= 500, "{tally:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_one_sheds_nothing_one_call_per_request() {
+    a_pool_of_one_sheds_nothing("off").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_of_one_sheds_nothing_with_batches() {
+    a_pool_of_one_sheds_nothing("on").await;
 }

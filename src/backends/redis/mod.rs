@@ -258,7 +258,7 @@ impl CoreRecipe {
             reconnect,
         );
         let in_flight = usize::try_from(self.pool_size).unwrap_or(1);
-        let gate = Gate::for_pool(self.pool_size);
+        let gate = Gate::for_server();
         let max_waiting = gate.max_waiting();
         Core {
             pool,
@@ -463,7 +463,9 @@ impl Core {
     /// and a retry would count its requests twice.
     ///
     /// Admitted by the gate first: refused at once when too many calls
-    /// already wait toward Redis. Never sent once less than a quarter of
+    /// already wait toward Redis. Its place is held until Redis answers
+    /// the call (or its connection fails), not given back when its caller
+    /// stops waiting ([`gate::Written`]). Never sent once less than a quarter of
     /// its timeout is left ([`gate::send_by`]), so never after its
     /// deadline: checked when the wait for the gate ends and again after
     /// the checkout and the engine, at the moment the call would be
@@ -489,7 +491,7 @@ impl Core {
             _ => (own_send_by, Error::Timeout(self.timeout_ms)),
         };
         report(Stage::Queue);
-        let _permit = match self.gate.admit(send_by, self.timeout_ms).await {
+        let permit = match self.gate.admit(send_by, self.timeout_ms).await {
             Err(Error::Timeout(_)) => return Err(late),
             admitted => admitted?,
         };
@@ -521,7 +523,8 @@ impl Core {
         let mut cmd = engine.command(entry, n_keys);
         args(&mut cmd);
         let mut multiplexed = conn.conn.clone();
-        let value = engine::run(&mut multiplexed, engine, entry, &cmd);
+        let reply = async move { engine::run(&mut multiplexed, engine, entry, &cmd).await };
+        let value = gate::Written::new(permit, reply, conn.lost_flag(), gate::UNANSWERED_AFTER);
         let value = match timeout_at(deadline, value).await {
             Err(_) => return Err(Error::Timeout(self.timeout_ms)),
             Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),

@@ -436,6 +436,12 @@ fn build_pool(
 // === impl Pooled ===
 
 impl Pooled {
+    /// The flag that retires this connection alone, for a call that never
+    /// got its answer on it (see `gate::Written`).
+    pub(super) fn lost_flag(&self) -> Arc<AtomicBool> {
+        self.retired.clone()
+    }
+
     /// How the server behind this connection runs our code: found once, by
     /// loading the function library (see `engine`). An error is returned
     /// and asked again at the next call.
