@@ -523,7 +523,10 @@ impl Core {
         let mut cmd = engine.command(entry, n_keys);
         args(&mut cmd);
         let mut multiplexed = conn.conn.clone();
-        let reply = async move { engine::run(&mut multiplexed, engine, entry, &cmd).await };
+        let learnt = conn.engine.clone();
+        let reply = async move {
+            engine::run_adapting(&mut multiplexed, &learnt, engine, entry, &cmd).await
+        };
         let value = gate::Written::new(permit, reply, conn.lost_flag(), gate::UNANSWERED_AFTER);
         let value = match timeout_at(deadline, value).await {
             Err(_) => return Err(Error::Timeout(self.timeout_ms)),
@@ -531,6 +534,29 @@ impl Core {
             Ok(Ok(value)) => value,
         };
         script::reply_integers(value)
+    }
+
+    /// The names of the libraries of other versions of the service
+    /// (`throttlegate_<digest>`, with another digest than this version's)
+    /// on the server, within the timeout.
+    async fn other_libraries(&self) -> Result<Vec<String>, Error> {
+        let deadline = Instant::now() + self.timeout;
+        let conn = timeout_at(deadline, self.pool.connection())
+            .await
+            .map_err(|_| self.pool.checkout_timeout())??;
+        let mut multiplexed = conn.conn.clone();
+        let mut list = redis::cmd("FUNCTION");
+        list.arg("LIST").arg("LIBRARYNAME").arg("throttlegate_*");
+        let listed: redis::Value =
+            match timeout_at(deadline, list.query_async(&mut multiplexed)).await {
+                Err(_) => return Err(Error::Timeout(self.timeout_ms)),
+                Ok(res) => res.map_err(|err| self.pool.fail(&conn, &err))?,
+            };
+        let ours = &script::library().name;
+        Ok(engine::library_names(&listed)
+            .into_iter()
+            .filter(|name| name != ours && engine::is_library_name(name))
+            .collect())
     }
 
     /// One request in a call of its own.
@@ -615,6 +641,23 @@ impl Backend for RedisBackend {
         if let Err(err) = core.pool.warm_up(deadline).await {
             tracing::debug!("redis: could not connect ahead of the first call: {err}");
         }
+    }
+
+    /// The function libraries of other versions of the service on the
+    /// server (`FUNCTION LIST`), asked now: each version loads its own
+    /// (named by a digest of its code), and nothing removes an old one.
+    async fn notes(&self) -> Vec<String> {
+        let others = match self.core.other_libraries().await {
+            Ok(others) if !others.is_empty() => others,
+            // None, no functions on this server, or it cannot be asked now.
+            _ => return Vec::new(),
+        };
+        vec![format!(
+            "redis: function libraries of other throttlegate versions: {} (this version's: {}); \
+             once no replica runs those versions, remove each with FUNCTION DELETE <name>",
+            others.join(", "),
+            script::library().name
+        )]
     }
 
     /// PING within the timeout; while the circuit is open, a fresh

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use bb8_redis::bb8;
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
-use tokio::sync::{Notify, OnceCell};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
-use super::engine::Engine;
+use super::engine::{self, Engine, Learnt};
 use super::sentinel::Sentinel;
 use super::{Error, classify, is_broken, is_demoted};
 
@@ -97,7 +97,7 @@ pub(super) struct Pooled {
     pub(super) conn: MultiplexedConnection,
     /// How the server behind it runs our code, found at its first call
     /// and shared by its clones.
-    engine: Arc<OnceCell<Engine>>,
+    pub(super) engine: Arc<Learnt>,
     epoch: u64,
     /// Shared by the pooled connection and the clones handed out, so a
     /// caller can retire the one it used.
@@ -443,24 +443,17 @@ impl Pooled {
     }
 
     /// How the server behind this connection runs our code: found once, by
-    /// loading the function library (see `engine`). An error is returned
-    /// and asked again at the next call.
+    /// loading the function library (see `engine`), unless a call found
+    /// since that only scripts work here. An error is returned and asked
+    /// again at the next call.
     pub(super) async fn engine(&self) -> Result<Engine, RedisError> {
         let mut conn = self.conn.clone();
-        let engine = self
-            .engine
-            .get_or_try_init(|| async move {
-                let engine = Engine::detect(&mut conn).await?;
-                if engine == Engine::Scripts {
-                    tracing::info!(
-                        "redis has no functions (before 7.0, FUNCTION disabled or not \
-                         allowed): deciding with EVALSHA on this connection"
-                    );
-                }
-                Ok::<_, RedisError>(engine)
+        self.engine
+            .engine(async move {
+                let res = conn.req_packed_command(&engine::library_load()).await;
+                engine::from_load_on_server(res)
             })
-            .await?;
-        Ok(*engine)
+            .await
     }
 }
 
