@@ -320,7 +320,9 @@ impl Pool {
     /// backoff (through Sentinel, the new one), instead of each call
     /// opening a connection to the replica and sending it the library.
     pub(super) fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
-        if is_demoted(err) {
+        // A late READONLY on a connection already retired says nothing
+        // about the connections made since (to a master again, perhaps).
+        if is_demoted(err) && !is_retired(conn, &self.link.epoch) {
             self.link.open(format!(
                 "{} refuses writes (READONLY: a replica, or a master demoted by a failover): {err}",
                 self.redacted_url
@@ -473,7 +475,7 @@ impl Target {
                 let mut conn = client
                     .get_multiplexed_async_connection_with_config(config)
                     .await?;
-                require_master(&mut conn).await?;
+                require_writable(&mut conn).await?;
                 Ok(conn)
             }
             Target::Sentinel(sentinel) => sentinel.connect(config).await,
@@ -708,11 +710,11 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
     }
 }
 
-/// Refuses (with a READONLY error) a connection to a node whose `ROLE` is
-/// not master. A server that does not let us ask (ACL, renamed command)
+/// Refuses (with a READONLY error) a connection to a node whose `ROLE` says
+/// it is a replica. A server that does not let us ask (ACL, renamed command)
 /// is taken at its word later: a READONLY reply to a call opens the
 /// circuit too.
-async fn require_master(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+async fn require_writable(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
     let role: Vec<Value> = match redis::cmd("ROLE").query_async(conn).await {
         Ok(role) => role,
         Err(err) if matches!(err.code(), Some("NOPERM" | "ERR")) => return Ok(()),
@@ -722,7 +724,9 @@ async fn require_master(conn: &mut MultiplexedConnection) -> Result<(), RedisErr
         Some(value) => String::from_redis_value(value)?,
         None => return Ok(()),
     };
-    if role == "master" {
+    // Only a replica is refused: other roles (a master, the active
+    // replicas of some forks) take writes.
+    if role != "slave" && role != "replica" {
         return Ok(());
     }
     Err(RedisError::from((
