@@ -153,7 +153,9 @@ async fn a_restart_costs_no_decision(threads: usize, ask_during_outage: bool) {
     let mut service = Serve::yaml(CONFIG)
         .args(&["--redis-url", &redis.url()])
         .args(&["--grpc-threads", &threads.to_string()])
-        .args(&["--redis-timeout-ms", "1000"])
+        // Generous: the first call on each thread after the restart connects
+        // and loads the library within it, on two loaded cores.
+        .args(&["--redis-timeout-ms", "3000"])
         .args(&["--failure-mode", "error"])
         .spawn();
     let (channel, mut clients) = clients(&mut service, threads.max(1)).await;
