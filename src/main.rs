@@ -356,7 +356,7 @@ struct ServeArgs {
 #[derive(Debug, Args)]
 struct LimitArgs {
     /// Most gRPC connections open at once [default: from the descriptor
-    /// limit, see README].
+    /// limit, see docs/configuration.md].
     #[arg(long, env = "THROTTLEGATE_GRPC_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     grpc_max_connections: Option<u32>,
     /// Streams one gRPC connection may have open (advertised as
@@ -395,7 +395,7 @@ struct LimitArgs {
     #[arg(long, env = "THROTTLEGATE_GRPC_THREADS", default_value_t = 0)]
     grpc_threads: u16,
     /// Most HTTP connections open at once [default: from the descriptor
-    /// limit, see README].
+    /// limit, see docs/configuration.md].
     #[arg(long, env = "THROTTLEGATE_HTTP_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..))]
     http_max_connections: Option<u32>,
     /// An HTTP request head must arrive whole within this of its first
