@@ -935,7 +935,7 @@ async fn refunds_under_contention_never_admit_over_the_limit_and_leave_nothing_b
     assert_eq!(backend.refund_failures(), 0);
 }
 
-/// The figure in docs/redis.md ("Refunds under contention"):
+/// The figure in docs/redis.md ("Under contention", in Refunds):
 /// `cargo test --test redis_cluster -- --ignored --nocapture refund_shortfall`.
 /// With as many normal requests as the limit, each one denied is a request
 /// denied only because a doomed one's units were not yet given back; with
