@@ -297,22 +297,41 @@ impl Load {
 /// in flight: the circuit opens as for a refused connect and the service
 /// reconnects with the circuit's backoff: under 10 connections a second
 /// reach the replica, and neither the library nor a decision is ever sent
-/// to it. Every request is answered under the failure mode.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_is_backed_off_from_like_a_refused_connect() {
+/// to it. Every request is answered under the failure mode. With
+/// `without_role`, the service's user may not use ROLE (an admin command
+/// that ACLs often refuse): the role is read from HELLO instead.
+async fn a_replica_is_backed_off(without_role: bool) {
     let _serial = ONE_AT_A_TIME.lock().await;
     let master = RedisServer::start();
     let replica =
         RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port().to_string()]);
+    let mut admin = replica.connection().await;
+    let url = match without_role {
+        false => replica.url(),
+        true => {
+            let () = redis::cmd("ACL")
+                .arg("SETUSER")
+                .arg("tg")
+                .arg("on")
+                .arg(">secret")
+                .arg("~*")
+                .arg("&*")
+                .arg("+@all")
+                .arg("-role")
+                .query_async(&mut admin)
+                .await
+                .expect("ACL SETUSER");
+            format!("redis://tg:secret@127.0.0.1:{}/", replica.port())
+        }
+    };
     let mut service = Serve::yaml(CONFIG)
-        .args(&["--redis-url", &replica.url()])
+        .args(&["--redis-url", &url])
         .args(&["--grpc-threads", "2"])
         .args(&["--redis-timeout-ms", "500"])
         .args(&["--failure-mode", "error"])
         .spawn();
     let channel = service.connect().await;
     wait_health(&channel, ServingStatus::NotServing).await;
-    let mut admin = replica.connection().await;
 
     let load = Load::start(&service, 8, 64, None).await;
     // Counted once the load runs: connections per second while it lasts.
@@ -344,6 +363,16 @@ async fn a_replica_is_backed_off_from_like_a_refused_connect() {
             + command_stat(&stats, command, "rejected_calls").unwrap_or(0.0);
         assert_eq!(sent, 0.0, "{command} sent to the replica:\n{stats}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_backed_off_from_like_a_refused_connect() {
+    a_replica_is_backed_off(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_is_backed_off_from_when_role_is_not_allowed() {
+    a_replica_is_backed_off(true).await;
 }
 
 /// Redis stalls for a second (`DEBUG SLEEP 1`) while 64 callers with

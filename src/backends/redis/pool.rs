@@ -27,6 +27,10 @@ use super::{Error, classify, is_broken, is_demoted};
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 
+/// A circuit opening again this soon after it closed is taken for the same
+/// outage: the reconnector keeps its backoff.
+const FLAPPING: Duration = Duration::from_secs(5);
+
 /// How long calls keep using the connection last checked out of the pool
 /// before the next call checks one out again (see [`Pool::connection`]).
 /// Short enough that the pool sees its connections used (bb8 closes idle
@@ -630,19 +634,28 @@ impl Circuit {
 impl Reconnector {
     /// Waits for the circuit to open, then tries to reconnect with backoff
     /// until it closes; forever, until its guard aborts it.
+    ///
+    /// A circuit that opens again within [`FLAPPING`] of closing (a node
+    /// that answers a connect but fails every call) keeps its backoff
+    /// instead of starting again at [`RECONNECT_MIN_DELAY`].
     async fn run(self: Arc<Self>) {
+        let circuit = &self.link.circuit;
+        let mut delay = RECONNECT_MIN_DELAY;
+        let mut closed_at: Option<Instant> = None;
         loop {
-            let circuit = &self.link.circuit;
             circuit.wait_open().await;
-            let mut delay = RECONNECT_MIN_DELAY;
+            if closed_at.is_none_or(|at| at.elapsed() >= FLAPPING) {
+                delay = RECONNECT_MIN_DELAY;
+            }
             while circuit.is_open() {
                 tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RECONNECT_MAX_DELAY);
                 // A health probe may have closed it meanwhile.
                 if !circuit.is_open() || self.attempt().await.is_ok() {
                     break;
                 }
-                delay = (delay * 2).min(RECONNECT_MAX_DELAY);
             }
+            closed_at = Some(Instant::now());
         }
     }
 
@@ -710,18 +723,15 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
     }
 }
 
-/// Refuses (with a READONLY error) a connection to a node whose `ROLE` says
-/// it is a replica. A server that does not let us ask (ACL, renamed command)
-/// is taken at its word later: a READONLY reply to a call opens the
-/// circuit too.
+/// Refuses (with a READONLY error) a connection to a node that says it is a
+/// replica: asked with `ROLE`, or where the user may not use ROLE (it is
+/// an admin command, often refused by ACL) with `HELLO 2`, which every
+/// user may send and which names the role too (Redis 6 and later; the
+/// connection stays on RESP2). A server that answers neither is taken at
+/// its word later: a READONLY reply to a call opens the circuit too.
 async fn require_writable(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
-    let role: Vec<Value> = match redis::cmd("ROLE").query_async(conn).await {
-        Ok(role) => role,
-        Err(err) if matches!(err.code(), Some("NOPERM" | "ERR")) => return Ok(()),
-        Err(err) => return Err(err),
-    };
-    let role = match role.into_iter().next() {
-        Some(value) => String::from_redis_value(value)?,
+    let role = match role_of(conn).await? {
+        Some(role) => role,
         None => return Ok(()),
     };
     // Only a replica is refused: other roles (a master, the active
@@ -732,8 +742,43 @@ async fn require_writable(conn: &mut MultiplexedConnection) -> Result<(), RedisE
     Err(RedisError::from((
         ErrorKind::Server(ServerErrorKind::ReadOnly),
         "the redis node is not a master",
-        format!("its ROLE is {role}"),
+        format!("its role is {role}"),
     )))
+}
+
+/// The node's role (`master`, `slave`, `replica`...), or `None` when the
+/// server does not say.
+async fn role_of(conn: &mut MultiplexedConnection) -> Result<Option<String>, RedisError> {
+    let refused = |err: &RedisError| matches!(err.code(), Some("NOPERM" | "ERR"));
+    match redis::cmd("ROLE").query_async::<Vec<Value>>(conn).await {
+        Ok(role) => {
+            return match role.into_iter().next() {
+                Some(value) => Ok(Some(String::from_redis_value(value)?)),
+                None => Ok(None),
+            };
+        }
+        Err(err) if refused(&err) => {}
+        Err(err) => return Err(err),
+    }
+    let hello: Value = match redis::cmd("HELLO").arg(2).query_async(conn).await {
+        Ok(hello) => hello,
+        Err(err) if refused(&err) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let fields: Vec<(&Value, &Value)> = match &hello {
+        Value::Array(flat) => flat
+            .chunks(2)
+            .filter_map(|it| Some((it.first()?, it.get(1)?)))
+            .collect(),
+        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+        _ => Vec::new(),
+    };
+    Ok(fields.into_iter().find_map(|(field, value)| {
+        let field = String::from_redis_value_ref(field).ok()?;
+        (field == "role")
+            .then(|| String::from_redis_value_ref(value).ok())
+            .flatten()
+    }))
 }
 
 /// Whether `conn` was retired alone or with its epoch.
