@@ -748,7 +748,9 @@ async fn require_writable(conn: &mut MultiplexedConnection) -> Result<(), RedisE
 
 /// The node's role (`master`, `slave`, `replica`...), or `None` when the
 /// server does not say.
-async fn role_of(conn: &mut MultiplexedConnection) -> Result<Option<String>, RedisError> {
+pub(super) async fn role_of(
+    conn: &mut MultiplexedConnection,
+) -> Result<Option<String>, RedisError> {
     let refused = |err: &RedisError| matches!(err.code(), Some("NOPERM" | "ERR"));
     match redis::cmd("ROLE").query_async::<Vec<Value>>(conn).await {
         Ok(role) => {
