@@ -54,8 +54,8 @@
 --                           in order (bucket.fields and so on, below)
 --
 -- Runs after lua/common.lua (prepended when embedded): fmt, div,
--- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args, positions and
--- now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
+-- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args,
+-- positions and now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
 -- argv)`; the scripts call one with KEYS and ARGV, the function library
 -- registers both (src/backends/redis/script.rs).
 

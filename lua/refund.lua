@@ -31,8 +31,8 @@
 --          tokens for token_bucket and gcra)
 --
 -- Runs after lua/common.lua (prepended when embedded): fmt, div,
--- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args and now_of are
--- there. Defines `refund(keys, argv)`; the script calls it with KEYS and
+-- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args
+-- and now_of are there. Defines `refund(keys, argv)`; the script calls it with KEYS and
 -- ARGV, the function library registers it (src/backends/redis/script.rs).
 
 local REFUND_HEADER_FIELDS = { 'now_us' }
