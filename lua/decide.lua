@@ -53,9 +53,9 @@
 --                           integers joined by ':', the algorithm's `fields`
 --                           in order (bucket.fields and so on, below)
 --
--- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
--- load_fields, wrap_sub, log_member, integer, named_args, positions and
--- now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
+-- Runs after lua/common.lua (prepended when embedded): fmt, div,
+-- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args,
+-- positions and now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
 -- argv)`; the scripts call one with KEYS and ARGV, the function library
 -- registers both (src/backends/redis/script.rs).
 
@@ -180,16 +180,70 @@ local function wrap_add(a, b)
   return a + b
 end
 
--- A key of the older layout becomes one entry holding all its units at its
--- newest timestamp: they then leave the window later than they would have,
--- never earlier. Deleting the many members is left to UNLINK's thread.
-local function log_convert(c, key, at, newest)
-  local units = call('ZCOUNT', key, '(' .. fmt(at - c.window_us), '+inf')
-  call('UNLINK', key)
-  if units > 0 then
-    call('ZADD', key, fmt(newest), fmt(units) .. ',' .. fmt(units))
-    call('PEXPIRE', key, fmt(div_ceil(newest + c.window_us - at, 1000) + grace_ms))
+-- The units of a member by its stored layout: layout 1 (this one,
+-- "<end>,<cost>") holds its cost; layout 0 ("<µs>:<seq>", one member per
+-- unit, written by versions before the running totals) holds one. nil for
+-- a member of neither: no version wrote it, and it is never guessed at.
+local function log_units(member)
+  local _, cost = log_member(member)
+  if cost then
+    return cost
   end
+  if match(member, '^%d+:%d+$') then
+    return 1
+  end
+  return nil
+end
+
+-- The most members a log of layout 0 may hold in its window to be
+-- converted (each is read once).
+local LOG_CONVERT_MAX = 1024
+
+-- A log holding members of layout 0 (alone, or among members of layout 1
+-- when versions of both layouts shared it) is rewritten in layout 1: every
+-- member in the window keeps its time and its units exactly (members of
+-- one µs become one), the running totals start over, and the expired
+-- members go with the old key (UNLINK). Reading a mixed log by its two
+-- ends, or counting its members as units, would misread it. A log with
+-- more members than LOG_CONVERT_MAX in its window, or a member of neither
+-- layout, is refused rather than read in part.
+local function log_convert(c, key, at)
+  local members = call('ZRANGEBYSCORE', key, '(' .. fmt(at - c.window_us), '+inf',
+    'WITHSCORES', 'LIMIT', '0', fmt(LOG_CONVERT_MAX + 1))
+  if #members > 2 * LOG_CONVERT_MAX then
+    refuse_layout(key, 'more than ' .. fmt(LOG_CONVERT_MAX)
+      .. ' members in the window to convert from layout 0')
+  end
+  local scores, costs, total = {}, {}, 0
+  for idx = 1, #members, 2 do
+    local units = log_units(members[idx])
+    if not units then
+      refuse_layout(key, 'log member ' .. members[idx])
+    end
+    local score, last = tonumber(members[idx + 1]), #scores
+    if last > 0 and scores[last] == score then
+      costs[last] = costs[last] + units
+    else
+      scores[last + 1], costs[last + 1] = score, units
+    end
+    total = total + units
+  end
+  if total >= TWO53 then
+    refuse_layout(key, 'more than 2^53 units in the window')
+  end
+  call('UNLINK', key)
+  local n = #scores
+  if n == 0 then
+    return
+  end
+  local args, running = {}, 0
+  for idx = 1, n do
+    running = running + costs[idx]
+    args[2 * idx - 1] = fmt(scores[idx])
+    args[2 * idx] = format('%d,%d', running, costs[idx])
+  end
+  call('ZADD', key, unpack(args))
+  call('PEXPIRE', key, fmt(div_ceil(scores[n] + c.window_us - at, 1000) + grace_ms))
 end
 
 -- An empty log. Every field is in the constructor, false where unknown
@@ -229,12 +283,12 @@ function log.advance(c, s, key, now)
   local at = later(now, newest)
   local newest_end, newest_cost = log_member(back[1])
   if newest_end == nil then
-    log_convert(c, key, at, newest)
-    back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-    if not back[1] then
-      return at
+    -- Not layout 1: converted (layout 0) or refused; then read as such.
+    if not log_units(back[1]) then
+      refuse_layout(key, 'log member ' .. back[1])
     end
-    newest_end, newest_cost = log_member(back[1])
+    log_convert(c, key, at)
+    return log.advance(c, s, key, now)
   end
   -- An entry at `ts` counts while `ts > at - W`. Usually the oldest member
   -- still does: then nothing expired and it is the front, one read. Else at
@@ -262,11 +316,14 @@ function log.advance(c, s, key, now)
   end
   s.stale = stale
   local oldest_end, oldest_cost = log_member(front[1])
+  if oldest_end == nil then
+    -- A log both layouts wrote: converted whole, then read again (once:
+    -- every member is of layout 1 then).
+    log_convert(c, key, at)
+    return log.advance(c, s, key, now)
+  end
   s.oldest = oldest
   s.oldest_cost = oldest_cost
-  if oldest_end == nil then
-    error('throttlegate: unreadable log entry at ' .. key)
-  end
   s.base = wrap_sub(oldest_end, oldest_cost)
   s.total = wrap_sub(newest_end, s.base)
   s.newest = newest
@@ -359,7 +416,13 @@ function log.until_available(c, s, key, at, need)
   while lo < hi do
     local mid = div(lo + hi, 2)
     local it = call('ZRANGE', key, fmt(mid), fmt(mid))
-    if wrap_sub(log_member(it[1]), s.base) >= expire then
+    local e = log_member(it[1])
+    if e == nil then
+      -- Only a member of layout 0 written in the same µs as one of layout
+      -- 1 can hide between the two ends read; never read as a total.
+      refuse_layout(key, 'log member ' .. it[1])
+    end
+    if wrap_sub(e, s.base) >= expire then
       hi = mid
     else
       lo = mid + 1
@@ -1016,10 +1079,25 @@ end
 -- A refused request's section in a batch's reply: REFUSED, then why: k
 -- (>= 1) when its limit k's parameters are refused, 0 when its header is,
 -- FAILED when deciding it raised an error (a Redis error on one of its
--- keys). Two integers in place of its decision; the other requests are
--- decided as if it had not been sent.
+-- keys), FAILED - k when limit k's key holds a stored layout this version
+-- refuses (see refuse_layout). Two integers in place of its decision; the
+-- other requests are decided as if it had not been sent.
 local REFUSED, FAILED = -1, -1
 local REFUSED_FORMAT = '>i8i8'
+
+-- Why a run of `header`'s request raised `problem`: FAILED - k when it is
+-- refuse_layout's at limit k's key, else FAILED.
+local function failure_reason(keys, header, problem)
+  if type(problem) ~= 'string' or not string.find(problem, LAYOUT_REFUSED, 1, true) then
+    return FAILED
+  end
+  for idx = 1, header.n do
+    if string.find(problem, ' at ' .. keys[header.first + idx] .. ': ', 1, true) then
+      return FAILED - idx
+    end
+  end
+  return FAILED
+end
 
 -- Several requests, each decided on its own, in order: ARGV is
 -- BATCH_FIELDS, then per request REQUEST_FIELDS, HEADER_FIELDS and
@@ -1066,7 +1144,7 @@ local function decide_batch(keys, argv)
       end
       ok, last = pcall(run, keys, header.first, header, now, reply, seen, out)
       if not ok then
-        last = FAILED
+        last = failure_reason(keys, header, last)
       end
     end
     if ok then

@@ -475,7 +475,9 @@ const REFUSED_LEN: usize = 2;
 /// (as [`parse_reply`] reads it) or, when the script refused or failed it
 /// alone, two integers: [`REFUSED`] and the reason, `k` (>= 1) for bad
 /// parameters of its limit `k`, 0 for a bad header, -1 for an error while
-/// deciding it (a Redis error on one of its keys). Such a member gets its
+/// deciding it (a Redis error on one of its keys), `-1 - k` when the key of
+/// its limit `k` holds a stored layout the script refuses to read
+/// (docs/redis.md, "Stored layouts"). Such a member gets its
 /// own [`Error::Protocol`]; the others keep their verdicts. Refuses a
 /// reply of any other length or shape.
 pub fn parse_batch_reply(
@@ -511,13 +513,20 @@ pub fn parse_batch_reply(
 /// The error of a batch member the script refused for `reason`; `None` for
 /// a reason no script answers.
 fn refusal(reason: i64, n_checks: usize) -> Option<Error> {
+    let limit = |k: i64| {
+        usize::try_from(k)
+            .ok()
+            .filter(|&k| (1..=n_checks).contains(&k))
+    };
     let what = match reason {
         -1 => "failed while deciding it".to_owned(),
         0 => "bad request header".to_owned(),
-        k if usize::try_from(k).is_ok_and(|k| k <= n_checks) => {
-            format!("bad parameters for limit {k}")
-        }
-        _ => return None,
+        k if k > 0 => format!("bad parameters for limit {}", limit(k)?),
+        k => format!(
+            "the stored state of limit {} is in a layout this version does not read \
+             (throttlegate: stored layout refused)",
+            limit(-1 - k)?
+        ),
     };
     Some(Error::Protocol(format!(
         "the decision script refused this request of its batch: {what}"
@@ -860,9 +869,12 @@ mod tests {
         assert_eq!(verdict.outcomes[0].remaining, 4);
         assert!(message(&answers[2]).contains("failed while deciding"));
         assert!(message(&answers[3]).contains("bad request header"));
+        // The key of its limit 2 holds a layout the script refuses.
+        let answers = parse_batch_reply(&[-1, -3], &[2]).unwrap();
+        assert!(message(&answers[0]).contains("stored state of limit 2 is in a layout"));
         // A reason no script answers, or a refusal cut short, is no reply.
         assert!(parse_batch_reply(&[-1, 3], &[2]).is_err());
-        assert!(parse_batch_reply(&[-1, -2], &[1]).is_err());
+        assert!(parse_batch_reply(&[-1, -3], &[1]).is_err());
         assert!(parse_batch_reply(&[-1], &[1]).is_err());
     }
 
