@@ -193,14 +193,19 @@ async fn remembered_limits_answer_as_the_script_does() {
     // A limit the library has seen and parsed, then arguments that are
     // not one limit (a field too many or too few, an empty field, two
     // limits' fields in one): refused, and nothing written.
-    let seen = "fixed_window:2000:60000000:2000:1:1:1:enforce";
+    let seen = "fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed";
     let bad = [
+        "fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed:",
+        "fixed_window:2000:60000000:2000:1:1:1:enforce",
+        "fixed_window:2000:60000000:2000:1:1:enforce:if_allowed",
+        "fixed_window::60000000:2000:1:1:1:enforce:if_allowed",
+        ":fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed",
+        "fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed:fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed",
+        // A charge that is neither, and a capacity whose debt would leave
+        // 53 bits.
+        "fixed_window:2000:60000000:2000:1:1:1:enforce:sometimes",
         "fixed_window:2000:60000000:2000:1:1:1:enforce:",
-        "fixed_window:2000:60000000:2000:1:1:1",
-        "fixed_window:2000:60000000:2000:1:1:enforce",
-        "fixed_window::60000000:2000:1:1:1:enforce",
-        ":fixed_window:2000:60000000:2000:1:1:1:enforce",
-        "fixed_window:2000:60000000:2000:1:1:1:enforce:fixed_window:2000:60000000:2000:1:1:1:enforce",
+        "fixed_window:4503599627370496:1000000:4503599627370496:1:1:1:enforce:always",
         "",
     ];
     for (idx, limit) in std::iter::once(seen).chain(bad).enumerate() {

@@ -183,6 +183,7 @@ fn the_cache_holds_at_most_its_capacity_and_reuses_expired_room() {
                 has_room: false,
                 consumed: false,
                 remaining: 0,
+                overdraft: 0,
                 reset_us: 1_000_000,
             }],
         };
