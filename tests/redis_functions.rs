@@ -11,7 +11,7 @@ use support::redis::{
 };
 use support::rng::Rng;
 use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
-use throttlegate::algorithms::{Check, LimitParams, Mode};
+use throttlegate::algorithms::{Charge, Check, LimitParams, Mode};
 use throttlegate::backends::redis::script::{
     self, BATCH_FIELDS, HeaderArgs, LimitArgs, REQUEST_FIELDS, ReplyIntegers, argv,
 };
@@ -389,8 +389,25 @@ fn trace_requests(seed: u64, len: usize) -> Vec<TraceRequest> {
             .take(1 + rng.below(3) as usize)
         {
             let (algorithm, limit, window_s) = rng.pick(&slots[slot]);
-            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, None).unwrap();
-            let cost = rng.pick(&[0, 1, 1, 1, 2, 5, params.capacity(), params.capacity() + 1]);
+            // A limit charged always carries debt from request to request
+            // of a batch as it does between calls.
+            let charge = rng.pick(&[Charge::IfAllowed, Charge::IfAllowed, Charge::Always]);
+            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, None)
+                .and_then(|it| it.with_charge(charge))
+                .unwrap();
+            let capacity = params.capacity();
+            let cost = rng.pick(&[
+                0,
+                1,
+                1,
+                1,
+                2,
+                5,
+                capacity,
+                capacity + 1,
+                2 * capacity,
+                u64::MAX,
+            ]);
             let mode = rng.pick(&[
                 Mode::Enforce,
                 Mode::Enforce,
