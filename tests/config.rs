@@ -407,6 +407,7 @@ fn example_config_loads_with_every_algorithm() {
         "  path_/files/*  100/hour gcra burst=10  [share_threshold]",
         "  tenant.path_/expensive  10/minute sliding_window_log name=expensive replaces=premium  [shadow]",
         "  user  10/second token_bucket; 10000/day sliding_window_log; 100000/month sliding_window_counter  [value_to_metric]",
+        "  llm_key  10000/minute token_bucket charge=always",
         "  health  unlimited",
         "  banned  0/year sliding_window_log",
     ] {
