@@ -15,7 +15,7 @@ use crate::rules::{Domain, Levels, Node, NodeLimits, RateLimit, Unit, ValueMatch
 
 use super::answer::clamp_u32;
 use super::labels::{bytes_label, metric_rule};
-use super::overrides::override_params;
+use super::overrides::charged_override_params;
 use super::{CurrentLimit, Descriptor, EnforcedOverride, Entry, Error, Request};
 
 /// Per-request scratch space: nearly every request has a few descriptors,
@@ -316,9 +316,9 @@ impl Planner<'_> {
         let window_us = unit.seconds() * 1_000_000;
         let requests = u64::from(requests_per_unit);
         let charge = rule_charge(&matched.levels).unwrap_or_default();
-        let params = override_params(algorithm, requests, window_us, self.max_log_entries)
-            .and_then(|it| it.with_charge(charge))
-            .map_err(|err| {
+        let params =
+            charged_override_params(algorithm, requests, window_us, self.max_log_entries, charge)
+                .map_err(|err| {
                 Error::InvalidArgument(format!(
                     "descriptor {idx}: override of {requests} per {} cannot be enforced: {err}",
                     unit.name()
