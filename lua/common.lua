@@ -43,7 +43,8 @@ end
 
 -- The states of two and three integers (every layout there is) as one
 -- match each, in place of a split into a table.
-local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(%d+):(%d+):(%d+)$' }
+-- The first of three may be negative: a token bucket in debt.
+local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(-?%d+):(%d+):(%d+)$' }
 
 -- A string state: its integers joined by ':', one per name of `fields`, in
 -- order. nil when the key is absent.

@@ -772,3 +772,35 @@ async fn a_refund_meeting_a_state_of_no_known_layout_changes_nothing() {
         assert_eq!(dump(&mut conn, &key).await, before, "{algorithm}");
     }
 }
+
+/// A limit charged always keeps its charge whatever the verdict, so a
+/// request split over hash slots never has it refunded: its receipt is
+/// empty even when it consumed (allowed), and when it went into debt.
+#[tokio::test]
+async fn a_limit_charged_always_gets_no_receipt() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for algorithm in Algorithm::ALL {
+        let params = LimitParams::new(algorithm, LIMIT, W, None)
+            .and_then(|it| it.with_charge(throttlegate::algorithms::Charge::Always))
+            .expect("valid params");
+        let key = format!("always:{algorithm}");
+        let charged = |cost| Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        };
+        let (allowed, outcome, receipt) = decide(&mut conn, &key, T0, charged(4)).await;
+        assert!(allowed && outcome.consumed, "{algorithm}");
+        assert!(receipt.is_empty(), "{algorithm}: {receipt:?}");
+        let (allowed, outcome, receipt) = decide(&mut conn, &key, T0, charged(9)).await;
+        assert!(
+            !allowed && outcome.overdraft == 3,
+            "{algorithm}: {outcome:?}"
+        );
+        assert!(receipt.is_empty(), "{algorithm}: {receipt:?}");
+        // The same limit charged only when allowed has one.
+        let other = format!("if_allowed:{algorithm}");
+        take(&mut conn, &other, T0, check(algorithm, 4)).await;
+    }
+}

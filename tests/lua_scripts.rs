@@ -25,6 +25,7 @@ fn log_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
         scale: 1,
         cost,
         mode: "enforce",
+        charge: "if_allowed",
     }
 }
 
@@ -217,6 +218,7 @@ async fn microsecond_timestamps_are_stored_exactly() {
         scale: 1_000_000,
         cost: 1,
         mode: "enforce",
+        charge: "if_allowed",
     };
     call(&mut conn, &["tb"], Some(T0), &[bucket]).await.unwrap();
     let stored: String = query(&mut conn, "GET", "tb").await;

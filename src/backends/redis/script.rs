@@ -211,6 +211,7 @@ pub struct LimitArgs {
     pub scale: u64,
     pub cost: u64,
     pub mode: &'static str,
+    pub charge: &'static str,
 }
 
 /// ARGV[1..=3], in this order.
@@ -239,7 +240,7 @@ pub const HEADER_FIELDS: [Field<HeaderArgs>; 3] = [
 /// per key after the header: one argument rather than eight, which Redis
 /// would parse into eight strings and the script join again to look the
 /// limit up among those it has parsed before.
-pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
+pub const LIMIT_FIELDS: [Field<LimitArgs>; 9] = [
     Field::new(
         "algorithm",
         "the algorithm's name (`Algorithm::name`)",
@@ -270,6 +271,12 @@ pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
         |it| Arg::Int(it.cost),
     ),
     Field::new("mode", "enforce, shadow or quota", |it| Arg::Text(it.mode)),
+    Field::new(
+        "charge",
+        "if_allowed (the cost is taken only when the request is allowed) or always \
+         (taken whatever the verdict, into debt up to one capacity: `Charge`)",
+        |it| Arg::Text(it.charge),
+    ),
 ];
 
 /// ARGV[1] of a batch (`decide_batch`); then, per request, its
@@ -334,7 +341,9 @@ impl redis::FromRedisValue for ReplyIntegers {
 const REPLY_HEAD: usize = 1;
 
 /// Integers per limit in the reply, after `allowed`: flags (has_room + 2 ×
-/// consumed), remaining, reset_us.
+/// consumed), remaining, reset_us. `remaining` is minus the overdraft
+/// (`Outcome::overdraft`, units charged past the room) when there is one:
+/// nothing remains then.
 const REPLY_PER_LIMIT: usize = 3;
 
 /// Integers a receipt adds per limit: at_us, units.
@@ -362,6 +371,7 @@ impl LimitArgs {
             scale: rate.scale,
             cost: check.cost,
             mode: mode_name(check.mode),
+            charge: params.charge().name(),
         }
     }
 }
@@ -534,7 +544,7 @@ fn refusal(reason: i64, n_checks: usize) -> Option<Error> {
 }
 
 /// Reads `{allowed, (flags, remaining, reset_us)*n}`, flags being has_room
-/// + 2 × consumed.
+/// + 2 × consumed, remaining below 0 the overdraft negated.
 pub fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
     let (verdict, _) = parse_limits(reply, n_checks, 0)?;
     Ok(verdict)
@@ -578,12 +588,19 @@ fn parse_limits(
     };
     let mut outcomes = Vec::with_capacity(n_checks);
     let mut receipts = Vec::with_capacity(if extra > 0 { n_checks } else { 0 });
+    // Units remaining, or minus the units charged past the room.
+    let remaining = |value: i64| match u64::try_from(value) {
+        Ok(remaining) => Ok((remaining, 0)),
+        Err(_) => value.checked_neg().map(|it| (0, it as u64)).ok_or_else(bad),
+    };
     for it in reply[REPLY_HEAD..].chunks_exact(stride) {
         let (has_room, consumed) = flags(it[0])?;
+        let (remaining, overdraft) = remaining(it[1])?;
         outcomes.push(Outcome {
             has_room,
             consumed,
-            remaining: count(it[1])?,
+            remaining,
+            overdraft,
             reset_us: count(it[2])?,
         });
         if extra > 0 {
@@ -962,7 +979,7 @@ mod tests {
         assert_eq!(
             written,
             [format!(
-                "token_bucket:10:60000000:20:{}:{}:3:quota",
+                "token_bucket:10:60000000:20:{}:{}:3:quota:if_allowed",
                 rate.per_us, rate.scale
             )]
         );
@@ -978,6 +995,7 @@ mod tests {
                 has_room: true,
                 consumed: true,
                 remaining: 3,
+                overdraft: 0,
                 reset_us: 10
             }
         );
@@ -991,7 +1009,14 @@ mod tests {
             "consumed without room"
         );
         assert!(parse_reply(&[1, 4, 3, 10], 1).is_err());
-        assert!(parse_reply(&[1, 3, -3, 10], 1).is_err());
+        // A negative remaining is the overdraft: nothing remains.
+        let verdict = parse_reply(&[0, 0, -3, 10], 1).unwrap();
+        assert_eq!(
+            (verdict.outcomes[0].remaining, verdict.outcomes[0].overdraft),
+            (0, 3)
+        );
+        assert!(parse_reply(&[0, 0, i64::MIN, 10], 1).is_err());
+        assert!(parse_reply(&[1, 3, 3, -10], 1).is_err());
     }
 
     #[test]
