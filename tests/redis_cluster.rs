@@ -574,6 +574,45 @@ async fn a_request_over_two_primaries_is_all_or_nothing_whichever_denies() {
     assert_eq!(backend.refund_failures(), 0);
 }
 
+/// A limit charged always in a request split over three primaries keeps
+/// its charge when another slot denies: the slots that allowed are
+/// refunded except for it, so the debt of usage reported after the fact
+/// is never given back.
+#[tokio::test]
+async fn a_charge_over_several_primaries_is_never_refunded() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    for algorithm in Algorithm::ALL {
+        let prefix = format!("{algorithm}-charge-");
+        let mut checks =
+            on_different_primaries(&cluster, &backend, algorithm, &prefix, &[1, 5, 5]).await;
+        let params = checks[2].check.params;
+        checks[2].check.params = params
+            .with_charge(throttlegate::algorithms::Charge::Always)
+            .unwrap();
+        let (full, open, tokens) = (&checks[0], &checks[1], &checks[2]);
+        assert!(
+            backend
+                .decide(std::slice::from_ref(full))
+                .await
+                .unwrap()
+                .allowed
+        );
+        for _ in 0..3 {
+            let verdict = backend.decide(&checks).await.unwrap();
+            assert!(!verdict.allowed, "{algorithm}");
+        }
+        assert_eq!(remaining_after_one(&backend, open).await, 4, "{algorithm}");
+        // 3 charges kept, and 1 more now.
+        assert_eq!(
+            remaining_after_one(&backend, tokens).await,
+            1,
+            "{algorithm}"
+        );
+    }
+    assert_eq!(backend.refund_failures(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_over_three_primaries_never_exceed_a_limit() {
     let cluster = Cluster::start(3, 0).await;
