@@ -375,9 +375,9 @@ async fn a_replica_is_backed_off_from_when_role_is_not_allowed() {
     a_replica_is_backed_off(true).await;
 }
 
-/// Redis stalls for a second (`DEBUG SLEEP 1`) while 64 callers with
-/// Envoy's 20 ms deadline keep asking: every call written holds its place
-/// until Redis answers it, so after the stall Redis runs at most the
+/// Redis stalls (`DEBUG SLEEP 2`) while 64 callers with Envoy's 20 ms
+/// deadline keep asking, for at least 700 ms: every call written holds its
+/// place until Redis answers it, so after the stall Redis runs at most the
 /// documented number of calls (64 per pool; here the shared runtime's
 /// pool alone), however many requests gave up meanwhile.
 async fn a_stall_leaves_at_most_the_bound_to_run(extra: &[&str]) {
@@ -396,10 +396,19 @@ async fn a_stall_leaves_at_most_the_bound_to_run(extra: &[&str]) {
     let mut admin = redis.connection().await;
     reset_stats(&mut admin).await;
 
-    let sleep = redis.put_to_sleep(1.0).await;
+    let sleep = redis.put_to_sleep(2.0).await;
+    let stalled = Instant::now();
     let load = Load::start(&service, 8, 64, Some(Duration::from_millis(20))).await;
-    // Callers give up and ask again for most of the stall.
+    // Callers give up and ask again over several of the service's 250 ms
+    // timeouts (when places used to come back), and until they have asked
+    // for several times the bound, however loaded the machine; always
+    // well before the stall ends.
     tokio::time::sleep(Duration::from_millis(700)).await;
+    while load.sent.load(Ordering::SeqCst) < 4 * MAX_IN_FLIGHT as u64
+        && stalled.elapsed() < Duration::from_millis(1_600)
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let sent = load.sent.load(Ordering::SeqCst);
     let tally = load.finish().await;
     sleep.await.expect("sleep task").expect("DEBUG SLEEP");
@@ -415,7 +424,7 @@ async fn a_stall_leaves_at_most_the_bound_to_run(extra: &[&str]) {
         &tally.other[..3.min(tally.other.len())]
     );
     assert!(
-        sent > 3 * MAX_IN_FLIGHT as u64,
+        sent > 2 * MAX_IN_FLIGHT as u64,
         "only {sent} requests during the stall"
     );
     assert!(ran >= 1.0, "no call was written during the stall:\n{stats}");
@@ -457,7 +466,12 @@ async fn a_pool_of_one_sheds_nothing(batch: &str) {
     let channel = service.connect().await;
     wait_health(&channel, ServingStatus::Serving).await;
     let load = Load::start(&service, 10, 500, None).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Three requests per client, however slow the machine: the 500 are
+    // in flight together for most of the run.
+    let started = Instant::now();
+    while load.sent.load(Ordering::SeqCst) < 1_500 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let tally = load.finish().await;
     let shed = metric_sum(
         &service,
@@ -473,7 +487,7 @@ async fn a_pool_of_one_sheds_nothing(batch: &str) {
     assert_eq!(shed, 0.0, "{tally:?}");
     assert_eq!(tally.unavailable, 0, "{tally:?}");
     assert_eq!(tally.deadline, 0, "{tally:?}");
-    assert!(tally.decided >= 500, "{tally:?}");
+    assert!(tally.decided >= 1_500, "{tally:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
