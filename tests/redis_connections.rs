@@ -18,7 +18,7 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 use support::process::{Serve, ServiceProcess, http_get};
-use support::redis::{RedisServer, command_stat, command_stats, reset_stats};
+use support::redis::{RedisServer, command_stat, command_stats, reset_stats, user_without};
 use support::request::{descriptor, request};
 use support::service::connect;
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -308,21 +308,7 @@ async fn a_replica_is_backed_off(without_role: bool) {
     let mut admin = replica.connection().await;
     let url = match without_role {
         false => replica.url(),
-        true => {
-            let () = redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg("tg")
-                .arg("on")
-                .arg(">secret")
-                .arg("~*")
-                .arg("&*")
-                .arg("+@all")
-                .arg("-role")
-                .query_async(&mut admin)
-                .await
-                .expect("ACL SETUSER");
-            format!("redis://tg:secret@127.0.0.1:{}/", replica.port())
-        }
+        true => user_without(&replica, "-role").await,
     };
     let mut service = Serve::yaml(CONFIG)
         .args(&["--redis-url", &url])

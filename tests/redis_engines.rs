@@ -11,7 +11,7 @@ use support::keys::check_on;
 use support::process::{Serve, http_get};
 use support::redis::{
     RedisServer, backend_with, command_stat, command_stats, library_loaded, load_library,
-    reset_stats,
+    reset_stats, user_without,
 };
 use throttlegate::algorithms::Algorithm::FixedWindow;
 use throttlegate::backends::redis::{ClockSource, RedisBackend, script};
@@ -23,24 +23,6 @@ descriptors:
   - key: u
     rate_limit: {unit: minute, requests_per_unit: 2}
 "#;
-
-/// A user that may do everything but `denied` (`-fcall`, `-function`).
-async fn user_without(server: &RedisServer, denied: &str) -> String {
-    let mut admin = server.connection().await;
-    let () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg("tg")
-        .arg("on")
-        .arg(">secret")
-        .arg("~*")
-        .arg("&*")
-        .arg("+@all")
-        .arg(denied)
-        .query_async(&mut admin)
-        .await
-        .expect("ACL SETUSER");
-    format!("redis://tg:secret@127.0.0.1:{}/", server.port())
-}
 
 async fn backend_at(server: &RedisServer, url: String) -> RedisBackend {
     backend_with(server, ClockSource::Redis, |it| it.url = url).await
