@@ -714,30 +714,46 @@ async fn fcalls_after(
     command_stat(&stats, "fcall", "calls").unwrap_or(0.0)
 }
 
-/// With one pooled connection, 8 calls may be in flight and 256 wait.
-/// While Redis sleeps, 400 concurrent requests: 8 are sent, 256 wait and
-/// give up unsent when their time runs short, and the other 136 are shed
-/// at once. Redis then runs exactly the 8 that were sent (and the one
-/// after).
+/// The gate of a single server: 64 calls in flight and 2,048 waiting,
+/// whatever the pool size (`MAX_IN_FLIGHT`, `MAX_WAITING`).
+const SERVER_IN_FLIGHT: usize = 64;
+const SERVER_WAITING: usize = 2048;
+
+/// Timeout of the single-server gate tests below: long enough that every
+/// request of a flood of thousands takes its place in line before the
+/// first waiter's time runs out, even on two loaded cores.
+const GATE_TIMEOUT_MS: u64 = 800;
+
+/// With one pooled connection (as with any), 64 calls may be in flight
+/// and 2,048 wait. While Redis sleeps, 2,212 concurrent requests: 64 are
+/// sent, 2,048 wait and give up unsent when their time runs short, and the
+/// other 100 are shed at once. Redis then runs exactly the 64 that were
+/// sent (and the one after).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
     let backend = backend_with(&server, ClockSource::Redis, |it| {
         it.pool_size = 1;
-        it.timeout_ms = BACKEND_TIMEOUT_MS;
+        it.timeout_ms = GATE_TIMEOUT_MS;
     });
     let backend = Arc::new(backend.await);
     let mut admin = server.connection().await;
     // Loads the library on the backend's connection.
     fcalls_after(&backend, &mut admin).await;
     reset_stats(&mut admin).await;
-    let sleep = server.put_to_sleep(1.0).await;
-    let results = flood(&backend, 400).await;
+    let sleep = server.put_to_sleep(1.5).await;
+    let results = flood(&backend, SERVER_IN_FLIGHT + SERVER_WAITING + 100).await;
     sleep.await.expect("sleep task").expect("DEBUG SLEEP");
     let (shed, timed_out, other) = tally(&results);
-    assert_eq!((shed, timed_out, other), (136, 264, 0), "{results:?}");
-    assert_eq!(fcalls_after(&backend, &mut admin).await, 8.0 + 1.0);
+    assert_eq!(
+        (shed, timed_out, other),
+        (100, SERVER_IN_FLIGHT + SERVER_WAITING, 0)
+    );
+    assert_eq!(
+        fcalls_after(&backend, &mut admin).await,
+        SERVER_IN_FLIGHT as f64 + 1.0
+    );
 }
 
 /// The same bound on a Redis Cluster backend: one place per request. The
@@ -784,7 +800,7 @@ async fn cluster_calls_beyond_the_bound_are_shed_and_none_is_sent_after_its_time
 }
 
 /// The same bound with batching on: one call in flight per connection,
-/// at most 256 requests queued for the next batch, the rest shed; the
+/// at most 2,048 requests queued for the next batch, the rest shed; the
 /// queued requests' time runs out while Redis sleeps, so their batch is
 /// never sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -793,7 +809,7 @@ async fn batched_calls_beyond_the_bound_are_shed_and_a_late_batch_is_never_sent(
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
     let backend = backend_with(&server, ClockSource::Redis, |it| {
         it.pool_size = 1;
-        it.timeout_ms = BACKEND_TIMEOUT_MS;
+        it.timeout_ms = GATE_TIMEOUT_MS;
         it.batch = Some(BatchSettings {
             max_requests: 64,
             max_keys: 512,
@@ -803,11 +819,11 @@ async fn batched_calls_beyond_the_bound_are_shed_and_a_late_batch_is_never_sent(
     let mut admin = server.connection().await;
     fcalls_after(&backend, &mut admin).await;
     reset_stats(&mut admin).await;
-    let sleep = server.put_to_sleep(1.0).await;
-    let results = flood(&backend, 400).await;
+    let sleep = server.put_to_sleep(1.5).await;
+    let results = flood(&backend, 1 + SERVER_WAITING + 100).await;
     sleep.await.expect("sleep task").expect("DEBUG SLEEP");
     let (shed, timed_out, other) = tally(&results);
-    assert_eq!((shed, timed_out, other), (143, 257, 0), "{results:?}");
+    assert_eq!((shed, timed_out, other), (100, 1 + SERVER_WAITING, 0));
     assert_eq!(fcalls_after(&backend, &mut admin).await, 1.0 + 1.0);
 }
 
@@ -834,7 +850,7 @@ async fn a_call_with_less_than_a_quarter_of_its_time_left_is_never_sent() {
     let sleep = server.put_to_sleep(5.0).await;
     let first = {
         let backend = backend.clone();
-        tokio::spawn(async move { flood(&backend, 8).await })
+        tokio::spawn(async move { flood(&backend, SERVER_IN_FLIGHT).await })
     };
     // Staging, not an assertion: the second wave must start after the
     // first holds every place, and well within a quarter of the timeout.
@@ -842,7 +858,10 @@ async fn a_call_with_less_than_a_quarter_of_its_time_left_is_never_sent() {
     let second = flood(&backend, 64).await;
     let first = first.await.expect("first wave");
     sleep.await.expect("sleep task").expect("DEBUG SLEEP");
-    assert_eq!(tally(&first), (0, 8, 0), "{first:?}");
+    assert_eq!(tally(&first), (0, SERVER_IN_FLIGHT, 0), "{first:?}");
     assert_eq!(tally(&second), (0, 64, 0), "{second:?}");
-    assert_eq!(fcalls_after(&backend, &mut admin).await, 8.0 + 1.0);
+    assert_eq!(
+        fcalls_after(&backend, &mut admin).await,
+        SERVER_IN_FLIGHT as f64 + 1.0
+    );
 }

@@ -209,8 +209,12 @@ async fn a_demoted_master_is_left_for_the_promoted_replica() {
 }
 
 /// READONLY (a master demoted behind our back) is a failure the failure
-/// mode handles, never a decision, and the connections to that node are
-/// replaced rather than kept.
+/// mode handles, never a decision: it opens the circuit like a refused
+/// connect, so the calls after it fail at once instead of each opening a
+/// connection to the replica, and the connections to that node are
+/// replaced rather than kept: the reconnector tries a fresh one with its
+/// backoff (refused while the node is a replica), and once the node takes
+/// writes again decisions resume.
 #[tokio::test]
 async fn readonly_from_a_demoted_master_is_unavailable_and_retires_its_connections() {
     let other = RedisServer::start();
@@ -232,11 +236,34 @@ async fn readonly_from_a_demoted_master_is_unavailable_and_retires_its_connectio
         matches!(&err, Error::Unavailable(message) if message.contains("read only replica")),
         "{err:?}"
     );
-    let _ = allowed(&backend, &check).await;
+    assert!(backend.circuit_open(), "READONLY left the circuit closed");
+    let err = allowed(&backend, &check).await.unwrap_err();
     assert!(
-        connections_received(&mut conn).await > received_before,
-        "the connection that answered READONLY was kept"
+        matches!(&err, Error::Unavailable(message) if message.contains("reconnecting in the background")),
+        "{err:?}"
     );
+    let started = std::time::Instant::now();
+    while connections_received(&mut conn).await == received_before {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "no fresh connection tried after READONLY"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    while allowed(&backend, &check).await.is_err() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "no decision once the node took writes again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 async fn connections_received(conn: &mut redis::aio::MultiplexedConnection) -> u64 {

@@ -383,6 +383,14 @@ pub trait Backend: Send + Sync + std::fmt::Debug {
     /// default.
     async fn warm_up(&self) {}
 
+    /// What an operator should know about the backend's stored state, as
+    /// lines `/rlconfig` shows (a Redis holding code of other versions of
+    /// the service); found within the backend's own deadline. None by
+    /// default.
+    async fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// `memory` or `redis`, for logs and metrics.
     fn name(&self) -> &'static str;
 

@@ -78,6 +78,13 @@ impl Health {
         }
     }
 
+    /// What `/rlconfig` shows about the backend (`Backend::notes`).
+    pub async fn backend_notes(&self) -> Vec<String> {
+        tokio::time::timeout(self.timeout, self.backend.notes())
+            .await
+            .unwrap_or_default()
+    }
+
     /// The backend's name, for log lines.
     pub fn backend_name(&self) -> &'static str {
         self.backend.name()

@@ -435,6 +435,25 @@ pub async fn client_ids(
         .collect()
 }
 
+/// Makes the user `tg` (password `secret`), who may do everything but
+/// `denied` (`-fcall`, `-function`, `-role`); the URL that logs in as it.
+pub async fn user_without(server: &RedisServer, denied: &str) -> String {
+    let mut admin = server.connection().await;
+    let () = ::redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("tg")
+        .arg("on")
+        .arg(">secret")
+        .arg("~*")
+        .arg("&*")
+        .arg("+@all")
+        .arg(denied)
+        .query_async(&mut admin)
+        .await
+        .expect("ACL SETUSER");
+    format!("redis://tg:secret@127.0.0.1:{}/", server.port())
+}
+
 /// Loads the decision script on `conn` as the backend would; its SHA1.
 pub async fn load_decide_script(conn: &mut ::redis::aio::MultiplexedConnection) -> String {
     ::redis::cmd("SCRIPT")

@@ -6,7 +6,13 @@
 //! Which of the two a server speaks is found once per connection (or per
 //! cluster), by loading the library: FUNCTION LOAD answered (or "already
 //! exists") means functions; an unknown command (Redis 6, or FUNCTION
-//! renamed away) or a refusal by ACL means scripts.
+//! renamed away) or a refusal by ACL means scripts on a cluster. On a
+//! single server ([`run_adapting`]) the engine is then settled per
+//! command: with FUNCTION refused, FCALL is still tried (the library may
+//! be there already, loaded by an operator or replicated), and a server
+//! that refuses FCALL (unknown, renamed away, or refused by ACL), or lacks
+//! the library and refuses to load it, gets the same call as EVALSHA;
+//! the connection then keeps to scripts.
 //!
 //! A missing function (`ERR Function not found`: after a restart, FLUSHALL
 //! or FUNCTION FLUSH, a failover to a node that never saw it) and a
@@ -14,8 +20,10 @@
 //! loaded and the call sent once more. Nothing else is ever retried here;
 //! after a timeout or a dropped connection the call may have run.
 
+use std::future::Future;
+
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisResult, ServerErrorKind, Value};
 
 use super::script::{self, DECIDE_BATCH_LUA, DECIDE_LUA, REFUND_LUA};
 
@@ -142,6 +150,142 @@ pub fn library_load() -> Cmd {
     cmd
 }
 
+/// What a single-server connection knows of how its server runs our code:
+/// the engine found by loading the library, and whether a refusal since
+/// moved it to scripts for good. Shared by the clones of a connection.
+#[derive(Debug, Default)]
+pub struct Learnt {
+    detected: tokio::sync::OnceCell<Engine>,
+    scripts_only: std::sync::atomic::AtomicBool,
+}
+
+impl Learnt {
+    /// The engine to start a call with: found once by `detect` (FUNCTION
+    /// LOAD; a refusal still tries FCALL), unless a call has since shown
+    /// that only scripts work here.
+    pub async fn engine<F>(&self, detect: F) -> RedisResult<Engine>
+    where
+        F: Future<Output = RedisResult<Engine>>,
+    {
+        if self.scripts_only.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(Engine::Scripts);
+        }
+        self.detected.get_or_try_init(|| detect).await.copied()
+    }
+
+    /// Remembers the engine a call ended up answered by.
+    fn settle(&self, engine: Engine) {
+        if engine == Engine::Scripts {
+            self.scripts_only
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+}
+
+/// The engine of a single server from its answer to FUNCTION LOAD: a
+/// refusal (no FUNCTION command, or not allowed) still means functions,
+/// to try FCALL with: the library may be loaded already. See
+/// [`run_adapting`] for what follows when it is not.
+pub fn from_load_on_server(res: RedisResult<Value>) -> RedisResult<Engine> {
+    match Engine::loaded(res) {
+        Ok(()) => Ok(Engine::Functions),
+        Err(err) if lacks_functions(&err) => Ok(Engine::Functions),
+        Err(err) => Err(err),
+    }
+}
+
+/// [`run`] on a single server whose engine is `learnt`: `cmd` (made by
+/// `engine.command(entry, ..)`) is sent as it is; when the server refuses
+/// FCALL itself (unknown or not allowed) or lacks the library and cannot
+/// load it, the same call is sent as EVALSHA, and the connection keeps to
+/// scripts. Each refusal proves the call did not run, so nothing runs
+/// twice.
+pub async fn run_adapting(
+    conn: &mut impl ConnectionLike,
+    learnt: &Learnt,
+    engine: Engine,
+    entry: Entry,
+    cmd: &Cmd,
+) -> RedisResult<Value> {
+    if engine == Engine::Scripts {
+        return run(conn, engine, entry, cmd).await;
+    }
+    let refused = match conn
+        .req_packed_command(cmd)
+        .await
+        .and_then(Value::extract_error)
+    {
+        Err(err) if lacks_functions(&err) => err,
+        Err(err) if is_missing_code(&err) => {
+            match Engine::loaded(conn.req_packed_command(&library_load()).await) {
+                Ok(()) => {
+                    return conn
+                        .req_packed_command(cmd)
+                        .await
+                        .and_then(Value::extract_error);
+                }
+                Err(err) if lacks_functions(&err) => err,
+                Err(err) => return Err(err),
+            }
+        }
+        res => return res,
+    };
+    tracing::info!(
+        "redis cannot run the function library here ({refused}): deciding with EVALSHA \
+         on this connection"
+    );
+    learnt.settle(Engine::Scripts);
+    run(conn, Engine::Scripts, entry, &as_script(cmd, entry)).await
+}
+
+/// `cmd`, an FCALL of `entry`, as the EVALSHA of the same code with the
+/// same keys and arguments.
+fn as_script(cmd: &Cmd, entry: Entry) -> Cmd {
+    let mut script = Cmd::with_capacity(cmd.args_iter().len(), 64);
+    script.arg("EVALSHA").arg(entry.script().get_hash());
+    for arg in cmd.args_iter().skip(2) {
+        if let redis::Arg::Simple(bytes) = arg {
+            script.arg(bytes);
+        }
+    }
+    script
+}
+
+/// The library names in a `FUNCTION LIST` reply (RESP2: each library a flat
+/// list of field names and values; RESP3: a map).
+pub fn library_names(listed: &Value) -> Vec<String> {
+    let Value::Array(libraries) = listed else {
+        return Vec::new();
+    };
+    let name_in = |fields: Vec<(&Value, &Value)>| {
+        fields.into_iter().find_map(|(field, value)| {
+            let field = String::from_redis_value_ref(field).ok()?;
+            (field == "library_name")
+                .then(|| String::from_redis_value_ref(value).ok())
+                .flatten()
+        })
+    };
+    libraries
+        .iter()
+        .filter_map(|library| match library {
+            Value::Array(flat) => name_in(
+                flat.chunks(2)
+                    .filter_map(|it| Some((it.first()?, it.get(1)?)))
+                    .collect(),
+            ),
+            Value::Map(pairs) => name_in(pairs.iter().map(|(k, v)| (k, v)).collect()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whether `name` is the name of a library of some version of the
+/// service: `throttlegate_` and a hex digest of its code.
+pub fn is_library_name(name: &str) -> bool {
+    name.strip_prefix("throttlegate_")
+        .is_some_and(|digest| !digest.is_empty() && digest.bytes().all(|it| it.is_ascii_hexdigit()))
+}
+
 /// Sends `cmd` (made by `engine.command(entry, ..)`); when the server lacks
 /// the code, loads it and sends `cmd` once more.
 pub async fn run(
@@ -187,4 +331,53 @@ fn lacks_functions(err: &RedisError) -> bool {
             .detail()
             .is_some_and(|it| it.to_ascii_lowercase().starts_with("unknown command"));
     unknown || err.code() == Some("NOPERM")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .filter_map(|it| match it {
+                redis::Arg::Simple(bytes) => Some(bytes.to_vec()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_fcall_becomes_the_evalsha_of_the_same_code_and_arguments() {
+        let mut fcall = Engine::Functions.command(Entry::Decide, 2);
+        fcall.arg("k1").arg("k2").arg("a").arg(b"\xff".as_slice());
+        let mut evalsha = Engine::Scripts.command(Entry::Decide, 2);
+        evalsha.arg("k1").arg("k2").arg("a").arg(b"\xff".as_slice());
+        assert_eq!(args(&as_script(&fcall, Entry::Decide)), args(&evalsha));
+    }
+
+    #[test]
+    fn library_names_are_read_from_either_protocol() {
+        let text = |it: &str| Value::BulkString(it.as_bytes().to_vec());
+        let resp2 = Value::Array(vec![Value::Array(vec![
+            text("library_name"),
+            text("throttlegate_0123456789ab"),
+            text("engine"),
+            text("LUA"),
+        ])]);
+        let resp3 = Value::Array(vec![Value::Map(vec![
+            (text("engine"), text("LUA")),
+            (text("library_name"), text("other")),
+        ])]);
+        assert_eq!(library_names(&resp2), ["throttlegate_0123456789ab"]);
+        assert_eq!(library_names(&resp3), ["other"]);
+        assert!(library_names(&Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn only_throttlegate_digests_are_library_names() {
+        assert!(is_library_name("throttlegate_0123456789ab"));
+        assert!(!is_library_name("throttlegate_"));
+        assert!(!is_library_name("throttlegate_decide_0123456789ab"));
+        assert!(!is_library_name("someone_else"));
+    }
 }

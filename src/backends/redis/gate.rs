@@ -6,9 +6,11 @@
 //! delays every call behind it, so goodput collapses under overload. The
 //! gate keeps the queue on our side, where it can be abandoned unsent:
 //!
-//! - at most [`Gate::max_in_flight`] calls are sent and not yet answered or
-//!   abandoned (a permit is held from before the pool checkout until the
-//!   call returns or its caller gives up at its deadline);
+//! - at most [`Gate::max_in_flight`] calls are sent and not yet answered (a
+//!   permit is held from before the pool checkout until Redis answers the
+//!   call or its connection fails, however long after its caller gave up:
+//!   [`Written`]), so the calls Redis still has to run, whoever waits for
+//!   them, never exceed the bound;
 //! - at most [`Gate::max_waiting`] more wait for a permit, each until its
 //!   own deadline; a wait that reaches it ends without sending anything
 //!   ([`Refused::Expired`]);
@@ -16,13 +18,25 @@
 //!   request is answered under `--failure-mode` immediately instead of
 //!   after the timeout, and no backlog can grow without bound.
 //!
-//! Both bounds derive from the pool size: [`IN_FLIGHT_PER_CONNECTION`] and
-//! [`WAITING_PER_CONNECTION`] per pooled connection.
+//! On a single server (direct or Sentinel) both bounds are fixed per pool
+//! ([`Gate::for_server`]): [`MAX_IN_FLIGHT`] and [`MAX_WAITING`]. The pool
+//! size does not enter them: a pool's calls share the connection last
+//! checked out (for a quarter of a second at a time), so all of them are
+//! multiplexed on one connection whatever the pool size, and Redis runs one
+//! command at a time whatever the number of connections; what the bound
+//! must hold is the depth of Redis's queue. A Redis Cluster's gate
+//! ([`Gate::for_pool`]) still derives from its pool size:
+//! [`IN_FLIGHT_PER_CONNECTION`] and [`WAITING_PER_CONNECTION`] per pooled
+//! connection.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backends::Error;
@@ -39,13 +53,34 @@ pub(super) fn send_by(deadline: Instant, timeout: Duration) -> Instant {
         .unwrap_or(deadline)
 }
 
-/// Calls sent and unanswered per pooled connection. Enough pipelining to
+/// Calls sent and unanswered per single-server pool (per serving thread):
+/// enough pipelining to keep Redis busy, few enough that the calls ahead of
+/// a new one take Redis at most 64 × 25–400 µs, 2 to 26 ms, well within any
+/// sensible timeout. Also the most calls Redis runs after a stall for
+/// callers who gave up during it.
+pub(super) const MAX_IN_FLIGHT: usize = 64;
+
+/// Calls waiting for a permit per single-server pool. A waiting call costs
+/// Redis nothing and leaves unsent when its time runs short, so the line
+/// is long; it is not tied to the pool size, so that a small pool does not
+/// shed requests a healthy Redis decides in time (at pool size 1, a line
+/// of 256 shed 27 % to 78 % of requests at 500 in flight).
+pub(super) const MAX_WAITING: usize = 2048;
+
+/// A call unanswered this long after it was written is taken for lost (a
+/// half-open connection never answers, and nothing else would end the
+/// wait): its connection is retired and its place freed. Far beyond any
+/// timeout, so a merely slow Redis (a long script, `DEBUG SLEEP`) keeps
+/// its places until it answers.
+pub(super) const UNANSWERED_AFTER: Duration = Duration::from_secs(10);
+
+/// Calls sent and unanswered per pooled connection of a Redis Cluster. Enough pipelining to
 /// keep Redis busy (a call costs Redis 25 to 400 µs), few enough that the
 /// calls ahead of a new one finish well within any sensible timeout.
 pub(super) const IN_FLIGHT_PER_CONNECTION: usize = 8;
 
-/// Calls waiting for a permit per pooled connection (2,048 with the
-/// default pool of 8). A waiting call costs Redis nothing and leaves unsent
+/// Calls waiting for a permit per pooled connection of a Redis Cluster
+/// (2,048 with the default pool of 8). A waiting call costs Redis nothing and leaves unsent
 /// when its time runs short, so the line can be long: shedding is for a
 /// flood beyond it. Shorter, it sheds requests that would have been decided
 /// in time: a service answering sheds at once invites the next request at
@@ -55,7 +90,7 @@ pub(super) const WAITING_PER_CONNECTION: usize = 256;
 
 /// Admission to one Redis.
 pub(super) struct Gate {
-    permits: Semaphore,
+    permits: Arc<Semaphore>,
     max_in_flight: usize,
     max_waiting: usize,
     waiting: AtomicUsize,
@@ -74,8 +109,27 @@ pub(super) enum Refused {
 /// wait ended.
 struct Waiting<'a>(&'a AtomicUsize);
 
+/// A call written to Redis and the permit it holds: the permit is given
+/// back when the reply comes (or the connection fails), never when the
+/// caller stops waiting. Dropped before the reply, the call is driven to
+/// its end in a task of its own that keeps the permit, for at most
+/// `unanswered_after` ([`UNANSWERED_AFTER`]); then `lost` is set (the
+/// connection is retired) and the permit freed.
+pub(super) struct Written<T: Send + 'static> {
+    reply: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
+    permit: Option<OwnedSemaphorePermit>,
+    lost: Arc<AtomicBool>,
+    unanswered_after: Duration,
+}
+
 impl Gate {
-    /// The gate of a pool of `pool_size` connections.
+    /// The gate of one single-server pool: [`MAX_IN_FLIGHT`] and
+    /// [`MAX_WAITING`], whatever the pool size.
+    pub(super) fn for_server() -> Gate {
+        Gate::new(MAX_IN_FLIGHT, MAX_WAITING)
+    }
+
+    /// The gate of a Redis Cluster with pools of `pool_size` connections.
     pub(super) fn for_pool(pool_size: u32) -> Gate {
         let connections = usize::try_from(pool_size).unwrap_or(1).max(1);
         Gate::new(
@@ -87,7 +141,7 @@ impl Gate {
     pub(super) fn new(max_in_flight: usize, max_waiting: usize) -> Gate {
         let max_in_flight = max_in_flight.clamp(1, Semaphore::MAX_PERMITS);
         Gate {
-            permits: Semaphore::new(max_in_flight),
+            permits: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             max_waiting,
             waiting: AtomicUsize::new(0),
@@ -105,12 +159,12 @@ impl Gate {
     /// A permit to send one call, at once when one is free; else after a
     /// wait in line (first come, first served) that ends at `deadline`;
     /// refused at once when the line is full.
-    pub(super) async fn enter(&self, deadline: Instant) -> Result<SemaphorePermit<'_>, Refused> {
-        if let Ok(permit) = self.permits.try_acquire() {
+    pub(super) async fn enter(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, Refused> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             return Ok(permit);
         }
         let _place = self.take_place()?;
-        match timeout_at(deadline, self.permits.acquire()).await {
+        match timeout_at(deadline, self.permits.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             // The semaphore is never closed; were it, nothing could be sent.
             Ok(Err(_)) | Err(_) => Err(Refused::Expired),
@@ -123,7 +177,7 @@ impl Gate {
         &self,
         send_by: Instant,
         timeout_ms: u64,
-    ) -> Result<SemaphorePermit<'_>, Error> {
+    ) -> Result<OwnedSemaphorePermit, Error> {
         self.enter(send_by).await.map_err(|refused| match refused {
             Refused::Shed => Error::Shed(self.max_waiting),
             Refused::Expired => Error::Timeout(timeout_ms),
@@ -137,6 +191,62 @@ impl Gate {
             })
             .map(|_| Waiting(&self.waiting))
             .map_err(|_| Refused::Shed)
+    }
+}
+
+// === impl Written ===
+
+impl<T: Send + 'static> Written<T> {
+    /// `reply`, the call's answer (already on its way or about to be
+    /// written), holding `permit` until it ends; `lost` is the flag that
+    /// retires its connection.
+    pub(super) fn new(
+        permit: OwnedSemaphorePermit,
+        reply: impl Future<Output = T> + Send + 'static,
+        lost: Arc<AtomicBool>,
+        unanswered_after: Duration,
+    ) -> Written<T> {
+        Written {
+            reply: Some(Box::pin(reply)),
+            permit: Some(permit),
+            lost,
+            unanswered_after,
+        }
+    }
+}
+
+impl<T: Send + 'static> Future for Written<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        let this = self.get_mut();
+        let Some(reply) = this.reply.as_mut() else {
+            // Polled after it completed: never done by its callers.
+            return Poll::Pending;
+        };
+        let output = std::task::ready!(reply.as_mut().poll(cx));
+        this.reply = None;
+        this.permit = None;
+        Poll::Ready(output)
+    }
+}
+
+impl<T: Send + 'static> Drop for Written<T> {
+    fn drop(&mut self) {
+        let (Some(reply), Some(permit)) = (self.reply.take(), self.permit.take()) else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime left: nothing can be sent or awaited any more.
+            return;
+        };
+        let (lost, unanswered_after) = (self.lost.clone(), self.unanswered_after);
+        runtime.spawn(async move {
+            if tokio::time::timeout(unanswered_after, reply).await.is_err() {
+                lost.store(true, Ordering::SeqCst);
+            }
+            drop(permit);
+        });
     }
 }
 
@@ -198,6 +308,58 @@ mod tests {
         assert_eq!(res.err(), Some(Refused::Expired));
         assert!(started.elapsed() >= Duration::from_millis(50));
         assert_eq!(gate.waiting.load(Ordering::SeqCst), 0);
+    }
+
+    /// A written call whose caller stops waiting keeps its permit until
+    /// the reply comes, then gives it back.
+    #[tokio::test]
+    async fn a_written_call_keeps_its_place_until_its_reply() {
+        let gate = Gate::new(1, 0);
+        let permit = gate.enter(Instant::now()).await.expect("a free permit");
+        let (reply, replied) = tokio::sync::oneshot::channel::<u32>();
+        let lost = Arc::new(AtomicBool::new(false));
+        let mut written = Box::pin(Written::new(
+            permit,
+            replied,
+            lost.clone(),
+            UNANSWERED_AFTER,
+        ));
+        assert!(written.as_mut().now_or_never().is_none());
+        // The caller gives up.
+        drop(written);
+        tokio::task::yield_now().await;
+        assert_eq!(gate.permits.available_permits(), 0, "given back early");
+        reply.send(7).expect("the call still waits for its reply");
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(gate.permits.available_permits(), 1);
+        assert!(!lost.load(Ordering::SeqCst));
+    }
+
+    /// A reply that never comes frees the place after `unanswered_after`
+    /// (`UNANSWERED_AFTER` in the service) and marks the connection lost.
+    #[tokio::test]
+    async fn a_call_never_answered_frees_its_place_and_loses_its_connection() {
+        let gate = Gate::new(1, 0);
+        let permit = gate.enter(Instant::now()).await.expect("a free permit");
+        let lost = Arc::new(AtomicBool::new(false));
+        let within = Duration::from_millis(200);
+        let written = Written::new(permit, std::future::pending::<()>(), lost.clone(), within);
+        drop(written);
+        tokio::time::sleep(within / 4).await;
+        assert_eq!(gate.permits.available_permits(), 0);
+        assert!(!lost.load(Ordering::SeqCst));
+        tokio::time::sleep(within * 2).await;
+        assert_eq!(gate.permits.available_permits(), 1);
+        assert!(lost.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn a_single_server_gate_does_not_depend_on_the_pool() {
+        let gate = Gate::for_server();
+        assert_eq!(gate.max_in_flight(), MAX_IN_FLIGHT);
+        assert_eq!(gate.max_waiting(), MAX_WAITING);
     }
 
     #[test]

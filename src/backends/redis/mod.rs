@@ -35,7 +35,7 @@ use tokio::time::{Instant, timeout_at};
 use self::batch::Batcher;
 use self::engine::{Engine, Entry};
 use self::gate::Gate;
-use self::pool::{Pool, Target};
+use self::pool::{Link, Pool, Reconnect, Target};
 pub use self::script::DECIDE_LUA;
 use self::script::{HeaderArgs, LimitArgs};
 use self::sentinel::Sentinel;
@@ -212,7 +212,8 @@ pub struct RedisBackend {
     /// starts (`warm_up`) or at its first call: its pool's connections, their tasks and the batches
     /// it sends all run on the thread's own runtime, so a request's call
     /// and its answer never cross threads. Each has its own pool of
-    /// `pool_size` connections, circuit and gate.
+    /// `pool_size` connections and its own gate; the circuit and the
+    /// generation of connections are shared by all (see `pool::Link`).
     thread_cores: Box<[OnceLock<Arc<Core>>]>,
     /// What a thread's core is made from.
     recipe: CoreRecipe,
@@ -232,27 +233,32 @@ struct Core {
     redacted_url: String,
 }
 
-/// What a [`Core`] is made from: the settings of its pool, gate and batcher.
+/// What a [`Core`] is made from: the settings of its pool, gate and batcher,
+/// and what every core's pool shares (the circuit, the generation of
+/// connections).
 struct CoreRecipe {
     target: Target,
     pool_size: u32,
     timeout_ms: u64,
     batch: Option<BatchSettings>,
     redacted_url: String,
+    link: Link,
 }
 
 impl CoreRecipe {
-    /// A core whose pool starts on the calling runtime (its reconnecting
-    /// task, and the tasks that make and drive its connections).
-    fn make(&self) -> Core {
+    /// A core whose pool starts on the calling runtime (the tasks that make
+    /// and drive its connections, and its reconnecting task if it `Owns`
+    /// reconnecting: the shared core's).
+    fn make(&self, reconnect: Reconnect) -> Core {
         let pool = Pool::start(
             self.target.clone(),
             self.pool_size,
             self.timeout_ms,
-            self.redacted_url.clone(),
+            self.link.clone(),
+            reconnect,
         );
         let in_flight = usize::try_from(self.pool_size).unwrap_or(1);
-        let gate = Gate::for_pool(self.pool_size);
+        let gate = Gate::for_server();
         let max_waiting = gate.max_waiting();
         Core {
             pool,
@@ -373,10 +379,11 @@ impl RedisBackend {
             pool_size: settings.pool_size,
             timeout_ms: settings.timeout_ms,
             batch: settings.batch,
+            link: Link::new(redacted_url.clone()),
             redacted_url,
         };
         Ok(RedisBackend {
-            core: Arc::new(recipe.make()),
+            core: Arc::new(recipe.make(Reconnect::Owns)),
             thread_cores: Box::default(),
             recipe,
             keys: KeyFormat::new(settings.key_prefix, HashTag::None),
@@ -406,7 +413,7 @@ impl RedisBackend {
     fn core(&self) -> &Arc<Core> {
         let own = crate::serving_thread::current().and_then(|it| self.thread_cores.get(it));
         match own {
-            Some(cell) => cell.get_or_init(|| Arc::new(self.recipe.make())),
+            Some(cell) => cell.get_or_init(|| Arc::new(self.recipe.make(Reconnect::Shares))),
             None => &self.core,
         }
     }
@@ -479,7 +486,9 @@ impl Core {
     /// and a retry would count its requests twice.
     ///
     /// Admitted by the gate first: refused at once when too many calls
-    /// already wait toward Redis. Never sent once less than a quarter of
+    /// already wait toward Redis. Its place is held until Redis answers
+    /// the call (or its connection fails), not given back when its caller
+    /// stops waiting ([`gate::Written`]). Never sent once less than a quarter of
     /// its timeout is left ([`gate::send_by`]), so never after its
     /// deadline: checked when the wait for the gate ends and again after
     /// the checkout and the engine, at the moment the call would be
@@ -501,7 +510,7 @@ impl Core {
     ) -> Result<Vec<i64>, Error> {
         let (send_by, late) = sending_bound(deadline, self.timeout, caller_send_by);
         report(Stage::Queue);
-        let _permit = match self.gate.admit(send_by, self.timeout_ms).await {
+        let permit = match self.gate.admit(send_by, self.timeout_ms).await {
             Err(Error::Timeout(_)) => return Err(late),
             admitted => admitted?,
         };
@@ -531,13 +540,40 @@ impl Core {
         }
         let cmd = compose(engine)?;
         let mut multiplexed = conn.conn.clone();
-        let value = engine::run(&mut multiplexed, engine, entry, &cmd);
+        let learnt = conn.engine.clone();
+        let reply = async move {
+            engine::run_adapting(&mut multiplexed, &learnt, engine, entry, &cmd).await
+        };
+        let value = gate::Written::new(permit, reply, conn.lost_flag(), gate::UNANSWERED_AFTER);
         let value = match timeout_at(deadline, value).await {
             Err(_) => return Err(Error::Timeout(self.timeout_ms)),
             Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
             Ok(Ok(value)) => value,
         };
         script::reply_integers(value)
+    }
+
+    /// The names of the libraries of other versions of the service
+    /// (`throttlegate_<digest>`, with another digest than this version's)
+    /// on the server, within the timeout.
+    async fn other_libraries(&self) -> Result<Vec<String>, Error> {
+        let deadline = Instant::now() + self.timeout;
+        let conn = timeout_at(deadline, self.pool.connection())
+            .await
+            .map_err(|_| self.pool.checkout_timeout())??;
+        let mut multiplexed = conn.conn.clone();
+        let mut list = redis::cmd("FUNCTION");
+        list.arg("LIST").arg("LIBRARYNAME").arg("throttlegate_*");
+        let listed: redis::Value =
+            match timeout_at(deadline, list.query_async(&mut multiplexed)).await {
+                Err(_) => return Err(Error::Timeout(self.timeout_ms)),
+                Ok(res) => res.map_err(|err| self.pool.fail(&conn, &err))?,
+            };
+        let ours = &script::library().name;
+        Ok(engine::library_names(&listed)
+            .into_iter()
+            .filter(|name| name != ours && engine::is_library_name(name))
+            .collect())
     }
 
     /// One request in a call of its own.
@@ -621,6 +657,23 @@ impl Backend for RedisBackend {
         if let Err(err) = core.pool.warm_up(deadline).await {
             tracing::debug!("redis: could not connect ahead of the first call: {err}");
         }
+    }
+
+    /// The function libraries of other versions of the service on the
+    /// server (`FUNCTION LIST`), asked now: each version loads its own
+    /// (named by a digest of its code), and nothing removes an old one.
+    async fn notes(&self) -> Vec<String> {
+        let others = match self.core.other_libraries().await {
+            Ok(others) if !others.is_empty() => others,
+            // None, no functions on this server, or it cannot be asked now.
+            _ => return Vec::new(),
+        };
+        vec![format!(
+            "redis: function libraries of other throttlegate versions: {} (this version's: {}); \
+             once no replica runs those versions, remove each with FUNCTION DELETE <name>",
+            others.join(", "),
+            script::library().name
+        )]
     }
 
     /// PING within the timeout; while the circuit is open, a fresh

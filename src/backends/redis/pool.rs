@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use bb8_redis::bb8;
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError};
-use tokio::sync::{Notify, OnceCell};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::{AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
-use super::engine::Engine;
+use super::engine::{self, Engine, Learnt};
 use super::sentinel::Sentinel;
 use super::{Error, classify, is_broken, is_demoted};
 
@@ -26,6 +26,10 @@ use super::{Error, classify, is_broken, is_demoted};
 /// second while a long outage costs Redis one connect a second per replica.
 const RECONNECT_MIN_DELAY: Duration = Duration::from_millis(50);
 const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// A circuit opening again this soon after it closed is taken for the same
+/// outage: the reconnector keeps its backoff.
+const FLAPPING: Duration = Duration::from_secs(5);
 
 /// How long calls keep using the connection last checked out of the pool
 /// before the next call checks one out again (see [`Pool::connection`]).
@@ -46,19 +50,43 @@ pub(super) enum Target {
 pub(super) struct Pool {
     pool: bb8::Pool<Manager>,
     timeout_ms: u64,
+    /// What this pool shares with the other pools to the same server.
+    link: Link,
+    redacted_url: String,
+    reconnector: Arc<Reconnector>,
+    /// The connection calls use without a checkout, until it is due for
+    /// renewal or retired.
+    current: ArcSwapOption<Current>,
+    /// Owns the task that reconnects while the circuit is open: only the
+    /// pool that [`Reconnect::Owns`] it.
+    _reconnecting: Option<ReconnectGuard>,
+}
+
+/// What every pool to one server shares: the one on the shared runtime and
+/// one per serving thread. One circuit, so an outage seen by any pool (or
+/// by the health probe) fails every thread's calls at once, and the
+/// recovery seen by the reconnector or a probe closes it for all; one
+/// generation of connections, so a connection found dead in one pool
+/// retires every older connection in all of them (a restart of Redis
+/// kills them all at once), and so does the circuit opening: no
+/// connection made before an outage is used after it.
+#[derive(Clone)]
+pub(super) struct Link {
     /// Generation of connections: see [`Manager`].
     epoch: Arc<AtomicU64>,
     /// The last error from creating a connection, to say why a checkout
     /// timed out. A std Mutex: held only to swap a String, never across `.await`.
     last_connect_error: Arc<Mutex<Option<String>>>,
-    redacted_url: String,
     circuit: Arc<Circuit>,
-    reconnector: Arc<Reconnector>,
-    /// The connection calls use without a checkout, until it is due for
-    /// renewal or retired.
-    current: ArcSwapOption<Current>,
-    /// Owns the task that reconnects while the circuit is open.
-    _reconnecting: ReconnectGuard,
+}
+
+/// Whether a pool runs the task that reconnects while the circuit is open.
+/// One per [`Link`]: every pool shares the circuit, so one task suffices,
+/// and Redis sees one reconnect at a time per replica of the service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reconnect {
+    Owns,
+    Shares,
 }
 
 /// A connection cloned out of the pool, shared by the calls made on it
@@ -73,7 +101,7 @@ pub(super) struct Pooled {
     pub(super) conn: MultiplexedConnection,
     /// How the server behind it runs our code, found at its first call
     /// and shared by its clones.
-    engine: Arc<OnceCell<Engine>>,
+    pub(super) engine: Arc<Learnt>,
     epoch: u64,
     /// Shared by the pooled connection and the clones handed out, so a
     /// caller can retire the one it used.
@@ -107,8 +135,7 @@ struct Reconnector {
     target: Target,
     config: AsyncConnectionConfig,
     pool: bb8::Pool<Manager>,
-    epoch: Arc<AtomicU64>,
-    circuit: Arc<Circuit>,
+    link: Link,
     timeout: Duration,
     timeout_ms: u64,
 }
@@ -130,15 +157,14 @@ struct ReconnectGuard {
 /// kills them all at once), and bb8 drops them when they come back. A
 /// suspicion about one connection only (a probe PING with no answer) marks
 /// that connection alone, through its `retired` flag.
+///
+/// Its last connect error is cleared by a successful connect, so that a
+/// checkout timeout never blames an error from an earlier outage; any
+/// failure to connect opens the circuit.
 struct Manager {
     target: Target,
     config: AsyncConnectionConfig,
-    epoch: Arc<AtomicU64>,
-    /// Cleared by a successful connect, so that a checkout timeout never
-    /// blames an error from an earlier outage.
-    last_connect_error: Arc<Mutex<Option<String>>>,
-    /// Opened by any failure to connect.
-    circuit: Arc<Circuit>,
+    link: Link,
 }
 
 /// Records connection errors that bb8 swallows while it retries.
@@ -149,13 +175,16 @@ struct LastErrorSink(Arc<Mutex<Option<String>>>);
 
 impl Pool {
     /// Builds the pool without connecting (an unreachable server is not an
-    /// error here) and starts the task that reconnects while the circuit is
-    /// open; it stops when the pool is dropped.
+    /// error here), sharing `link` with the other pools to the same server;
+    /// the pool that [`Reconnect::Owns`] reconnecting starts the task that
+    /// reconnects while the circuit is open; it stops when the pool is
+    /// dropped.
     pub(super) fn start(
         target: Target,
         max_size: u32,
         timeout_ms: u64,
-        redacted_url: String,
+        link: Link,
+        reconnect: Reconnect,
     ) -> Pool {
         let timeout = Duration::from_millis(timeout_ms);
         // No response timeout of redis-rs's own: every command sent on a
@@ -164,37 +193,30 @@ impl Pool {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None);
-        let epoch = Arc::new(AtomicU64::new(0));
-        let last_connect_error = Arc::new(Mutex::new(None));
-        let circuit = Arc::new(Circuit::new(redacted_url.clone()));
         let manager = Manager {
             target: target.clone(),
             config: config.clone(),
-            epoch: epoch.clone(),
-            last_connect_error: last_connect_error.clone(),
-            circuit: circuit.clone(),
+            link: link.clone(),
         };
-        let sink = LastErrorSink(last_connect_error.clone());
+        let sink = LastErrorSink(link.last_connect_error.clone());
         let pool = build_pool(manager, max_size, timeout, sink);
+        let redacted_url = link.circuit.redacted_url.clone();
         let reconnector = Arc::new(Reconnector {
             target,
             config,
             pool: pool.clone(),
-            epoch: epoch.clone(),
-            circuit: circuit.clone(),
+            link: link.clone(),
             timeout,
             timeout_ms,
         });
-        let reconnecting = ReconnectGuard {
+        let reconnecting = (reconnect == Reconnect::Owns).then(|| ReconnectGuard {
             task: tokio::spawn(reconnector.clone().run()),
-        };
+        });
         Pool {
             pool,
             timeout_ms,
-            epoch,
-            last_connect_error,
+            link,
             redacted_url,
-            circuit,
             reconnector,
             current: ArcSwapOption::empty(),
             _reconnecting: reconnecting,
@@ -204,7 +226,7 @@ impl Pool {
     /// Whether calls fail at once because Redis could not be connected to
     /// (see [`Circuit`]).
     pub(super) fn circuit_open(&self) -> bool {
-        self.circuit.is_open()
+        self.link.circuit.is_open()
     }
 
     /// bb8's view of the pool, for `Debug`.
@@ -220,11 +242,11 @@ impl Pool {
     /// around it) would only cost CPU; the pool still makes, validates and
     /// retires every connection, and the circuit is checked on every call.
     pub(super) async fn connection(&self) -> Result<Arc<Pooled>, Error> {
-        if self.circuit.is_open() {
-            return Err(self.circuit.error());
+        if self.link.circuit.is_open() {
+            return Err(self.link.circuit.error());
         }
         if let Some(current) = &*self.current.load()
-            && !is_retired(&current.pooled, &self.epoch)
+            && !is_retired(&current.pooled, &self.link.epoch)
             && Instant::now() < current.until
         {
             return Ok(current.pooled.clone());
@@ -241,8 +263,9 @@ impl Pool {
     /// before the caller uses it (a multiplexed connection serves many
     /// concurrent calls, so holding the slot would only serialise them).
     async fn checkout(&self) -> Result<Pooled, Error> {
-        if self.circuit.is_open() {
-            return Err(self.circuit.error());
+        let circuit = &self.link.circuit;
+        if circuit.is_open() {
+            return Err(circuit.error());
         }
         // Each broken connection met is dropped by bb8 as it is put back,
         // so after pool_size of them a fresh one is made.
@@ -252,10 +275,10 @@ impl Pool {
             let checkout = tokio::select! {
                 biased;
                 res = self.pool.get() => res,
-                () = self.circuit.wait_open() => return Err(self.circuit.error()),
+                () = circuit.wait_open() => return Err(circuit.error()),
             };
             let pooled = checkout.map_err(|err| self.checkout_error(err))?;
-            if is_retired(&pooled, &self.epoch) {
+            if is_retired(&pooled, &self.link.epoch) {
                 // Dropping it makes bb8 ask `has_broken`, which says yes.
                 drop(pooled);
                 continue;
@@ -278,6 +301,7 @@ impl Pool {
             bb8::RunError::User(err) => classify(&err, self.timeout_ms),
             bb8::RunError::TimedOut => {
                 let why = self
+                    .link
                     .last_connect_error
                     .lock()
                     .unwrap_or_else(|it| it.into_inner())
@@ -291,20 +315,26 @@ impl Pool {
         }
     }
 
-    /// Marks `conn` and every older connection broken when `err` means the
-    /// connection is dead, or that its node is no longer a master (READONLY:
-    /// demoted by a failover, so new connections must find the new master),
-    /// and classifies the error.
+    /// Marks `conn` and every older connection (of every pool to this
+    /// server) broken when `err` means the connection is dead, and
+    /// classifies the error. A node that refuses writes (READONLY: a
+    /// replica, or a master demoted by a failover) is treated like one that
+    /// refuses connections: the circuit opens (retiring every connection),
+    /// calls fail at once, and the reconnector looks for a master with its
+    /// backoff (through Sentinel, the new one), instead of each call
+    /// opening a connection to the replica and sending it the library.
     pub(super) fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
-        if is_broken(err) || is_demoted(err) {
-            self.retire(conn);
+        // A late READONLY on a connection already retired says nothing
+        // about the connections made since (to a master again, perhaps).
+        if is_demoted(err) && !is_retired(conn, &self.link.epoch) {
+            self.link.open(format!(
+                "{} refuses writes (READONLY: a replica, or a master demoted by a failover): {err}",
+                self.redacted_url
+            ));
+        } else if is_broken(err) {
+            self.link.retire(conn.epoch);
         }
         classify(err, self.timeout_ms)
-    }
-
-    /// Marks `conn` and every older connection broken.
-    fn retire(&self, conn: &Pooled) {
-        self.epoch.fetch_max(conn.epoch + 1, Ordering::SeqCst);
     }
 
     pub(super) fn checkout_timeout(&self) -> Error {
@@ -338,7 +368,7 @@ impl Pool {
     /// fresh connection is tried at once (not at the reconnector's next
     /// turn), so health reports recovery as soon as it happens.
     pub(super) async fn probe(&self, deadline: Instant) -> Result<(), Error> {
-        if self.circuit.is_open() {
+        if self.link.circuit.is_open() {
             return self.reconnector.attempt().await;
         }
         match self.ping(deadline).await {
@@ -412,42 +442,45 @@ fn build_pool(
 // === impl Pooled ===
 
 impl Pooled {
+    /// The flag that retires this connection alone, for a call that never
+    /// got its answer on it (see `gate::Written`).
+    pub(super) fn lost_flag(&self) -> Arc<AtomicBool> {
+        self.retired.clone()
+    }
+
     /// How the server behind this connection runs our code: found once, by
-    /// loading the function library (see `engine`). An error is returned
-    /// and asked again at the next call.
+    /// loading the function library (see `engine`), unless a call found
+    /// since that only scripts work here. An error is returned and asked
+    /// again at the next call.
     pub(super) async fn engine(&self) -> Result<Engine, RedisError> {
         let mut conn = self.conn.clone();
-        let engine = self
-            .engine
-            .get_or_try_init(|| async move {
-                let engine = Engine::detect(&mut conn).await?;
-                if engine == Engine::Scripts {
-                    tracing::info!(
-                        "redis has no functions (before 7.0, FUNCTION disabled or not \
-                         allowed): deciding with EVALSHA on this connection"
-                    );
-                }
-                Ok::<_, RedisError>(engine)
+        self.engine
+            .engine(async move {
+                let res = conn.req_packed_command(&engine::library_load()).await;
+                engine::from_load_on_server(res)
             })
-            .await?;
-        Ok(*engine)
+            .await
     }
 }
 
 // === impl Target ===
 
 impl Target {
-    /// A fresh multiplexed connection; through Sentinel, to the node named
-    /// master now.
+    /// A fresh multiplexed connection to a node that takes writes; through
+    /// Sentinel, to the node named master now. A replica (`ROLE` says
+    /// so) is refused with a READONLY error, as every call would be: the
+    /// failed connect opens the circuit, and nothing (no library) is sent.
     async fn connect(
         &self,
         config: &AsyncConnectionConfig,
     ) -> Result<MultiplexedConnection, RedisError> {
         match self {
             Target::Direct(client) => {
-                client
+                let mut conn = client
                     .get_multiplexed_async_connection_with_config(config)
-                    .await
+                    .await?;
+                require_writable(&mut conn).await?;
+                Ok(conn)
             }
             Target::Sentinel(sentinel) => sentinel.connect(config).await,
         }
@@ -474,13 +507,14 @@ impl bb8::ManageConnection for Manager {
     async fn connect(&self) -> Result<Pooled, RedisError> {
         // Read before connecting: a failure reported meanwhile marks this
         // connection too, which at worst costs one reconnect.
-        let epoch = self.epoch.load(Ordering::SeqCst);
+        let epoch = self.link.epoch.load(Ordering::SeqCst);
         let conn = self
             .target
             .connect(&self.config)
             .await
-            .inspect_err(|err| self.circuit.open(err.to_string()))?;
+            .inspect_err(|err| self.link.open(err.to_string()))?;
         *self
+            .link
             .last_connect_error
             .lock()
             .unwrap_or_else(|it| it.into_inner()) = None;
@@ -497,7 +531,36 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Pooled) -> bool {
-        is_retired(conn, &self.epoch)
+        is_retired(conn, &self.link.epoch)
+    }
+}
+
+// === impl Link ===
+
+impl Link {
+    /// A closed circuit and the first generation of connections to the
+    /// server named `redacted_url` in logs.
+    pub(super) fn new(redacted_url: String) -> Link {
+        Link {
+            epoch: Arc::new(AtomicU64::new(0)),
+            last_connect_error: Arc::new(Mutex::new(None)),
+            circuit: Arc::new(Circuit::new(redacted_url)),
+        }
+    }
+
+    /// Opens the circuit (or updates its reason); when it was closed, every
+    /// connection made so far is retired: after the outage they may be
+    /// dead (a restart) or half-open (a partition), and a pool that saw
+    /// nothing of it would otherwise send its next call on one.
+    fn open(&self, reason: String) {
+        if self.circuit.open(reason) {
+            self.epoch.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Marks every connection of generation `epoch` and older broken.
+    fn retire(&self, epoch: u64) {
+        self.epoch.fetch_max(epoch + 1, Ordering::SeqCst);
     }
 }
 
@@ -517,10 +580,12 @@ impl Circuit {
         self.open.load(Ordering::SeqCst)
     }
 
-    /// Opens the circuit (logged once per outage) or updates its reason.
-    fn open(&self, reason: String) {
+    /// Opens the circuit (logged once per outage) or updates its reason;
+    /// whether it was closed.
+    fn open(&self, reason: String) -> bool {
         *self.reason.lock().unwrap_or_else(|it| it.into_inner()) = reason;
-        if !self.open.swap(true, Ordering::SeqCst) {
+        let opened = !self.open.swap(true, Ordering::SeqCst);
+        if opened {
             let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
             tracing::warn!(
                 url = %self.redacted_url,
@@ -530,6 +595,7 @@ impl Circuit {
             drop(reason);
             self.opened.notify_waiters();
         }
+        opened
     }
 
     /// Closes the circuit (logged once per outage).
@@ -568,18 +634,28 @@ impl Circuit {
 impl Reconnector {
     /// Waits for the circuit to open, then tries to reconnect with backoff
     /// until it closes; forever, until its guard aborts it.
+    ///
+    /// A circuit that opens again within [`FLAPPING`] of closing (a node
+    /// that answers a connect but fails every call) keeps its backoff
+    /// instead of starting again at [`RECONNECT_MIN_DELAY`].
     async fn run(self: Arc<Self>) {
+        let circuit = &self.link.circuit;
+        let mut delay = RECONNECT_MIN_DELAY;
+        let mut closed_at: Option<Instant> = None;
         loop {
-            self.circuit.wait_open().await;
-            let mut delay = RECONNECT_MIN_DELAY;
-            while self.circuit.is_open() {
+            circuit.wait_open().await;
+            if closed_at.is_none_or(|at| at.elapsed() >= FLAPPING) {
+                delay = RECONNECT_MIN_DELAY;
+            }
+            while circuit.is_open() {
                 tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(RECONNECT_MAX_DELAY);
                 // A health probe may have closed it meanwhile.
-                if !self.circuit.is_open() || self.attempt().await.is_ok() {
+                if !circuit.is_open() || self.attempt().await.is_ok() {
                     break;
                 }
-                delay = (delay * 2).min(RECONNECT_MAX_DELAY);
             }
+            closed_at = Some(Instant::now());
         }
     }
 
@@ -609,7 +685,7 @@ impl Reconnector {
                 (Error::Unavailable(reason.clone()), reason)
             }
         };
-        self.circuit.open(reason);
+        self.link.open(reason);
         Err(err)
     }
 
@@ -618,7 +694,7 @@ impl Reconnector {
     fn admit(&self, conn: MultiplexedConnection) {
         // Connections from before the outage are not trusted after it: a
         // partition leaves them half-open, and nothing else would retire them.
-        let epoch = self.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let epoch = self.link.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         // A full pool keeps its slots; the connection is then dropped and
         // bb8 makes new ones as the old ones are retired.
         let _ = self.pool.add(Pooled {
@@ -627,7 +703,7 @@ impl Reconnector {
             epoch,
             retired: Arc::default(),
         });
-        self.circuit.close();
+        self.link.circuit.close();
     }
 }
 
@@ -645,6 +721,66 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
     fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
         Box::new(self.clone())
     }
+}
+
+/// Refuses (with a READONLY error) a connection to a node that says it is a
+/// replica: asked with `ROLE`, or where the user may not use ROLE (it is
+/// an admin command, often refused by ACL) with `HELLO 2`, which every
+/// user may send and which names the role too (Redis 6 and later; the
+/// connection stays on RESP2). A server that answers neither is taken at
+/// its word later: a READONLY reply to a call opens the circuit too.
+async fn require_writable(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+    let role = match role_of(conn).await? {
+        Some(role) => role,
+        None => return Ok(()),
+    };
+    // Only a replica is refused: other roles (a master, the active
+    // replicas of some forks) take writes.
+    if role != "slave" && role != "replica" {
+        return Ok(());
+    }
+    Err(RedisError::from((
+        ErrorKind::Server(ServerErrorKind::ReadOnly),
+        "the redis node is not a master",
+        format!("its role is {role}"),
+    )))
+}
+
+/// The node's role (`master`, `slave`, `replica`...), or `None` when the
+/// server does not say.
+pub(super) async fn role_of(
+    conn: &mut MultiplexedConnection,
+) -> Result<Option<String>, RedisError> {
+    let refused = |err: &RedisError| matches!(err.code(), Some("NOPERM" | "ERR"));
+    match redis::cmd("ROLE").query_async::<Vec<Value>>(conn).await {
+        Ok(role) => {
+            return match role.into_iter().next() {
+                Some(value) => Ok(Some(String::from_redis_value(value)?)),
+                None => Ok(None),
+            };
+        }
+        Err(err) if refused(&err) => {}
+        Err(err) => return Err(err),
+    }
+    let hello: Value = match redis::cmd("HELLO").arg(2).query_async(conn).await {
+        Ok(hello) => hello,
+        Err(err) if refused(&err) => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let fields: Vec<(&Value, &Value)> = match &hello {
+        Value::Array(flat) => flat
+            .chunks(2)
+            .filter_map(|it| Some((it.first()?, it.get(1)?)))
+            .collect(),
+        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+        _ => Vec::new(),
+    };
+    Ok(fields.into_iter().find_map(|(field, value)| {
+        let field = String::from_redis_value_ref(field).ok()?;
+        (field == "role")
+            .then(|| String::from_redis_value_ref(value).ok())
+            .flatten()
+    }))
 }
 
 /// Whether `conn` was retired alone or with its epoch.

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{
-    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, FromRedisValue,
-    IntoConnectionInfo, RedisError, ServerErrorKind, Value,
+    AsyncConnectionConfig, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo,
+    RedisError, ServerErrorKind,
 };
 use tokio::time::timeout;
 
@@ -140,8 +140,9 @@ impl Sentinel {
     }
 
     /// A multiplexed connection to the node the sentinels name master now,
-    /// checked with ROLE: a node not yet promoted, or already demoted,
-    /// would answer every script with READONLY.
+    /// checked with ROLE (or HELLO where ROLE is not allowed): a node not
+    /// yet promoted, or already demoted, would answer every script with
+    /// READONLY.
     pub(super) async fn connect(
         &self,
         config: &AsyncConnectionConfig,
@@ -164,12 +165,10 @@ impl Sentinel {
         let mut conn = client
             .get_multiplexed_async_connection_with_config(config)
             .await?;
-        let role: Vec<Value> = redis::cmd("ROLE").query_async(&mut conn).await?;
-        let role = match role.into_iter().next() {
-            Some(value) => String::from_redis_value(value)?,
-            None => String::new(),
-        };
-        if role != "master" {
+        // A node that does not say (ROLE and HELLO both refused) is taken
+        // at its word: a READONLY reply opens the circuit anyway.
+        let role = super::pool::role_of(&mut conn).await?;
+        if let Some(role) = role.filter(|it| it != "master") {
             return Err(RedisError::from((
                 ErrorKind::Server(ServerErrorKind::ReadOnly),
                 "the node sentinel names master is not one",

@@ -230,6 +230,15 @@ async fn healthcheck(State(app): State<App>) -> Response {
 
 async fn rlconfig(State(app): State<App>) -> String {
     let mut text = app.config.render();
+    let notes = app.health.backend_notes().await;
+    if !notes.is_empty() {
+        // Above the rules, after the config's own lines and their blank line.
+        for note in notes {
+            text.push_str(&note);
+            text.push('\n');
+        }
+        text.push('\n');
+    }
     text.push_str(&crate::config::summary(&app.rules.load()));
     text
 }
