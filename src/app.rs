@@ -34,6 +34,7 @@ use crate::config::reload::{ReloadGuard, Reloader};
 use crate::config::{self, ConfigStatus, LoadOptions};
 use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
 use crate::metrics::Metrics;
+use crate::quota::QuotaBook;
 use crate::rules::RuleSet;
 use crate::transport::grpc::{self, GrpcLimits};
 use crate::transport::health::Health;
@@ -374,10 +375,12 @@ pub fn server_apps(
         metrics.clone(),
     ));
     let health = Health::new(backend);
+    let quota = Arc::new(QuotaBook::new(Arc::new(SystemClock)));
     let http = http::App {
         limiter: limiter.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
+        quota: quota.clone(),
         rules,
         config: status,
         tls: None,
@@ -386,6 +389,7 @@ pub fn server_apps(
         limiter,
         metrics,
         health,
+        quota,
         drain_timeout,
         tls: None,
     };

@@ -20,6 +20,7 @@ use crate::config::ConfigStatus;
 use crate::decision::Limiter;
 use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
+use crate::quota::QuotaBook;
 use crate::rules::RuleSet;
 use crate::transport::health::Health;
 use crate::transport::listener::Listener;
@@ -35,6 +36,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// What `/healthcheck` answers.
     pub health: Health,
+    /// The rate-limit quota shares `/rlconfig` lists.
+    pub quota: Arc<QuotaBook>,
     /// The rules in force, summarised by `/rlconfig`.
     pub rules: Arc<ArcSwap<RuleSet>>,
     /// Where those rules came from, when, and the last refused reload.
