@@ -185,6 +185,42 @@ async fn proxies_sharing_a_bucket_get_token_buckets_adding_up_to_the_limit() {
     println!("shares per minute: {latest:?} (limit 300; demands 60, 240, 480)");
     assert!(latest.iter().sum::<u64>() <= 300, "{latest:?}");
     assert_eq!(latest, [60, 120, 120]);
+
+    // What `/rlconfig` lists, and what the metrics count.
+    let pools = service.http.quota.pools();
+    assert_eq!(pools.len(), 1, "{pools:?}");
+    let mut shares: Vec<u64> = pools[0].members.iter().filter_map(|it| it.share).collect();
+    shares.sort_unstable();
+    assert_eq!(shares, [60, 120, 120]);
+    let text = service.http.metrics.encode();
+    let metric = |series: &str| support::service::sample(&text, series);
+    assert_eq!(metric("throttlegate_rlqs_streams"), Some(3.0), "{text}");
+    assert_eq!(metric("throttlegate_rlqs_buckets"), Some(3.0), "{text}");
+    assert_eq!(
+        metric(
+            "throttlegate_rlqs_assigned_requests_per_window{domain=\"quota\",rule=\"name_shared\"}"
+        ),
+        Some(300.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric(
+            "throttlegate_rlqs_reported_requests_total{domain=\"quota\",rule=\"name_shared\",kind=\"allowed\"}"
+        ),
+        Some(2.0 * 65.0),
+        "{text}"
+    );
+    drop(proxies);
+    let deadline = std::time::Instant::now() + ANSWER;
+    while support::service::sample(&service.http.metrics.encode(), "throttlegate_rlqs_streams")
+        != Some(0.0)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "streams still counted"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -86,6 +86,20 @@ struct Inner {
     subscribers: HashMap<MemberId, Subscriber>,
 }
 
+/// What a report led to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reported {
+    /// The reporter's share, and as a grant.
+    pub share: u64,
+    pub grant: Grant,
+    /// The reporter's share is not the one it had.
+    pub changed: bool,
+    /// Other members sent a changed share.
+    pub pushed: usize,
+    /// The pool's shares that count against its budget, summed.
+    pub committed: u64,
+}
+
 /// What `/rlconfig` shows of one pool.
 #[derive(Debug, Clone)]
 pub struct PoolView {
@@ -133,7 +147,7 @@ impl QuotaBook {
         pool: &PoolKey,
         budget: Budget,
         usage: Option<Usage>,
-    ) -> (u64, Grant) {
+    ) -> Reported {
         let now = self.now();
         let mut inner = lock(&self.inner);
         let inner = &mut *inner;
@@ -158,19 +172,30 @@ impl QuotaBook {
         let mut changes = entry.set_budget(budget, now);
         changes.extend(entry.report(member, usage, now));
         let window_us = entry.budget().window_us;
-        let mut own = (0, Grant::DenyAll);
+        let mut reported = Reported {
+            share: 0,
+            grant: Grant::DenyAll,
+            changed: false,
+            pushed: 0,
+            committed: entry.committed(),
+        };
         for Change {
-            member: id, share, ..
+            member: id,
+            share,
+            changed,
         } in changes
         {
             let grant = Grant::for_share(share, window_us);
             if id == member {
-                own = (share, grant);
+                reported.share = share;
+                reported.grant = grant;
+                reported.changed |= changed;
             } else if let Some(subscriber) = inner.subscribers.get(&id) {
                 subscriber.outbox.put(subscriber.slot, grant, now);
+                reported.pushed += 1;
             }
         }
-        own
+        reported
     }
 
     /// `member`'s stream ended, or its bucket no longer has a shared

@@ -23,7 +23,7 @@ pub mod share;
 #[cfg(test)]
 mod tests;
 
-pub use book::{Outbox, PoolView, QuotaBook, Slot};
+pub use book::{Outbox, PoolView, QuotaBook, Reported, Slot};
 pub use bucket::{Grant, TokenBucket};
 pub use mapping::{MAX_BUCKET_ENTRIES, PoolKey, Resolution, bucket_label, descriptor, resolve};
 pub use share::{ASSIGNMENT_TTL_US, Budget, REPORT_INTERVAL_US, Usage};

@@ -159,8 +159,13 @@ pub async fn serve_limited(
         health: health_service,
         reflection_v1: ShortStatus(reflection_v1()),
         reflection_v1alpha: ShortStatus(reflection_v1alpha()),
-        quota: QuotaService::new(app.limiter.clone(), app.quota.clone(), shutdown.clone())
-            .into_server(),
+        quota: QuotaService::new(
+            app.limiter.clone(),
+            app.quota.clone(),
+            &app.metrics,
+            shutdown.clone(),
+        )
+        .into_server(),
     };
     let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
     // A connection with no request by the handshake deadline gets GOAWAY

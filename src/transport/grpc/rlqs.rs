@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::decision::Limiter;
+use crate::metrics::{AssignmentKind, Metrics, QuotaMetrics};
 use crate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::proto::envoy::r#type::v3 as types;
 use crate::quota::{
@@ -70,15 +71,17 @@ pub struct ConnectionTag(pub usize);
 pub struct QuotaService {
     limiter: Arc<Limiter>,
     book: Arc<QuotaBook>,
+    metrics: QuotaMetrics,
     shutdown: Shutdown,
     streams: Arc<StreamCounts>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct StreamCounts {
     per_connection: Mutex<HashMap<ConnectionTag, usize>>,
     total: AtomicUsize,
     last_sweep: AtomicU64,
+    metrics: QuotaMetrics,
 }
 
 /// One open stream's place in [`StreamCounts`], given back on drop.
@@ -90,6 +93,7 @@ struct StreamPermit {
 impl Drop for StreamPermit {
     fn drop(&mut self) {
         self.counts.total.fetch_sub(1, Ordering::Relaxed);
+        self.counts.metrics.add_streams(-1);
         if let Some(tag) = self.tag {
             let mut per = lock(&self.counts.per_connection);
             if let Some(count) = per.get_mut(&tag) {
@@ -110,6 +114,7 @@ impl StreamCounts {
                 "the server holds {MAX_STREAMS} rate-limit quota streams already"
             )));
         }
+        self.metrics.add_streams(1);
         let mut permit = StreamPermit {
             counts: self.clone(),
             tag: None,
@@ -130,12 +135,24 @@ impl StreamCounts {
 }
 
 impl QuotaService {
-    pub fn new(limiter: Arc<Limiter>, book: Arc<QuotaBook>, shutdown: Shutdown) -> QuotaService {
+    pub fn new(
+        limiter: Arc<Limiter>,
+        book: Arc<QuotaBook>,
+        metrics: &Metrics,
+        shutdown: Shutdown,
+    ) -> QuotaService {
+        let metrics = metrics.quota().clone();
         QuotaService {
             limiter,
             book,
+            metrics: metrics.clone(),
             shutdown,
-            streams: Arc::default(),
+            streams: Arc::new(StreamCounts {
+                per_connection: Mutex::default(),
+                total: AtomicUsize::new(0),
+                last_sweep: AtomicU64::new(0),
+                metrics,
+            }),
         }
     }
 
@@ -349,6 +366,10 @@ impl QuotaStream {
         self.check_read()?;
         let rules = self.service.limiter.rules().load();
         let domain = self.domain.clone().unwrap_or_default();
+        let domain_label: Arc<str> = rules
+            .domain(&domain)
+            .map_or_else(|| Arc::from("_unknown"), |it| it.name().clone());
+        let metrics = self.service.metrics.clone();
         let now = self.service.book.now();
         // Map order is the proxy's: sorted by its keys for a stable order.
         let mut usages: Vec<_> = message.bucket_quota_usages.into_iter().collect();
@@ -373,13 +394,23 @@ impl QuotaStream {
                 denied: usage.num_requests_denied,
                 elapsed_us: usage.time_elapsed.map_or(0, duration_us),
             };
+            let rule_label = resolution
+                .rule()
+                .cloned()
+                .unwrap_or_else(|| Arc::from("_unmatched"));
+            metrics.record_reported(
+                &domain_label,
+                &rule_label,
+                reported.allowed,
+                reported.denied,
+            );
             let in_pool = matches!(resolution, Resolution::Shared { .. });
             if let Some(bucket) = self.buckets.get_mut(&owned) {
                 bucket.in_pool = in_pool;
             }
             let grant = match resolution {
                 Resolution::Shared { pool, budget, .. } => {
-                    let (_, grant) = self.service.book.report(
+                    let outcome = self.service.book.report(
                         member,
                         slot,
                         &self.shared.outbox,
@@ -387,16 +418,32 @@ impl QuotaStream {
                         budget,
                         Some(reported),
                     );
-                    grant
+                    let kind = if outcome.changed {
+                        AssignmentKind::Changed
+                    } else {
+                        AssignmentKind::Renewed
+                    };
+                    metrics.record_assignment(&domain_label, &rule_label, kind);
+                    for _ in 0..outcome.pushed {
+                        metrics.record_assignment(
+                            &domain_label,
+                            &rule_label,
+                            AssignmentKind::Changed,
+                        );
+                    }
+                    metrics.set_assigned(&domain_label, &rule_label, outcome.committed);
+                    outcome.grant
                 }
                 other => {
                     if was_in_pool {
                         self.service.book.leave(member);
                     }
-                    match other {
-                        Resolution::Blocked { .. } => Grant::DenyAll,
-                        _ => Grant::AllowAll,
-                    }
+                    let (kind, grant) = match other {
+                        Resolution::Blocked { .. } => (AssignmentKind::DenyAll, Grant::DenyAll),
+                        _ => (AssignmentKind::AllowAll, Grant::AllowAll),
+                    };
+                    metrics.record_assignment(&domain_label, &rule_label, kind);
+                    grant
                 }
             };
             self.shared.outbox.put(slot, grant, now);
@@ -422,6 +469,7 @@ impl QuotaStream {
                 let mut ids = lock(&self.shared.ids);
                 let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
                 ids.push(id);
+                self.service.metrics.add_buckets(1);
                 Ok(it.insert(Bucket {
                     slot,
                     member: self.service.book.member_id(),
@@ -435,6 +483,8 @@ impl QuotaStream {
         for bucket in self.buckets.values().filter(|it| it.in_pool) {
             self.service.book.leave(bucket.member);
         }
+        let count = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
+        self.service.metrics.add_buckets(-count);
         self.buckets.clear();
     }
 }
