@@ -77,21 +77,15 @@ fn report(
         domain: domain.to_owned(),
         bucket_quota_usages: buckets
             .iter()
-            .enumerate()
-            .map(|(idx, (id, allowed, denied))| {
-                (
-                    idx as u64,
-                    BucketQuotaUsage {
-                        bucket_id: Some(id.clone()),
-                        time_elapsed: Some(prost_types::Duration {
-                            seconds: 5,
-                            nanos: 0,
-                        }),
-                        num_requests_allowed: *allowed,
-                        num_requests_denied: *denied,
-                        last_report: None,
-                    },
-                )
+            .map(|(id, allowed, denied)| BucketQuotaUsage {
+                bucket_id: Some(id.clone()),
+                time_elapsed: Some(prost_types::Duration {
+                    seconds: 5,
+                    nanos: 0,
+                }),
+                num_requests_allowed: *allowed,
+                num_requests_denied: *denied,
+                last_report: None,
             })
             .collect(),
     }

@@ -371,10 +371,7 @@ impl QuotaStream {
             .map_or_else(|| Arc::from("_unknown"), |it| it.name().clone());
         let metrics = self.service.metrics.clone();
         let now = self.service.book.now();
-        // Map order is the proxy's: sorted by its keys for a stable order.
-        let mut usages: Vec<_> = message.bucket_quota_usages.into_iter().collect();
-        usages.sort_unstable_by_key(|(key, _)| *key);
-        for (_, usage) in usages {
+        for usage in message.bucket_quota_usages {
             let id = usage
                 .bucket_id
                 .ok_or_else(|| Status::invalid_argument("a bucket usage without its bucket_id"))?;

@@ -1,0 +1,358 @@
+//! Real Envoy 1.40 proxies with the rate-limit quota filter
+//! (`envoy.filters.http.rate_limit_quota`) enforcing the assignments
+//! throttlegate streams them over RLQS: one budget shared by three
+//! proxies by their demand, a reload lowering it, DENY_ALL for a limit of
+//! 0, ALLOW_ALL for a bucket no rule matches. Every test prints the
+//! numbers it asserts.
+//!
+//! Without `ENVOY_BIN` these tests print why they are skipped and pass;
+//! under `CI=true` they fail instead (see `support::envoy`).
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use support::envoy::{Envoy, envoy_bin, grpc_cluster, http_cluster, upstream_listener};
+use support::process::{HttpRequest, Serve, ServiceProcess};
+
+/// The limit shared by the proxies: `PER_MINUTE` requests a minute.
+const PER_MINUTE: u64 = 300;
+/// A bucket's burst: a twelfth of its share (docs/rlqs.md).
+const BURST_PARTS: u64 = 12;
+
+fn rules(per_minute: u64) -> String {
+    format!(
+        "domain: rlqs
+descriptors:
+  - key: name
+    value: shared
+    rate_limit: {{unit: minute, requests_per_unit: {per_minute}}}
+  - key: name
+    value: blocked
+    rate_limit: {{unit: minute, requests_per_unit: 0}}
+"
+    )
+}
+
+/// An Envoy whose `edge` listener (`${PORT_HTTP}`) forwards to its own
+/// upstream listener behind the quota filter of domain `rlqs`: a request
+/// with `x-deny-first: X` is in bucket `{name: X}` and denied until the
+/// server assigns it something, one with `x-allow-first: X` in the same
+/// bucket but let through until then.
+const EDGE: &str = r#"
+static_resources:
+  listeners:
+    - ${UPSTREAM_LISTENER}
+    - name: edge
+      address: {socket_address: {address: 127.0.0.1, port_value: ${PORT_HTTP}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: edge
+                route_config:
+                  virtual_hosts:
+                    - name: all
+                      domains: ["*"]
+                      routes: [{match: {prefix: "/"}, route: {cluster: upstream}}]
+                http_filters:
+                  - name: envoy.filters.http.rate_limit_quota
+                    typed_config:
+                      "@type": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaFilterConfig
+                      domain: rlqs
+                      rlqs_server: {envoy_grpc: {cluster_name: throttlegate}}
+                      bucket_matchers:
+                        matcher_list:
+                          matchers:
+                            - ${MATCHER_DENY}
+                            - ${MATCHER_ALLOW}
+                  - name: envoy.filters.http.router
+                    typed_config: {"@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}
+  clusters:
+    - ${RLQS_CLUSTER}
+    - ${UPSTREAM_CLUSTER}
+"#;
+
+/// A matcher putting requests with header `header` in bucket `{name:
+/// <its value>}`, with `fallback` until an assignment arrives.
+fn matcher(header: &str, fallback: &str) -> String {
+    let input = format!(
+        "{{name: {header}, typed_config: {{\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput, header_name: {header}}}}}"
+    );
+    format!(
+        "{{predicate: {{single_predicate: {{input: {input}, value_match: {{safe_regex: {{google_re2: {{}}, regex: \".+\"}}}}}}}}, \
+         on_match: {{action: {{name: rate_limit_quota, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings, \
+         bucket_id_builder: {{bucket_id_builder: {{name: {{custom_value: {input}}}}}}}, \
+         reporting_interval: 5s, deny_response_settings: {{http_status: {{code: 429}}}}, \
+         no_assignment_behavior: {{fallback_rate_limit: {{blanket_rule: {fallback}}}}}}}}}}}}}"
+    )
+}
+
+fn start_envoy(bin: &Path, rlqs: &[SocketAddr]) -> Envoy {
+    Envoy::config(EDGE)
+        .var("UPSTREAM_LISTENER", upstream_listener(&[]))
+        .var(
+            "UPSTREAM_CLUSTER",
+            http_cluster("upstream", "PORT_UPSTREAM"),
+        )
+        .var("RLQS_CLUSTER", grpc_cluster("throttlegate", rlqs, ""))
+        .var("MATCHER_DENY", matcher("x-deny-first", "DENY_ALL"))
+        .var("MATCHER_ALLOW", matcher("x-allow-first", "ALLOW_ALL"))
+        .concurrency(1)
+        .start(bin)
+}
+
+/// A service of `yaml`, written to a file of its own that a test may
+/// rewrite (then SIGHUP).
+async fn start_service(yaml: &str) -> (ServiceProcess, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("rules.yaml");
+    std::fs::write(&path, yaml).expect("write the rules");
+    let mut service = Serve::config(&path).spawn();
+    service.connect().await;
+    (service, dir)
+}
+
+/// One request's second (since the run started) and status.
+type Sent = Vec<(f64, u16)>;
+
+/// Sends `per_second` requests a second in bucket `bucket` (denied until
+/// assigned) through `addr` until `until`, each on its own connection and
+/// without waiting for the ones before, so the rate does not depend on
+/// how fast answers come.
+async fn drive(
+    addr: SocketAddr,
+    bucket: &'static str,
+    per_second: f64,
+    start: Instant,
+    until: Instant,
+) -> Sent {
+    let mut requests = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_second));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    while Instant::now() < until {
+        tick.tick().await;
+        let at = start.elapsed().as_secs_f64();
+        requests.push(tokio::spawn(async move {
+            let status = HttpRequest::get("/")
+                .header("x-deny-first", bucket)
+                .send(addr)
+                .await
+                .status;
+            (at, status)
+        }));
+    }
+    let mut sent = Vec::new();
+    for request in requests {
+        sent.push(request.await.expect("the request ran"));
+    }
+    sent
+}
+
+/// (admitted, denied) of `sent` between seconds `from` and `to`.
+fn counted(sent: &Sent, from: f64, to: f64) -> (u64, u64) {
+    let within = sent.iter().filter(|(at, _)| (from..to).contains(at));
+    let admitted = within.clone().filter(|(_, status)| *status == 200).count() as u64;
+    let denied = within.filter(|(_, status)| *status == 429).count() as u64;
+    (admitted, denied)
+}
+
+/// Assignments of rule `name_shared` that changed a proxy's bucket.
+async fn changed_assignments(service: &ServiceProcess) -> u64 {
+    service
+        .metric("throttlegate_rlqs_assignments_total{domain=\"rlqs\",rule=\"name_shared\",kind=\"changed\"}")
+        .await as u64
+}
+
+/// The largest burst a share of the budget `per_minute` can carry.
+fn max_burst(per_minute: u64) -> u64 {
+    (per_minute / BURST_PARTS).max(1)
+}
+
+#[tokio::test]
+async fn three_envoys_share_one_budget_by_their_demand() {
+    let Some(bin) = envoy_bin("three_envoys_share_one_budget_by_their_demand") else {
+        return;
+    };
+    let (service, _dir) = start_service(&rules(PER_MINUTE)).await;
+    let envoys: Vec<Envoy> = (0..3).map(|_| start_envoy(&bin, &[service.grpc])).collect();
+    // 60, 240 and 480 a minute against a budget of 300: max-min fair
+    // shares of 60, 120 and 120.
+    let rates = [1.0, 4.0, 8.0];
+    let run = Duration::from_secs(45);
+    let warm_up = 10.0;
+    let start = Instant::now();
+    let until = start + run;
+    let mut changed_at_warm_up = None;
+    let drivers: Vec<_> = envoys
+        .iter()
+        .zip(rates)
+        .map(|(envoy, rate)| tokio::spawn(drive(envoy.addr("HTTP"), "shared", rate, start, until)))
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(warm_up)).await;
+    changed_at_warm_up.get_or_insert(changed_assignments(&service).await);
+    let mut sent = Vec::new();
+    for driver in drivers {
+        sent.push(driver.await.expect("the client ran"));
+    }
+    let end = run.as_secs_f64();
+    let changed_total = changed_assignments(&service).await;
+    let changed_steady = changed_total - changed_at_warm_up.unwrap_or(0);
+
+    // The whole run is shorter than the window: at most L, plus what each
+    // changed assignment can add (its new burst and the old one's).
+    let total: u64 = sent.iter().map(|it| counted(it, 0.0, end).0).sum();
+    let run_bound = PER_MINUTE + changed_total * 2 * max_burst(PER_MINUTE);
+    // After the warm-up: the budget's rate over the time, plus the bursts
+    // the buckets start with, plus what changes added.
+    let steady: Vec<(u64, u64)> = sent.iter().map(|it| counted(it, warm_up, end)).collect();
+    let steady_total: u64 = steady.iter().map(|it| it.0).sum();
+    let steady_seconds = end - warm_up;
+    let steady_bound = (PER_MINUTE as f64 * steady_seconds / 60.0).ceil() as u64
+        + max_burst(PER_MINUTE)
+        + changed_steady * 2 * max_burst(PER_MINUTE)
+        + 3;
+    println!(
+        "admitted in {end} s: {total} (bound {run_bound}: limit {PER_MINUTE} + {changed_total} changed assignments); \
+         after {warm_up} s: {steady_total} in {steady_seconds} s (bound {steady_bound}, {changed_steady} changes); \
+         per proxy (admitted, denied) after warm-up at 1, 4, 8 per second: {steady:?}"
+    );
+    assert!(total <= run_bound, "{total} admitted, bound {run_bound}");
+    assert!(
+        steady_total <= steady_bound,
+        "{steady_total} admitted after the warm-up, bound {steady_bound}"
+    );
+    // Each follows its demand: the small one gets what it asks, the two
+    // others split the rest evenly and are denied the excess.
+    let [(small, small_denied), (mid, mid_denied), (big, big_denied)] = steady[..] else {
+        unreachable!()
+    };
+    assert!(
+        small_denied * 10 <= small + small_denied,
+        "the proxy asking less than its share was denied {small_denied} of {}",
+        small + small_denied
+    );
+    assert!(mid_denied > 0 && big_denied > 0, "{steady:?}");
+    assert!(
+        mid * 10 >= small * 14 && big * 10 >= small * 14,
+        "{steady:?}"
+    );
+    let (low, high) = (mid.min(big), mid.max(big));
+    assert!(
+        low * 10 >= high * 7,
+        "the two proxies over their share differ: {steady:?}"
+    );
+    // Few changes once demand is steady: a new assignment refills a bucket.
+    assert!(
+        changed_steady <= 6,
+        "{changed_steady} assignments changed after the warm-up"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_lowering_the_limit_takes_effect_within_a_report_cycle() {
+    let Some(bin) = envoy_bin("a_reload_lowering_the_limit_takes_effect_within_a_report_cycle")
+    else {
+        return;
+    };
+    let (service, dir) = start_service(&rules(PER_MINUTE)).await;
+    let envoy = start_envoy(&bin, &[service.grpc]);
+    let start = Instant::now();
+    let lowered = 60;
+    let reload_at = 15.0;
+    let until = start + Duration::from_secs(40);
+    let driver = tokio::spawn(drive(envoy.addr("HTTP"), "shared", 10.0, start, until));
+    tokio::time::sleep(Duration::from_secs_f64(reload_at)).await;
+    std::fs::write(dir.path().join("rules.yaml"), rules(lowered)).expect("rewrite the rules");
+    service.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while service
+        .metric("throttlegate_config_reloads_total{result=\"ok\"}")
+        .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "the reload did not happen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reloaded = start.elapsed().as_secs_f64();
+    let sent = driver.await.expect("the client ran");
+    // One report cycle (5 s) after the reload, plus a second of slack.
+    let from = reloaded + 6.0;
+    let end = 40.0;
+    let (before, _) = counted(&sent, 5.0, reload_at);
+    let (after, denied) = counted(&sent, from, end);
+    let bound = (lowered as f64 * (end - from) / 60.0).ceil() as u64 + max_burst(lowered) + 1;
+    println!(
+        "before the reload {before} admitted in {} s ({PER_MINUTE}/min); from {from:.1} s \
+         (reload at {reloaded:.1} s + one report cycle) to {end} s: {after} admitted, {denied} denied \
+         (bound {bound} at {lowered}/min)",
+        reload_at - 5.0
+    );
+    assert!(
+        after <= bound,
+        "{after} admitted after the lower limit, bound {bound}"
+    );
+    assert!(after > 0, "the lower limit still admits");
+}
+
+/// Sends requests with `header: bucket` until one is answered `status`
+/// (for at most 20 s), then ten more, all of which must be.
+async fn settles_on(addr: SocketAddr, header: &str, bucket: &str, status: u16) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut before = 0;
+    loop {
+        let got = HttpRequest::get("/")
+            .header(header, bucket)
+            .send(addr)
+            .await
+            .status;
+        if got == status {
+            break;
+        }
+        before += 1;
+        assert!(
+            Instant::now() < deadline,
+            "bucket {bucket} never answered {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for _ in 0..10 {
+        let got = HttpRequest::get("/")
+            .header(header, bucket)
+            .send(addr)
+            .await
+            .status;
+        assert_eq!(got, status, "bucket {bucket}");
+    }
+    before
+}
+
+#[tokio::test]
+async fn a_zero_limit_denies_all_and_an_unmatched_bucket_allows_all() {
+    let Some(bin) = envoy_bin("a_zero_limit_denies_all_and_an_unmatched_bucket_allows_all") else {
+        return;
+    };
+    let (service, _dir) = start_service(&rules(PER_MINUTE)).await;
+    let envoy = start_envoy(&bin, &[service.grpc]);
+    let addr = envoy.addr("HTTP");
+    // Let through until assigned, then DENY_ALL from the limit of 0.
+    let allowed_first = settles_on(addr, "x-allow-first", "blocked", 429).await;
+    // Denied until assigned, then ALLOW_ALL: no rule has `name: nobody`.
+    let denied_first = settles_on(addr, "x-deny-first", "nobody", 200).await;
+    let deny_all = service
+        .metric("throttlegate_rlqs_assignments_total{domain=\"rlqs\",rule=\"name_blocked\",kind=\"deny_all\"}")
+        .await;
+    let allow_all = service
+        .metric("throttlegate_rlqs_assignments_total{domain=\"rlqs\",rule=\"_unmatched\",kind=\"allow_all\"}")
+        .await;
+    println!(
+        "blocked: {allowed_first} let through before DENY_ALL arrived, then 10 of 10 denied; \
+         nobody: {denied_first} denied before ALLOW_ALL arrived, then 10 of 10 let through; \
+         assignments deny_all {deny_all}, allow_all {allow_all}"
+    );
+    assert!(deny_all >= 1.0 && allow_all >= 1.0);
+}
