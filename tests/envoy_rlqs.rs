@@ -356,3 +356,79 @@ async fn a_zero_limit_denies_all_and_an_unmatched_bucket_allows_all() {
     );
     assert!(deny_all >= 1.0 && allow_all >= 1.0);
 }
+
+/// deploy/envoy/rlqs.yaml with its addresses pointed at this test's
+/// service and upstream (its admin block left to `support::envoy`).
+fn deploy_example(rlqs: SocketAddr) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("deploy/envoy/rlqs.yaml")).expect("the example");
+    let (_, resources) = text
+        .split_once("static_resources:")
+        .expect("static_resources in the example");
+    let replace = |text: String, from: &str, to: &str| {
+        assert!(text.contains(from), "{from} not in the example");
+        text.replace(from, to)
+    };
+    let text = format!("static_resources:{resources}");
+    let text = replace(
+        text,
+        "  listeners:\n",
+        "  listeners:\n    - ${UPSTREAM_LISTENER}\n",
+    );
+    let text = replace(
+        text,
+        "{address: 0.0.0.0, port_value: 10002}",
+        "{address: 127.0.0.1, port_value: ${PORT_HTTP}}",
+    );
+    let text = replace(
+        text,
+        "{address: throttlegate-a, port_value: 8081}",
+        &format!("{{address: {}, port_value: {}}}", rlqs.ip(), rlqs.port()),
+    );
+    replace(
+        text,
+        "{address: upstream, port_value: 8000}",
+        "{address: 127.0.0.1, port_value: ${PORT_UPSTREAM}}",
+    )
+}
+
+#[tokio::test]
+async fn the_deploy_example_enforces_the_tenant_budget() {
+    let Some(bin) = envoy_bin("the_deploy_example_enforces_the_tenant_budget") else {
+        return;
+    };
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut service = Serve::config(root.join("deploy/config")).spawn();
+    service.connect().await;
+    let envoy = Envoy::config(&deploy_example(service.grpc))
+        .var("UPSTREAM_LISTENER", upstream_listener(&[]))
+        .concurrency(1)
+        .start(&bin);
+    let addr = envoy.addr("HTTP");
+    // 5 a second for 12 s against 60 a minute for tenant acme.
+    let seconds = 12.0;
+    let start = Instant::now();
+    let mut statuses = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    while start.elapsed().as_secs_f64() < seconds {
+        tick.tick().await;
+        statuses.push(
+            HttpRequest::get("/")
+                .header("x-tenant", "acme")
+                .send(addr)
+                .await
+                .status,
+        );
+    }
+    let admitted = statuses.iter().filter(|it| **it == 200).count() as u64;
+    let denied = statuses.iter().filter(|it| **it == 429).count() as u64;
+    let bound = (60.0 * seconds / 60.0_f64).ceil() as u64 + max_burst(60);
+    println!(
+        "deploy example: tenant acme {admitted} admitted, {denied} denied of {} in {seconds} s (bound {bound} at 60/min)",
+        statuses.len()
+    );
+    assert!(admitted >= 1 && admitted <= bound, "{admitted} admitted");
+    assert_eq!(admitted + denied, statuses.len() as u64, "{statuses:?}");
+    // A tenant with a limit of 0 is denied once assigned.
+    settles_on(addr, "x-tenant", "blocked", 429).await;
+}
