@@ -9,21 +9,25 @@
 //!   only when it must be, with assignments that expire;
 //! - `bucket`: a share as Envoy's token bucket;
 //! - `book`: this instance's pools, and the outboxes through which a
-//!   changed share reaches the other proxies' streams.
+//!   changed share reaches the other proxies' streams;
+//! - `redis`: pools kept in Redis, shared by several instances (each
+//!   change decided on the latest state, written only if nothing changed
+//!   it meanwhile).
 //!
-//! Knows rules and the clock, never wire types: `transport::grpc::rlqs`
+//! Knows rules and the clock (and the `redis` crate), never wire types: `transport::grpc::rlqs`
 //! maps the protocol onto it. docs/rlqs.md derives the bound on what all
 //! proxies together admit.
 
 pub mod book;
 pub mod bucket;
 pub mod mapping;
+pub mod redis;
 pub mod share;
 
 #[cfg(test)]
 mod tests;
 
-pub use book::{Outbox, PoolView, QuotaBook, Reported, Slot};
+pub use book::{Order, Outbox, PoolView, QuotaBook, Reported, Slot};
 pub use bucket::{Grant, TokenBucket};
 pub use mapping::{MAX_BUCKET_ENTRIES, PoolKey, Resolution, bucket_label, descriptor, resolve};
 pub use share::{ASSIGNMENT_TTL_US, Budget, REPORT_INTERVAL_US, Usage};

@@ -8,8 +8,14 @@
 //! the share it was last sent still counts against the budget until that
 //! assignment's time to live has run out, then it is forgotten.
 //!
-//! The invariant every change keeps: the shares of the active members plus
-//! those held add up to at most `L`.
+//! With several instances sharing a pool (through Redis), a member is
+//! *local* to the instance its stream is on, which alone can deliver it a
+//! new share: a share another instance decides is *pending* until then
+//! (and decided again when delivered), and the member counts with the
+//! share its proxy holds (`enforced`).
+//!
+//! The invariant every change keeps: the shares the proxies hold (active
+//! members and held ones) add up to at most `L`.
 
 use std::collections::BTreeMap;
 
@@ -70,14 +76,19 @@ pub struct Change {
     /// False when only the assignment's time to live is renewed (the
     /// reporting member is always answered).
     pub changed: bool,
+    /// The pool's epoch when it was decided: of two grants to one member,
+    /// the one of the later epoch is the one to enforce.
+    pub epoch: u64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Member {
     /// Requests per window; `None` until a report covered some time.
     demand: Option<u64>,
-    /// The share last sent; `None` before the first.
+    /// The share decided last; `None` before the first.
     share: Option<u64>,
+    /// The share last delivered to the proxy (what it may enforce).
+    enforced: Option<u64>,
     /// When the last share sent stops being enforced by the proxy.
     expires_at: Micros,
     last_report: Micros,
@@ -86,9 +97,11 @@ struct Member {
 }
 
 /// One budget and the members sharing it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pool {
     budget: Budget,
+    /// Counts the pool's decisions.
+    epoch: u64,
     members: BTreeMap<MemberId, Member>,
 }
 
@@ -105,6 +118,7 @@ impl Pool {
     pub fn new(budget: Budget) -> Pool {
         Pool {
             budget,
+            epoch: 0,
             members: BTreeMap::new(),
         }
     }
@@ -120,7 +134,7 @@ impl Pool {
 
     /// The shares that still count against the budget.
     pub fn committed(&self) -> u64 {
-        self.members.values().filter_map(|it| it.share).sum()
+        self.members.values().map(Member::counted).sum()
     }
 
     pub fn members(&self, now: Micros) -> impl Iterator<Item = MemberView> + '_ {
@@ -137,11 +151,24 @@ impl Pool {
     /// reporter's own share first (always), then every other member whose
     /// share changed.
     pub fn report(&mut self, member: MemberId, usage: Option<Usage>, now: Micros) -> Vec<Change> {
+        self.report_from(member, usage, now, &|_| true)
+    }
+
+    /// [`Pool::report`] by the instance whose members `is_local` tells:
+    /// only they are sent changes (and returned).
+    pub fn report_from(
+        &mut self,
+        member: MemberId,
+        usage: Option<Usage>,
+        now: Micros,
+        is_local: &dyn Fn(MemberId) -> bool,
+    ) -> Vec<Change> {
         self.forget_expired(now);
         let budget = self.budget;
         let entry = self.members.entry(member).or_insert(Member {
             demand: None,
             share: None,
+            enforced: None,
             expires_at: now,
             last_report: now,
             live: true,
@@ -151,12 +178,22 @@ impl Pool {
         if let Some(usage) = usage.filter(|it| it.elapsed_us > 0) {
             entry.demand = Some(usage.demand(budget));
         }
-        self.rebalance(now, Some(member))
+        self.rebalance(now, Some(member), is_local)
     }
 
     /// A new budget (a reload changed the rule): shares are recomputed at
     /// once, and those that must shrink are returned.
     pub fn set_budget(&mut self, budget: Budget, now: Micros) -> Vec<Change> {
+        self.set_budget_from(budget, now, &|_| true)
+    }
+
+    /// [`Pool::set_budget`] by the instance whose members `is_local` tells.
+    pub fn set_budget_from(
+        &mut self,
+        budget: Budget,
+        now: Micros,
+        is_local: &dyn Fn(MemberId) -> bool,
+    ) -> Vec<Change> {
         if budget == self.budget {
             return Vec::new();
         }
@@ -177,17 +214,18 @@ impl Pool {
                     u64::try_from(out).unwrap_or(u64::MAX)
                 };
                 member.share = member.share.map(|it| convert(it, true));
+                member.enforced = member.enforced.map(|it| convert(it, true));
                 member.demand = member.demand.map(|it| convert(it, false));
             }
         }
-        self.rebalance(now, None)
+        self.rebalance(now, None, is_local)
     }
 
     /// `member`'s stream ended: its share is held until it expires.
     pub fn leave(&mut self, member: MemberId, now: Micros) {
         if let Some(entry) = self.members.get_mut(&member) {
             entry.live = false;
-            if entry.share.is_none() || entry.expires_at <= now {
+            if entry.enforced.is_none() || entry.expires_at <= now {
                 self.members.remove(&member);
             }
         }
@@ -207,13 +245,19 @@ impl Pool {
         self.members.len() != before
     }
 
-    fn rebalance(&mut self, now: Micros, reporter: Option<MemberId>) -> Vec<Change> {
+    fn rebalance(
+        &mut self,
+        now: Micros,
+        reporter: Option<MemberId>,
+        is_local: &dyn Fn(MemberId) -> bool,
+    ) -> Vec<Change> {
+        self.epoch += 1;
         let limit = self.budget.per_window;
         let held: u64 = self
             .members
             .values()
             .filter(|it| !it.is_active(now))
-            .filter_map(|it| it.share)
+            .map(Member::counted)
             .sum();
         let available = limit.saturating_sub(held);
         let active: Vec<MemberId> = self
@@ -250,19 +294,52 @@ impl Pool {
                 *share = (*share).min(target);
             }
         }
+        // Members of other instances keep what their proxies hold until
+        // their instance delivers the new share: what this instance's own
+        // members get must leave room for that.
+        let counted = |idx: usize, share: u64| {
+            let id = active[idx];
+            if is_local(id) {
+                share
+            } else {
+                self.members[&id].counted()
+            }
+        };
+        let total: u64 = next
+            .iter()
+            .enumerate()
+            .map(|(idx, &it)| counted(idx, it))
+            .sum();
+        let mut excess = total.saturating_sub(available);
+        if excess > 0 {
+            let mut order: Vec<usize> = (0..active.len())
+                .filter(|&idx| is_local(active[idx]))
+                .collect();
+            order.sort_by_key(|&idx| std::cmp::Reverse(next[idx]));
+            for idx in order {
+                let cut = next[idx].min(excess);
+                next[idx] -= cut;
+                excess -= cut;
+            }
+        }
         let mut changes = Vec::new();
         for (id, share) in active.iter().zip(next) {
             let Some(member) = self.members.get_mut(id) else {
                 continue;
             };
-            let changed = member.share != Some(share);
+            member.share = Some(share);
+            if !is_local(*id) {
+                continue;
+            }
+            let changed = member.enforced != Some(share);
             if changed || reporter == Some(*id) {
-                member.share = Some(share);
+                member.enforced = Some(share);
                 member.expires_at = now + ASSIGNMENT_TTL_US;
                 let change = Change {
                     member: *id,
                     share,
                     changed,
+                    epoch: self.epoch,
                 };
                 if reporter == Some(*id) {
                     changes.insert(0, change);
@@ -278,6 +355,100 @@ impl Pool {
 impl Member {
     fn is_active(&self, now: Micros) -> bool {
         self.live && now.saturating_sub(self.last_report) <= STALE_AFTER_US
+    }
+
+    /// What counts against the budget: the share the proxy holds (a
+    /// share decided but not delivered is checked again when it is).
+    fn counted(&self) -> u64 {
+        self.enforced.unwrap_or(0)
+    }
+}
+
+// === as stored in Redis ===
+
+/// The hash field of a pool's budget.
+pub const BUDGET_FIELD: &str = "budget";
+/// The hash field of a pool's epoch.
+pub const EPOCH_FIELD: &str = "epoch";
+
+impl Pool {
+    /// The pool as hash fields: [`BUDGET_FIELD`] `per_window:window_us`,
+    /// and per member its id (decimal) `demand:share:enforced:expires_at:
+    /// last_report:live`, with `-` for a value not known.
+    pub fn to_fields(&self) -> Vec<(String, String)> {
+        let show = |it: Option<u64>| it.map_or_else(|| "-".to_owned(), |it| it.to_string());
+        let mut fields = vec![
+            (
+                BUDGET_FIELD.to_owned(),
+                format!("{}:{}", self.budget.per_window, self.budget.window_us),
+            ),
+            (EPOCH_FIELD.to_owned(), self.epoch.to_string()),
+        ];
+        for (id, member) in &self.members {
+            fields.push((
+                id.to_string(),
+                format!(
+                    "{}:{}:{}:{}:{}:{}",
+                    show(member.demand),
+                    show(member.share),
+                    show(member.enforced),
+                    member.expires_at,
+                    member.last_report,
+                    u8::from(member.live)
+                ),
+            ));
+        }
+        fields
+    }
+
+    /// The pool of [`Pool::to_fields`]' fields (other fields ignored);
+    /// `budget` when they hold none. `None` when a field is malformed.
+    pub fn from_fields<'a>(
+        fields: impl IntoIterator<Item = (&'a str, &'a str)>,
+        budget: Budget,
+    ) -> Option<Pool> {
+        let mut pool = Pool::new(budget);
+        let number = |text: &str| text.parse::<u64>().ok();
+        let maybe = |text: &str| {
+            if text == "-" {
+                Some(None)
+            } else {
+                number(text).map(Some)
+            }
+        };
+        for (name, value) in fields {
+            if name == EPOCH_FIELD {
+                pool.epoch = number(value)?;
+                continue;
+            }
+            if name == BUDGET_FIELD {
+                let (per_window, window_us) = value.split_once(':')?;
+                pool.budget = Budget {
+                    per_window: number(per_window)?,
+                    window_us: number(window_us)?,
+                };
+                continue;
+            }
+            let Ok(id) = name.parse::<MemberId>() else {
+                continue;
+            };
+            let parts: Vec<&str> = value.split(':').collect();
+            let [demand, share, enforced, expires_at, last_report, live] = parts[..] else {
+                return None;
+            };
+            pool.members.insert(
+                id,
+                Member {
+                    demand: maybe(demand)?,
+                    share: maybe(share)?,
+                    enforced: maybe(enforced)?,
+                    expires_at: number(expires_at)?,
+                    last_report: number(last_report)?,
+                    live: live == "1",
+                },
+            );
+        }
+        Some(pool)
     }
 }
 

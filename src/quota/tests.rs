@@ -253,3 +253,57 @@ descriptors:
         }
     );
 }
+
+proptest! {
+    /// Two instances share one pool through its stored fields (as in
+    /// Redis): each delivers shares only to its own members, and the
+    /// shares that count never add up to more than the budget.
+    #[test]
+    fn instances_sharing_a_stored_pool_stay_within_the_budget(
+        steps in proptest::collection::vec((0u64..6, 0u64..1_000, 0u8..10, 0u64..4_000_000), 1..80),
+        limit in 1u64..1_000,
+    ) {
+        let budget = Budget { per_window: limit, window_us: MINUTE };
+        let mut stored = Pool::new(budget).to_fields();
+        let mut now = 1_000_000_000;
+        for (member, per_minute, action, step) in steps {
+            now += step;
+            let fields = stored.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let mut pool = Pool::from_fields(fields, budget).expect("stored fields read back");
+            let instance = member % 2;
+            let is_local = move |id: MemberId| id % 2 == instance;
+            if action == 0 {
+                pool.leave(member, now);
+            } else {
+                let changes = pool.report_from(member, asked(per_minute), now, &is_local);
+                prop_assert!(changes.iter().all(|it| is_local(it.member)), "{:?}", changes);
+            }
+            prop_assert!(pool.committed() <= limit, "{} committed of {}", pool.committed(), limit);
+            stored = pool.to_fields();
+        }
+    }
+}
+
+#[test]
+fn a_share_lowered_by_another_instance_counts_until_delivered() {
+    let mut pool = Pool::new(BUDGET);
+    let now = 1_000_000_000;
+    let even = |id: MemberId| id.is_multiple_of(2);
+    let odd = |id: MemberId| id % 2 == 1;
+    // Member 1 (odd instance) alone: the whole budget.
+    pool.report_from(1, asked(600), now, &odd);
+    assert_eq!(pool.committed(), 300);
+    // Member 2 joins through the even instance: member 1's share is
+    // lowered but not delivered, so it still counts whole and member 2
+    // gets nothing yet.
+    let changes = pool.report_from(2, asked(600), now + 1, &even);
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].share, 0);
+    assert!(pool.committed() <= 300);
+    // Member 1's instance delivers its lower share; member 2 gets its
+    // own at its next report.
+    pool.report_from(1, asked(600), now + 2, &odd);
+    let changes = pool.report_from(2, asked(600), now + 3, &even);
+    assert_eq!(changes[0].share, 150, "{changes:?}");
+    assert_eq!(pool.committed(), 300);
+}

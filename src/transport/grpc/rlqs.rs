@@ -30,6 +30,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::decision::Limiter;
+use crate::log_gate::LogGate;
 use crate::metrics::{AssignmentKind, Metrics, QuotaMetrics};
 use crate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::proto::envoy::r#type::v3 as types;
@@ -70,6 +71,8 @@ pub struct ConnectionTag(pub usize);
 #[derive(Clone)]
 pub struct QuotaService {
     limiter: Arc<Limiter>,
+    /// Lines a failing store causes, at most one a second.
+    log: Arc<LogGate>,
     book: Arc<QuotaBook>,
     metrics: QuotaMetrics,
     shutdown: Shutdown,
@@ -144,6 +147,7 @@ impl QuotaService {
         let metrics = metrics.quota().clone();
         QuotaService {
             limiter,
+            log: Arc::new(LogGate::new()),
             book,
             metrics: metrics.clone(),
             shutdown,
@@ -318,7 +322,7 @@ impl QuotaStream {
                 }
                 message = reports.message() => match message {
                     Ok(Some(message)) => {
-                        if let Err(status) = self.report(message) {
+                        if let Err(status) = self.report(message).await {
                             break status;
                         }
                     }
@@ -345,7 +349,7 @@ impl QuotaStream {
         Ok(())
     }
 
-    fn report(&mut self, message: rlqs::RateLimitQuotaUsageReports) -> Result<(), Status> {
+    async fn report(&mut self, message: rlqs::RateLimitQuotaUsageReports) -> Result<(), Status> {
         self.flood.take()?;
         match (&self.domain, message.domain.as_str()) {
             (None, "") => {
@@ -364,7 +368,7 @@ impl QuotaStream {
             }
         }
         self.check_read()?;
-        let rules = self.service.limiter.rules().load();
+        let rules = self.service.limiter.rules().load_full();
         let domain = self.domain.clone().unwrap_or_default();
         let domain_label: Arc<str> = rules
             .domain(&domain)
@@ -405,16 +409,31 @@ impl QuotaStream {
             if let Some(bucket) = self.buckets.get_mut(&owned) {
                 bucket.in_pool = in_pool;
             }
-            let grant = match resolution {
+            let (grant, order) = match resolution {
                 Resolution::Shared { pool, budget, .. } => {
-                    let outcome = self.service.book.report(
-                        member,
-                        slot,
-                        &self.shared.outbox,
-                        &pool,
-                        budget,
-                        Some(reported),
-                    );
+                    let outcome = self
+                        .service
+                        .book
+                        .report(
+                            member,
+                            slot,
+                            &self.shared.outbox,
+                            &pool,
+                            budget,
+                            Some(reported),
+                        )
+                        .await;
+                    let outcome = match outcome {
+                        Ok(it) => it,
+                        Err(err) => {
+                            // No answer: the proxy keeps what it has until
+                            // it expires, then its configured fallback.
+                            if let Some(suppressed) = self.service.log.admit() {
+                                tracing::warn!(error = %err, suppressed, "a quota share could not be decided");
+                            }
+                            continue;
+                        }
+                    };
                     let kind = if outcome.changed {
                         AssignmentKind::Changed
                     } else {
@@ -429,21 +448,21 @@ impl QuotaStream {
                         );
                     }
                     metrics.set_assigned(&domain_label, &rule_label, outcome.committed);
-                    outcome.grant
+                    (outcome.grant, Some(outcome.order))
                 }
                 other => {
                     if was_in_pool {
-                        self.service.book.leave(member);
+                        self.leave(member).await;
                     }
                     let (kind, grant) = match other {
                         Resolution::Blocked { .. } => (AssignmentKind::DenyAll, Grant::DenyAll),
                         _ => (AssignmentKind::AllowAll, Grant::AllowAll),
                     };
                     metrics.record_assignment(&domain_label, &rule_label, kind);
-                    grant
+                    (grant, None)
                 }
             };
-            self.shared.outbox.put(slot, grant, now);
+            self.shared.outbox.put(slot, grant, order, now);
         }
         Ok(())
     }
@@ -476,9 +495,33 @@ impl QuotaStream {
         }
     }
 
+    async fn leave(&self, member: quota::share::MemberId) {
+        if let Err(err) = self.service.book.leave(member).await
+            && let Some(suppressed) = self.service.log.admit()
+        {
+            tracing::warn!(error = %err, suppressed, "a quota share could not be given up; it expires");
+        }
+    }
+
+    /// Leaves every pool (in a task of its own: a stream's reader may be
+    /// dropped outside any task).
     fn leave_all(&mut self) {
-        for bucket in self.buckets.values().filter(|it| it.in_pool) {
-            self.service.book.leave(bucket.member);
+        let members: Vec<_> = self
+            .buckets
+            .values()
+            .filter(|it| it.in_pool)
+            .map(|it| it.member)
+            .collect();
+        if !members.is_empty()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let book = self.service.book.clone();
+            runtime.spawn(async move {
+                for member in members {
+                    // An error leaves the share to expire.
+                    let _ = book.leave(member).await;
+                }
+            });
         }
         let count = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
         self.service.metrics.add_buckets(-count);
