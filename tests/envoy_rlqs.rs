@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use support::envoy::{Envoy, envoy_bin, grpc_cluster, http_cluster, upstream_listener};
 use support::process::{HttpRequest, Serve, ServiceProcess};
+use support::redis::RedisServer;
 
 /// The limit shared by the proxies: `PER_MINUTE` requests a minute.
 const PER_MINUTE: u64 = 300;
@@ -93,13 +94,39 @@ fn matcher(header: &str, fallback: &str) -> String {
 }
 
 fn start_envoy(bin: &Path, rlqs: &[SocketAddr]) -> Envoy {
+    start_envoy_with(bin, grpc_cluster("throttlegate", rlqs, ""))
+}
+
+/// A quota cluster of `primary`, failing over to `standby` when gRPC
+/// health checks (every second) find `primary` down.
+fn failover_cluster(primary: SocketAddr, standby: SocketAddr) -> String {
+    let endpoint = |addr: SocketAddr, priority: u32| {
+        format!(
+            "{{priority: {priority}, lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: {}, port_value: {}}}}}}}}}]}}",
+            addr.ip(),
+            addr.port()
+        )
+    };
+    format!(
+        "{{name: throttlegate, type: STATIC, connect_timeout: 1s, \
+         typed_extension_protocol_options: {{envoy.extensions.upstreams.http.v3.HttpProtocolOptions: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions, \
+         explicit_http_config: {{http2_protocol_options: {{}}}}}}}}, \
+         health_checks: [{{timeout: 1s, interval: 1s, no_traffic_interval: 1s, unhealthy_threshold: 1, healthy_threshold: 1, grpc_health_check: {{}}}}], \
+         load_assignment: {{cluster_name: throttlegate, endpoints: [{}, {}]}}}}",
+        endpoint(primary, 0),
+        endpoint(standby, 1)
+    )
+}
+
+fn start_envoy_with(bin: &Path, cluster: String) -> Envoy {
     Envoy::config(EDGE)
         .var("UPSTREAM_LISTENER", upstream_listener(&[]))
         .var(
             "UPSTREAM_CLUSTER",
             http_cluster("upstream", "PORT_UPSTREAM"),
         )
-        .var("RLQS_CLUSTER", grpc_cluster("throttlegate", rlqs, ""))
+        .var("RLQS_CLUSTER", cluster)
         .var("MATCHER_DENY", matcher("x-deny-first", "DENY_ALL"))
         .var("MATCHER_ALLOW", matcher("x-allow-first", "ALLOW_ALL"))
         .concurrency(1)
@@ -109,10 +136,14 @@ fn start_envoy(bin: &Path, rlqs: &[SocketAddr]) -> Envoy {
 /// A service of `yaml`, written to a file of its own that a test may
 /// rewrite (then SIGHUP).
 async fn start_service(yaml: &str) -> (ServiceProcess, tempfile::TempDir) {
+    start_service_with(yaml, &[]).await
+}
+
+async fn start_service_with(yaml: &str, args: &[&str]) -> (ServiceProcess, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("rules.yaml");
     std::fs::write(&path, yaml).expect("write the rules");
-    let mut service = Serve::config(&path).spawn();
+    let mut service = Serve::config(&path).args(args).spawn();
     service.connect().await;
     (service, dir)
 }
@@ -159,6 +190,11 @@ fn counted(sent: &Sent, from: f64, to: f64) -> (u64, u64) {
     let admitted = within.clone().filter(|(_, status)| *status == 200).count() as u64;
     let denied = within.filter(|(_, status)| *status == 429).count() as u64;
     (admitted, denied)
+}
+
+/// Quota streams open on `service`.
+async fn streams(service: &ServiceProcess) -> u64 {
+    service.metric("throttlegate_rlqs_streams").await as u64
 }
 
 /// Assignments of rule `name_shared` that changed a proxy's bucket.
@@ -431,4 +467,80 @@ async fn the_deploy_example_enforces_the_tenant_budget() {
     assert_eq!(admitted + denied, statuses.len() as u64, "{statuses:?}");
     // A tenant with a limit of 0 is denied once assigned.
     settles_on(addr, "x-tenant", "blocked", 429).await;
+}
+
+#[tokio::test]
+async fn two_instances_on_one_redis_share_the_budget_and_survive_a_stop() {
+    let Some(bin) = envoy_bin("two_instances_on_one_redis_share_the_budget_and_survive_a_stop")
+    else {
+        return;
+    };
+    let redis = RedisServer::start();
+    let rules = rules(PER_MINUTE);
+    let (a, _dir_a) = start_service_with(&rules, &["--redis-url", &redis.url()]).await;
+    let (b, _dir_b) = start_service_with(&rules, &["--redis-url", &redis.url()]).await;
+    // Two proxies on A, one on B; each fails over to the other instance.
+    let envoys = [
+        start_envoy_with(&bin, failover_cluster(a.grpc, b.grpc)),
+        start_envoy_with(&bin, failover_cluster(b.grpc, a.grpc)),
+        start_envoy_with(&bin, failover_cluster(a.grpc, b.grpc)),
+    ];
+    // The two proxies over their share on different instances: each
+    // instance handing out the whole budget would admit 600 a minute.
+    let rates = [1.0, 8.0, 8.0];
+    let run = Duration::from_secs(50);
+    let (warm_up, stop_at) = (10.0, 25.0);
+    let start = Instant::now();
+    let until = start + run;
+    let drivers: Vec<_> = envoys
+        .iter()
+        .zip(rates)
+        .map(|(envoy, rate)| tokio::spawn(drive(envoy.addr("HTTP"), "shared", rate, start, until)))
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(stop_at)).await;
+    let split = (streams(&a).await, streams(&b).await);
+    let changed_a = changed_assignments(&a).await;
+    drop(a);
+    // The proxies of A reconnect to B.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while streams(&b).await < 3 {
+        assert!(Instant::now() < deadline, "the proxies did not move to B");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let moved_after = start.elapsed().as_secs_f64() - stop_at;
+    let mut sent = Vec::new();
+    for driver in drivers {
+        sent.push(driver.await.expect("the client ran"));
+    }
+    let end = run.as_secs_f64();
+    let changed = changed_a + changed_assignments(&b).await;
+    // Before the stop, with the proxies on both instances: the budget's
+    // rate, the buckets' bursts, and what changes added. Each instance
+    // handing out the whole budget would admit about twice the rate.
+    let before: u64 = sent.iter().map(|it| counted(it, warm_up, stop_at).0).sum();
+    let before_bound =
+        (PER_MINUTE as f64 * (stop_at - warm_up) / 60.0).ceil() as u64 + 2 * max_burst(PER_MINUTE);
+    let total: u64 = sent.iter().map(|it| counted(it, 0.0, end).0).sum();
+    let total_bound = PER_MINUTE + changed * 2 * max_burst(PER_MINUTE);
+    let after: Vec<(u64, u64)> = sent
+        .iter()
+        .map(|it| counted(it, stop_at + 20.0, end))
+        .collect();
+    println!(
+        "streams on A and B before the stop: {split:?}; from {warm_up} s to the stop at {stop_at} s: \
+         {before} admitted (bound {before_bound}); the proxies were all on B {moved_after:.1} s after it; \
+         in {end} s: {total} admitted (bound {total_bound}: {changed} changed assignments); \
+         per proxy (admitted, denied) in the last {} s: {after:?}",
+        end - stop_at - 20.0
+    );
+    assert_eq!(split, (2, 1), "two proxies on A, one on B");
+    assert!(
+        before <= before_bound,
+        "{before} admitted, bound {before_bound}"
+    );
+    assert!(
+        total <= total_bound,
+        "{total} admitted, bound {total_bound}"
+    );
+    assert!(after.iter().all(|(admitted, _)| *admitted > 0), "{after:?}");
 }
