@@ -78,7 +78,7 @@ LABELS=() STATS=() HEADS=() TAILS=()
 variant() { LABELS+=("$1") STATS+=("$2") HEADS+=("$3") TAILS+=("$4"); }
 # The spread case's keys never reach 1,000; the hot key does (HOT_LIMIT).
 # A limit is one argument, its fields joined by ':' (builds before the
-# packed limit argument took eight).
+# packed limit argument took eight; builds with `charge` take nine).
 LOG='sliding_window_log:LIMIT:1000000:LIMIT:0:1:1:enforce'
 FIXED='fixed_window:LIMIT:1000000:LIMIT:1:1:1:enforce'
 for source in "${SOURCES[@]}"; do
@@ -88,9 +88,12 @@ for source in "${SOURCES[@]}"; do
     mapfile -t names < <("$binary" print-lua names)
     cli -x FUNCTION LOAD <"$WORK/$label.library" >/dev/null
     sha=$(cli -x SCRIPT LOAD <"$WORK/$label.decide")
-    variant "$label-fcall-log" fcall "FCALL ${names[1]} 1" "'' 0 0 $LOG"
-    variant "$label-fcall-fixed" fcall "FCALL ${names[1]} 1" "'' 0 0 $FIXED"
-    variant "$label-evalsha-log" evalsha "EVALSHA $sha 1" "'' 0 0 $LOG"
+    # Builds whose limits have a ninth field, `charge`, get if_allowed.
+    charge=''
+    grep -q "'charge'" "$WORK/$label.library" && charge=':if_allowed'
+    variant "$label-fcall-log" fcall "FCALL ${names[1]} 1" "'' 0 0 $LOG$charge"
+    variant "$label-fcall-fixed" fcall "FCALL ${names[1]} 1" "'' 0 0 $FIXED$charge"
+    variant "$label-evalsha-log" evalsha "EVALSHA $sha 1" "'' 0 0 $LOG$charge"
 done
 variant minimal evalsha "EVALSHA $MINIMAL 1" "1000000 LIMIT"
 variant return-1 evalsha "EVALSHA $NOTHING 1" ""

@@ -31,24 +31,20 @@ local function div(a, b)
   return q
 end
 
-local function parts(raw, count)
-  local out = {}
-  for piece in gmatch(raw, '[^:]+') do
-    local n = tonumber(piece)
-    if n == nil then
-      return nil
-    end
-    out[#out + 1] = n
-  end
-  if #out ~= count then
-    return nil
-  end
-  return out
+-- A key whose stored state this version will not read: the request fails
+-- with this reason (the key and what was found) rather than misreading the
+-- state. LAYOUT_REFUSED starts every such message, so that a batch can
+-- tell this refusal from other failures (docs/redis.md, "Stored layouts").
+local LAYOUT_REFUSED = 'throttlegate: stored layout refused'
+
+local function refuse_layout(key, what)
+  error(LAYOUT_REFUSED .. ' at ' .. key .. ': ' .. string.sub(what, 1, 80), 0)
 end
 
 -- The states of two and three integers (every layout there is) as one
 -- match each, in place of a split into a table.
-local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(%d+):(%d+):(%d+)$' }
+-- The first of three may be negative: a token bucket in debt.
+local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(-?%d+):(%d+):(%d+)$' }
 
 -- A string state: its integers joined by ':', one per name of `fields`, in
 -- order. nil when the key is absent.
@@ -67,16 +63,9 @@ local function load_fields(key, fields)
       return { [fields[1]] = tonumber(a), [fields[2]] = tonumber(b), [fields[3]] = tonumber(c) }
     end
   end
-  -- Anything else these scripts never write: split it, as before.
-  local it = parts(raw, n)
-  if not it then
-    error('throttlegate: unreadable state at ' .. key)
-  end
-  local s = {}
-  for idx, name in ipairs(fields) do
-    s[name] = it[idx]
-  end
-  return s
+  -- Every version has written these states only as exactly these
+  -- integers: anything else is no layout this version knows.
+  refuse_layout(key, 'not ' .. fmt(n) .. ' integers: ' .. raw)
 end
 
 local function wrap_sub(a, b)
@@ -86,8 +75,9 @@ local function wrap_sub(a, b)
   return (TWO53 - b) + a
 end
 
--- The running total and the cost of a member, or nil for a member of the
--- older layout (one member "<µs>:<seq>" per unit of cost).
+-- The running total and the cost of a member of layout 1, or nil for
+-- any other member (layout 0, "<µs>:<seq>", one per unit of cost: see
+-- log_units in lua/decide.lua).
 local function log_member(member)
   local e, cost = match(member, '^(%d+),(%d+)$')
   if not e then

@@ -4,7 +4,9 @@
 -- read and checked first, and only then are costs consumed, all or
 -- nothing; Redis runs a script without interleaving other commands, so no
 -- other replica can consume between our check and our write, and no key can
--- expire half-way through. A denied request consumes nothing anywhere.
+-- expire half-way through. A denied request consumes nothing, except in
+-- the limits charged always (LIMIT_FIELDS' charge): those take the cost
+-- whatever the verdict, into debt up to one capacity.
 --
 -- This is src/algorithms/*.rs ported line for line; both backends must give
 -- the same answers for the same clock. Lua numbers are IEEE doubles: every
@@ -21,7 +23,9 @@
 --          (a test keeps both alike)
 -- Returns: one string of signed 64-bit big-endian integers: allowed, then
 --          per limit flags, remaining, reset_us. allowed is 0 or 1, flags is
---          has_room + 2 * consumed (each 0 or 1); with the header's
+--          has_room + 2 * consumed (each 0 or 1); remaining is below 0 when
+--          the limit was charged past its room: minus the units past it
+--          (nothing remains then); with the header's
 --          receipts = 1, each limit's three are followed by its receipt:
 --          at_us, units (see `receipt` below and lua/refund.lua, which takes
 --          them back). One string rather than an array of integers: the
@@ -53,9 +57,9 @@
 --                           integers joined by ':', the algorithm's `fields`
 --                           in order (bucket.fields and so on, below)
 --
--- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
--- load_fields, wrap_sub, log_member, integer, named_args, positions and
--- now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
+-- Runs after lua/common.lua (prepended when embedded): fmt, div,
+-- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args,
+-- positions and now_of are there. Defines `decide(keys, argv)` and `decide_batch(keys,
 -- argv)`; the scripts call one with KEYS and ARGV, the function library
 -- registers both (src/backends/redis/script.rs).
 
@@ -65,7 +69,9 @@
 local BATCH_FIELDS = { 'requests' }
 local REQUEST_FIELDS = { 'limits' }
 local HEADER_FIELDS = { 'now_us', 'grace_ms', 'receipts' }
-local LIMIT_FIELDS = { 'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode' }
+local LIMIT_FIELDS = {
+  'algorithm', 'limit', 'window_us', 'capacity', 'per_us', 'scale', 'cost', 'mode', 'charge',
+}
 
 -- Expired log members removed per limit and call (see log.advance).
 local LOG_EXPIRE_MAX = 32
@@ -180,16 +186,70 @@ local function wrap_add(a, b)
   return a + b
 end
 
--- A key of the older layout becomes one entry holding all its units at its
--- newest timestamp: they then leave the window later than they would have,
--- never earlier. Deleting the many members is left to UNLINK's thread.
-local function log_convert(c, key, at, newest)
-  local units = call('ZCOUNT', key, '(' .. fmt(at - c.window_us), '+inf')
-  call('UNLINK', key)
-  if units > 0 then
-    call('ZADD', key, fmt(newest), fmt(units) .. ',' .. fmt(units))
-    call('PEXPIRE', key, fmt(div_ceil(newest + c.window_us - at, 1000) + grace_ms))
+-- The units of a member by its stored layout: layout 1 (this one,
+-- "<end>,<cost>") holds its cost; layout 0 ("<µs>:<seq>", one member per
+-- unit, written by versions before the running totals) holds one. nil for
+-- a member of neither: no version wrote it, and it is never guessed at.
+local function log_units(member)
+  local _, cost = log_member(member)
+  if cost then
+    return cost
   end
+  if match(member, '^%d+:%d+$') then
+    return 1
+  end
+  return nil
+end
+
+-- The most members a log of layout 0 may hold in its window to be
+-- converted (each is read once).
+local LOG_CONVERT_MAX = 1024
+
+-- A log holding members of layout 0 (alone, or among members of layout 1
+-- when versions of both layouts shared it) is rewritten in layout 1: every
+-- member in the window keeps its time and its units exactly (members of
+-- one µs become one), the running totals start over, and the expired
+-- members go with the old key (UNLINK). Reading a mixed log by its two
+-- ends, or counting its members as units, would misread it. A log with
+-- more members than LOG_CONVERT_MAX in its window, or a member of neither
+-- layout, is refused rather than read in part.
+local function log_convert(c, key, at)
+  local members = call('ZRANGEBYSCORE', key, '(' .. fmt(at - c.window_us), '+inf',
+    'WITHSCORES', 'LIMIT', '0', fmt(LOG_CONVERT_MAX + 1))
+  if #members > 2 * LOG_CONVERT_MAX then
+    refuse_layout(key, 'more than ' .. fmt(LOG_CONVERT_MAX)
+      .. ' members in the window to convert from layout 0')
+  end
+  local scores, costs, total = {}, {}, 0
+  for idx = 1, #members, 2 do
+    local units = log_units(members[idx])
+    if not units then
+      refuse_layout(key, 'log member ' .. members[idx])
+    end
+    local score, last = tonumber(members[idx + 1]), #scores
+    if last > 0 and scores[last] == score then
+      costs[last] = costs[last] + units
+    else
+      scores[last + 1], costs[last + 1] = score, units
+    end
+    total = total + units
+  end
+  if total >= TWO53 then
+    refuse_layout(key, 'more than 2^53 units in the window')
+  end
+  call('UNLINK', key)
+  local n = #scores
+  if n == 0 then
+    return
+  end
+  local args, running = {}, 0
+  for idx = 1, n do
+    running = running + costs[idx]
+    args[2 * idx - 1] = fmt(scores[idx])
+    args[2 * idx] = format('%d,%d', running, costs[idx])
+  end
+  call('ZADD', key, unpack(args))
+  call('PEXPIRE', key, fmt(div_ceil(scores[n] + c.window_us - at, 1000) + grace_ms))
 end
 
 -- An empty log. Every field is in the constructor, false where unknown
@@ -229,12 +289,12 @@ function log.advance(c, s, key, now)
   local at = later(now, newest)
   local newest_end, newest_cost = log_member(back[1])
   if newest_end == nil then
-    log_convert(c, key, at, newest)
-    back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
-    if not back[1] then
-      return at
+    -- Not layout 1: converted (layout 0) or refused; then read as such.
+    if not log_units(back[1]) then
+      refuse_layout(key, 'log member ' .. back[1])
     end
-    newest_end, newest_cost = log_member(back[1])
+    log_convert(c, key, at)
+    return log.advance(c, s, key, now)
   end
   -- An entry at `ts` counts while `ts > at - W`. Usually the oldest member
   -- still does: then nothing expired and it is the front, one read. Else at
@@ -262,11 +322,14 @@ function log.advance(c, s, key, now)
   end
   s.stale = stale
   local oldest_end, oldest_cost = log_member(front[1])
+  if oldest_end == nil then
+    -- A log both layouts wrote: converted whole, then read again (once:
+    -- every member is of layout 1 then).
+    log_convert(c, key, at)
+    return log.advance(c, s, key, now)
+  end
   s.oldest = oldest
   s.oldest_cost = oldest_cost
-  if oldest_end == nil then
-    error('throttlegate: unreadable log entry at ' .. key)
-  end
   s.base = wrap_sub(oldest_end, oldest_cost)
   s.total = wrap_sub(newest_end, s.base)
   s.newest = newest
@@ -295,6 +358,10 @@ end
 
 function log.available(c, s, at)
   return room_left(c.limit, s.total)
+end
+
+function log.debt_room(c, s, at)
+  return room_left(c.limit + c.debt, s.total)
 end
 
 function log.consume(c, s, key, at, cost)
@@ -359,7 +426,13 @@ function log.until_available(c, s, key, at, need)
   while lo < hi do
     local mid = div(lo + hi, 2)
     local it = call('ZRANGE', key, fmt(mid), fmt(mid))
-    if wrap_sub(log_member(it[1]), s.base) >= expire then
+    local e = log_member(it[1])
+    if e == nil then
+      -- Only a member of layout 0 written in the same µs as one of layout
+      -- 1 can hide between the two ends read; never read as a total.
+      refuse_layout(key, 'log member ' .. it[1])
+    end
+    if wrap_sub(e, s.base) >= expire then
       hi = mid
     else
       lo = mid + 1
@@ -398,8 +471,18 @@ function bucket.advance(c, s, key, now)
   local at = later(now, s.last_us)
   local full = bucket_full(c)
   if s.scale ~= c.scale then
-    s.scaled = mul_div(s.scaled, c.scale, s.scale)
+    -- A debt (a level below 0) is rescaled rounding toward 0, as a level.
+    if s.scaled < 0 then
+      s.scaled = -mul_div(-s.scaled, c.scale, s.scale)
+    else
+      s.scaled = mul_div(s.scaled, c.scale, s.scale)
+    end
     s.scale = c.scale
+  end
+  -- Debt past what the limit may carry (c.debt: 0 unless charged always)
+  -- is forgiven, so `missing` stays below 2^53.
+  if s.scaled < -c.debt * c.scale then
+    s.scaled = -c.debt * c.scale
   end
   -- min(scaled + elapsed * per_us, full) without forming a product that
   -- could exceed 2^53.
@@ -419,9 +502,22 @@ function bucket.advance(c, s, key, now)
 end
 
 function bucket.available(c, s, at)
+  if s.scaled <= 0 then
+    return 0
+  end
   return div(s.scaled, c.scale)
 end
 
+-- Whole units that can still be taken before the debt reaches its floor.
+function bucket.debt_room(c, s, at)
+  local above = s.scaled + c.debt * c.scale
+  if above <= 0 then
+    return 0
+  end
+  return div(above, c.scale)
+end
+
+-- Past the level into debt only when charged always (within debt_room).
 function bucket.consume(c, s, key, at, cost)
   s.scaled = s.scaled - cost * c.scale
 end
@@ -482,6 +578,16 @@ function gcra.available(c, s, at)
   local room = c.capacity * c.scale - gcra_debt(c, s, at)
   if room <= 0 then
     -- Only after a reload lowered the burst below the debt.
+    return 0
+  end
+  return div(room, c.scale)
+end
+
+-- Whole units that can still be taken before the debt reaches the
+-- capacity plus c.debt; (capacity + debt) * scale < 2^53 (LimitParams).
+function gcra.debt_room(c, s, at)
+  local room = (c.capacity + c.debt) * c.scale - gcra_debt(c, s, at)
+  if room <= 0 then
     return 0
   end
   return div(room, c.scale)
@@ -564,6 +670,10 @@ end
 
 function counter.available(c, s, at)
   return room_left(c.limit, counter_estimate(c, s, at))
+end
+
+function counter.debt_room(c, s, at)
+  return room_left(c.limit + c.debt, counter_estimate(c, s, at))
 end
 
 function counter.consume(c, s, key, at, cost)
@@ -649,6 +759,10 @@ function fixed.available(c, s, at)
   return room_left(c.limit, s.count)
 end
 
+function fixed.debt_room(c, s, at)
+  return room_left(c.limit + c.debt, s.count)
+end
+
 function fixed.consume(c, s, key, at, cost)
   s.count = s.count + cost
 end
@@ -679,6 +793,8 @@ local ALGORITHMS = {
   fixed_window = fixed,
 }
 local MODES = { enforce = true, shadow = true, quota = true }
+-- Whether a limit takes its cost whatever the verdict (`Charge`).
+local CHARGES = { if_allowed = false, always = true }
 
 local function store(impl, s, key, ttl_ms)
   if impl.store then
@@ -788,16 +904,17 @@ local function need_of(c)
 end
 
 -- A cost is any non-negative integer (a uint64 from the wire arrives
--- rounded to a double). Costs above the capacity can never pass and are
--- all alike: they become capacity + 1 (<= 2^53, exact), so no arithmetic
--- ever sees a larger one.
-local function cost_of(raw, capacity)
+-- rounded to a double). Costs above the capacity can never pass, and a
+-- limit charged always records at most capacity + debt units: costs above
+-- `most` are all alike and become most + 1 (< 2^53, exact, LimitParams),
+-- so no arithmetic ever sees a larger one.
+local function cost_of(raw, most)
   local n = tonumber(raw)
   if n == nil or n < 0 or n ~= floor(n) then
     return nil
   end
-  if n > capacity then
-    return capacity + 1
+  if n > most then
+    return most + 1
   end
   return n
 end
@@ -820,6 +937,9 @@ local function parse_limit_fields(text)
     return nil
   end
   local capacity = integer(f[L.capacity])
+  local always = CHARGES[f[L.charge]]
+  -- The debt a limit may carry: a whole capacity when charged always.
+  local debt = always and capacity or 0
   local c = {
     algorithm = ALGORITHMS[f[L.algorithm]],
     limit = integer(f[L.limit]),
@@ -827,12 +947,15 @@ local function parse_limit_fields(text)
     capacity = capacity,
     per_us = integer(f[L.per_us]),
     scale = integer(f[L.scale]),
-    cost = capacity and cost_of(f[L.cost], capacity),
+    cost = capacity and cost_of(f[L.cost], capacity + debt),
     mode = f[L.mode],
+    always = always,
+    debt = debt,
   }
   if c.algorithm == nil or c.limit == nil or c.window_us == nil or not c.capacity
     or c.per_us == nil or c.scale == nil or not c.cost or not MODES[c.mode]
-    or c.window_us == 0 or c.scale == 0 then
+    or always == nil or c.window_us == 0 or c.scale == 0
+    or c.capacity + debt >= TWO53 then
     return nil
   end
   return c
@@ -918,10 +1041,10 @@ local REPLY_FORMATS = {
 }
 
 -- What `run` learns of limit idx between its check and its answer: its
--- state, effective time and whether it has room. Kept from call to call
--- in the library (a run only reads entries it wrote first), rather than
--- three tables per call.
-local states, effective_now, has_room = {}, {}, {}
+-- state, effective time, whether it has room and the units it had. Kept
+-- from call to call in the library (a run only reads entries it wrote
+-- first), rather than four tables per call.
+local states, effective_now, has_room, available = {}, {}, {}, {}
 
 -- Decides one parsed request on keys[first + 1 .. first + n] at `now`,
 -- writing its section into `reply` after its first `out` entries (one
@@ -940,8 +1063,9 @@ local function run(keys, first, header, now, reply, seen, out)
     local c = checks[idx]
     local key = keys[first + idx]
     local s, at = open(c.algorithm, c, key, now, seen)
-    local room = need_of(c) <= c.algorithm.available(c, s, at)
-    states[idx], effective_now[idx], has_room[idx] = s, at, room
+    local units = c.algorithm.available(c, s, at)
+    local room = need_of(c) <= units
+    states[idx], effective_now[idx], has_room[idx], available[idx] = s, at, room, units
     if c.mode == 'enforce' then
       enforced_ok = enforced_ok and room
     elseif c.mode == 'quota' then
@@ -951,15 +1075,25 @@ local function run(keys, first, header, now, reply, seen, out)
   end
   local allowed = enforced_ok and (quota_ok or not quota_seen)
 
-  -- Then consume all or nothing, and answer.
+  -- Then consume all or nothing (a limit charged always takes its cost
+  -- whatever the verdict, into debt up to debt_room), and answer.
   local formats = REPLY_FORMATS[header.receipts]
   for idx = 1, n do
     local c = checks[idx]
     local key, s, at, room = keys[first + idx], states[idx], effective_now[idx], has_room[idx]
     local impl = c.algorithm
     local consumed = allowed and room and c.cost > 0
+    local charged = 0
     if consumed then
-      impl.consume(c, s, key, at, c.cost)
+      charged = c.cost
+    elseif c.always then
+      charged = impl.debt_room(c, s, at)
+      if c.cost < charged then
+        charged = c.cost
+      end
+    end
+    if charged > 0 then
+      impl.consume(c, s, key, at, charged)
     end
     local need = need_of(c)
     -- Durations count from the effective time; a request whose clock lags
@@ -974,6 +1108,11 @@ local function run(keys, first, header, now, reply, seen, out)
     end
     reset_us = reset_us + (at - now)
     local remaining = impl.available(c, s, at)
+    if charged > available[idx] then
+      -- Charged past the room: nothing remains, and the reply carries the
+      -- overdraft negated in its place (script.rs reads it back).
+      remaining = available[idx] - charged
+    end
     local keep_for = (impl.lifetime or impl.until_full)(c, s, at)
     -- Equal to a fresh state, whatever the algorithm: no key at all (DEL of
     -- an absent key changes nothing and is not replicated, so a limit never
@@ -981,9 +1120,10 @@ local function run(keys, first, header, now, reply, seen, out)
     keep(impl, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
     local flags = (room and 1 or 0) + (consumed and 2 or 0)
     -- What a refund may take back: only what an enforcing limit consumed
-    -- (shadow and quota limits never deny, a cost of 0 takes nothing).
+    -- (shadow and quota limits never deny, a cost of 0 takes nothing), and
+    -- never a charge that stands whatever the verdict (charged always).
     local at_us, units = 0, 0
-    if header.receipts and consumed and c.mode == 'enforce' then
+    if header.receipts and consumed and c.mode == 'enforce' and not c.always then
       at_us, units = impl.receipt(c, s, at, c.cost)
     end
     out = out + 1
@@ -1016,10 +1156,25 @@ end
 -- A refused request's section in a batch's reply: REFUSED, then why: k
 -- (>= 1) when its limit k's parameters are refused, 0 when its header is,
 -- FAILED when deciding it raised an error (a Redis error on one of its
--- keys). Two integers in place of its decision; the other requests are
--- decided as if it had not been sent.
+-- keys), FAILED - k when limit k's key holds a stored layout this version
+-- refuses (see refuse_layout). Two integers in place of its decision; the
+-- other requests are decided as if it had not been sent.
 local REFUSED, FAILED = -1, -1
 local REFUSED_FORMAT = '>i8i8'
+
+-- Why a run of `header`'s request raised `problem`: FAILED - k when it is
+-- refuse_layout's at limit k's key, else FAILED.
+local function failure_reason(keys, header, problem)
+  if type(problem) ~= 'string' or not string.find(problem, LAYOUT_REFUSED, 1, true) then
+    return FAILED
+  end
+  for idx = 1, header.n do
+    if string.find(problem, ' at ' .. keys[header.first + idx] .. ': ', 1, true) then
+      return FAILED - idx
+    end
+  end
+  return FAILED
+end
 
 -- Several requests, each decided on its own, in order: ARGV is
 -- BATCH_FIELDS, then per request REQUEST_FIELDS, HEADER_FIELDS and
@@ -1066,7 +1221,7 @@ local function decide_batch(keys, argv)
       end
       ok, last = pcall(run, keys, header.first, header, now, reply, seen, out)
       if not ok then
-        last = FAILED
+        last = failure_reason(keys, header, last)
       end
     end
     if ok then

@@ -30,9 +30,9 @@
 -- Returns: per limit, the units given back (in the receipt's units: scaled
 --          tokens for token_bucket and gcra)
 --
--- Runs after lua/common.lua (prepended when embedded): fmt, div, parts,
--- load_fields, wrap_sub, log_member, integer, named_args and now_of are
--- there. Defines `refund(keys, argv)`; the script calls it with KEYS and
+-- Runs after lua/common.lua (prepended when embedded): fmt, div,
+-- refuse_layout, load_fields, wrap_sub, log_member, integer, named_args
+-- and now_of are there. Defines `refund(keys, argv)`; the script calls it with KEYS and
 -- ARGV, the function library registers it (src/backends/redis/script.rs).
 
 local REFUND_HEADER_FIELDS = { 'now_us' }
@@ -229,16 +229,20 @@ function log.refund(r, key, now)
   -- Each new member is added before the old one goes, so the key (and its
   -- TTL) never disappears half-way; ends stay distinct, as they all move
   -- down together.
+  -- Every later member is read, and refused unless of this layout, before
+  -- anything is written: a refused refund changes nothing.
+  local later = call('ZRANGEBYSCORE', key, '(' .. fmt(r.at_us), '+inf', 'WITHSCORES')
+  for idx = 1, #later, 2 do
+    if not log_member(later[idx]) then
+      refuse_layout(key, 'log member ' .. later[idx])
+    end
+  end
   if cost > r.units then
     call('ZADD', key, fmt(r.at_us), fmt(wrap_sub(e, r.units)) .. ',' .. fmt(cost - r.units))
   end
   call('ZREM', key, mine[1])
-  local later = call('ZRANGEBYSCORE', key, '(' .. fmt(r.at_us), '+inf', 'WITHSCORES')
   for idx = 1, #later, 2 do
     local le, lc = log_member(later[idx])
-    if not le then
-      error('throttlegate: unreadable log entry at ' .. key)
-    end
     call('ZADD', key, later[idx + 1], fmt(wrap_sub(le, r.units)) .. ',' .. fmt(lc))
     call('ZREM', key, later[idx])
   end

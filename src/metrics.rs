@@ -205,15 +205,20 @@ struct RuleCounters {
     /// Indexed like [`Outcome::ALL`].
     decisions: [AtomicU64; 4],
     hits: AtomicU64,
+    /// Units charged past the limit's room (limits charged always).
+    overdraft: AtomicU64,
     /// Label built from request values: a result's series appears only
     /// once it is non-zero (a value seen once makes one series, not four).
     per_value: bool,
 }
 
 impl RuleCounters {
-    fn record(&self, slot: usize, hits: u64) {
+    fn record(&self, slot: usize, hits: u64, overdraft: u64) {
         self.decisions[slot].fetch_add(1, Ordering::Relaxed);
         self.hits.fetch_add(hits, Ordering::Relaxed);
+        if overdraft > 0 {
+            self.overdraft.fetch_add(overdraft, Ordering::Relaxed);
+        }
     }
 }
 
@@ -327,6 +332,26 @@ impl Collector for SeriesCollector {
                 .encode_family(&labels)?
                 .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
         }
+        // Only rules that ever went past their room: most never do.
+        let mut family = encoder.encode_descriptor(
+            "overdraft_units",
+            OVERDRAFT_HELP,
+            None,
+            MetricType::Counter,
+        )?;
+        for (domain, rule, counters) in &entries {
+            let value = counters.overdraft.load(Ordering::Relaxed);
+            if value == 0 {
+                continue;
+            }
+            let labels = RuleLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+            };
+            family
+                .encode_family(&labels)?
+                .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+        }
         Ok(())
     }
 }
@@ -334,6 +359,8 @@ impl Collector for SeriesCollector {
 const DECISIONS_HELP: &str =
     "Descriptor decisions by domain, rule and result (ok, near_limit, over_limit, shadow)";
 const HITS_HELP: &str = "Hits (sum of request costs) by domain and rule";
+const OVERDRAFT_HELP: &str = "Units charged past the limit's room by limits with charge: always \
+     (usage recorded after the fact), by domain and rule";
 
 /// Every metric of the service, and its registry.
 pub struct Metrics {
@@ -595,18 +622,26 @@ impl Metrics {
     /// Counts one descriptor decision of cost `hits` under the fixed
     /// label `rule` (a rule path, or one of the `_` labels).
     pub fn record_decision(&self, domain: &str, rule: &str, outcome: Outcome, hits: u64) {
-        self.record_series(domain, rule, None, outcome, hits);
+        self.record_series(domain, rule, None, outcome, hits, 0);
     }
 
-    /// Counts one descriptor decision of cost `hits` under its rule's
-    /// label; a per-value label past its rule's cap is folded into the
-    /// rule's overflow label.
-    pub fn record(&self, domain: &str, rule: &MetricRule, outcome: Outcome, hits: u64) {
+    /// Counts one descriptor decision of cost `hits`, `overdraft` of
+    /// them charged past the limit's room, under its rule's label; a
+    /// per-value label past its rule's cap is folded into the rule's
+    /// overflow label.
+    pub fn record(
+        &self,
+        domain: &str,
+        rule: &MetricRule,
+        outcome: Outcome,
+        hits: u64,
+        overdraft: u64,
+    ) {
         let path = match rule {
             MetricRule::Values { rule, .. } => Some(rule),
             MetricRule::Path(_) | MetricRule::Override => None,
         };
-        self.record_series(domain, rule.as_str(), path, outcome, hits);
+        self.record_series(domain, rule.as_str(), path, outcome, hits, overdraft);
     }
 
     /// `path`: set for a per-value label, the rule whose budget it uses.
@@ -617,13 +652,14 @@ impl Metrics {
         path: Option<&Arc<str>>,
         outcome: Outcome,
         hits: u64,
+        overdraft: u64,
     ) {
         let slot = outcome.slot();
         let shard = self.series.shard(domain, label);
         {
             let rules = shard.read().unwrap_or_else(PoisonError::into_inner);
             if let Some(counters) = rules.get(domain).and_then(|it| it.get(label)) {
-                counters.record(slot, hits);
+                counters.record(slot, hits, overdraft);
                 return;
             }
         }
@@ -635,7 +671,7 @@ impl Metrics {
                 None => rules.entry(Arc::from(domain)).or_default(),
             };
             if let Some(counters) = by_rule.get(label) {
-                counters.record(slot, hits);
+                counters.record(slot, hits, overdraft);
                 return;
             }
             if path.is_none_or(|path| self.take_value_budget(domain, path)) {
@@ -643,7 +679,7 @@ impl Metrics {
                     per_value: path.is_some(),
                     ..RuleCounters::default()
                 });
-                counters.record(slot, hits);
+                counters.record(slot, hits, overdraft);
                 by_rule.insert(Arc::from(label), counters);
                 return;
             }
@@ -652,7 +688,7 @@ impl Metrics {
         // overflow label, which may live in another shard.
         if let Some(path) = path {
             let overflow = format!("{path}:{OVERFLOW_SUFFIX}");
-            self.record_series(domain, &overflow, None, outcome, hits);
+            self.record_series(domain, &overflow, None, outcome, hits, overdraft);
         }
     }
 

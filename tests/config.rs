@@ -407,6 +407,7 @@ fn example_config_loads_with_every_algorithm() {
         "  path_/files/*  100/hour gcra burst=10  [share_threshold]",
         "  tenant.path_/expensive  10/minute sliding_window_log name=expensive replaces=premium  [shadow]",
         "  user  10/second token_bucket; 10000/day sliding_window_log; 100000/month sliding_window_counter  [value_to_metric]",
+        "  llm_key  10000/minute token_bucket charge=always",
         "  health  unlimited",
         "  banned  0/year sliding_window_log",
     ] {
@@ -716,5 +717,68 @@ fn merged_files_must_agree_on_the_default_algorithm() {
             dir.path().join("b.yaml").display(),
             dir.path().join("a.yaml").display()
         )
+    );
+}
+
+/// `charge: always` on a limit, `default_charge` for a whole file (a
+/// limit's own `charge` wins), the summary showing it, and the refusals:
+/// an unknown charge, a charge on an unlimited limit, a limit too large to
+/// carry a whole capacity of debt exactly.
+#[test]
+fn charge_per_limit_and_default_charge_per_file() {
+    use throttlegate::algorithms::Charge;
+    let yaml = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5, charge: always}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 5}\n";
+    let loaded = config::parse_str("d.yaml", yaml, &options()).expect("valid");
+    let domain = loaded.rules.domain("d").unwrap();
+    let charge_of = |domain: &throttlegate::rules::Domain, key: &str| {
+        limits(domain.find(&[(key, "x")]).unwrap().rule())[0].charge()
+    };
+    assert_eq!(charge_of(domain, "a"), Charge::Always);
+    assert_eq!(charge_of(domain, "b"), Charge::IfAllowed);
+    let summary = config::summary(&loaded.rules);
+    assert!(
+        summary.contains("  a  5/minute sliding_window_log charge=always\n"),
+        "{summary}"
+    );
+    assert!(
+        summary.contains("  b  5/minute sliding_window_log\n"),
+        "{summary}"
+    );
+
+    let yaml = "domain: d\ndefault_charge: always\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 5, charge: IF_ALLOWED}\n";
+    let loaded = config::parse_str("d.yaml", yaml, &options()).expect("valid");
+    let domain = loaded.rules.domain("d").unwrap();
+    assert_eq!(charge_of(domain, "a"), Charge::Always);
+    assert_eq!(charge_of(domain, "b"), Charge::IfAllowed);
+
+    let refused = |yaml: &str| {
+        config::parse_str("c.yaml", yaml, &options())
+            .expect_err("refused")
+            .to_string()
+    };
+    assert_eq!(
+        refused(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: minute, requests_per_unit: 5, charge: later}\n"
+        ),
+        "c.yaml: invalid charge 'later' (expected one of if_allowed, always)"
+    );
+    assert_eq!(
+        refused("domain: d\ndefault_charge: 3\ndescriptors: []\n"),
+        "c.yaml: invalid charge '3' (expected one of if_allowed, always)"
+    );
+    assert_eq!(
+        refused(
+            "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unlimited: true, charge: always}\n"
+        ),
+        "c.yaml: should not specify charge when unlimited"
+    );
+    // A token bucket of 7 per 2 s (scale 2,000,000) with a burst of 3e9:
+    // capacity × scale (6e15) is below 2^53, twice it is not.
+    let bucket = "domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, unit_multiplier: 2, requests_per_unit: 7, algorithm: token_bucket, burst: 3000000000}\n";
+    config::parse_str("c.yaml", bucket, &options()).expect("loads when charged if allowed");
+    let message = refused(&bucket.replace("}\n", ", charge: always}\n"));
+    assert!(
+        message.starts_with("c.yaml: descriptor 'd.a': charge: always on token_bucket"),
+        "{message}"
     );
 }

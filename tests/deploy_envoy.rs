@@ -580,14 +580,14 @@ async fn the_health_checks_ask_an_endpoint_the_service_answers() {
 }
 
 #[test]
-fn dockerfile_builds_like_the_readme_and_runs_as_non_root() {
+fn dockerfile_builds_as_the_docs_say_and_runs_as_non_root() {
     let dockerfile = read(&deploy("Dockerfile"));
-    let readme = squeeze(&read(&root().join("README.md")));
+    let docs = squeeze(&read(&root().join("docs/operations.md")));
     let build = dockerfile_build_command(&dockerfile);
     assert_eq!(build, "cargo build --release --locked --bin throttlegate");
     assert!(
-        readme.contains(&format!("`{build}`")),
-        "README lacks `{build}`"
+        docs.contains(&format!("`{build}`")),
+        "docs/operations.md lacks `{build}`"
     );
 
     let instructions: Vec<&str> = dockerfile

@@ -4,7 +4,8 @@
 //! resolved per request; it drops the field on a route's own `rate_limits`
 //! (every call costs 1); a format that does not resolve to a number makes
 //! it skip the call. And the token-limit pattern: check at cost 0 before,
-//! charge what the response reports when the stream ends.
+//! charge what the response reports when the stream ends, on a limit with
+//! `charge: always`, in memory and with two replicas on one Redis.
 //!
 //! Without `ENVOY_BIN` these tests print why they are skipped and pass;
 //! under `CI=true` they fail instead (see `support::envoy`).
@@ -16,7 +17,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::envoy::{Envoy, edge, envoy_bin};
-use support::process::{HttpRequest, Serve, ServiceProcess};
+use support::process::{HttpRequest, Serve, ServiceProcess, http_get};
+use support::redis::RedisServer;
 
 const RULE: &str = "generic_key_cost";
 
@@ -295,63 +297,200 @@ async fn a_check_of_cost_zero_takes_nothing_and_is_over_once_the_limit_is_used_u
     );
 }
 
-/// What the token-limit test asserts; its expected failure names it.
-const TOKENS_OVER: &str = "requests must be limited once the tokens reported reach the limit";
+/// Tokens a minute per API key in the token-limit tests.
+const TOKEN_LIMIT: u32 = 10;
 
-/// The token-limit pattern of AI gateways: each request is checked at cost
-/// 0 before it is sent on, and charged when its response ends with the
-/// tokens the response reports (`x-reply-tokens`, which the upstream here
-/// copies from the request). 10 tokens a minute, 4 tokens a request: after
-/// three requests 12 tokens are used, so the fourth must be limited.
-///
-/// EXPECTED TO FAIL today: throttlegate refuses a charge larger than the
-/// room left (the third charge, 4 with 2 left, is dropped), so usage stays
-/// at 8 and every check keeps passing. It turns green once a limit can be
-/// charged after the fact (a per-limit charge mode that takes the whole
-/// charge even past the limit); remove the `should_panic` marker then.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[should_panic(expected = "requests must be limited once the tokens reported reach the limit")]
-async fn token_limit_checks_before_and_charges_the_reported_tokens_after() {
-    let Some(bin) = envoy_bin("token limit") else {
-        // The marker expects this panic when the test cannot run at all.
-        panic!("skipped (no Envoy): {TOKENS_OVER}");
+/// The token limit per API key, `charge: always` unless `charged_always`
+/// is false (today's all-or-nothing, which drops a charge past the room).
+fn token_rules(charged_always: bool) -> String {
+    let charge = if charged_always {
+        ", charge: always"
+    } else {
+        ""
     };
-    let service = service(10).await;
-    let rate_limits = format!(
-        "[{}, {}]",
-        entry(", hits_addend: {number: 0}"),
-        entry(", apply_on_stream_done: true, hits_addend: {format: \"%RESP(x-reply-tokens)%\"}")
-    );
-    let envoy = start(
-        &bin,
-        &service,
-        &[("FILTER", filter(&format!(", rate_limits: {rate_limits}")))],
+    format!(
+        "domain: edge\ndescriptors:\n  - key: api_key\n    rate_limit: {{unit: minute, requests_per_unit: {TOKEN_LIMIT}{charge}}}\n"
     )
-    .await;
-    let addr = envoy.addr("HTTP");
-    let mut statuses = Vec::new();
-    for i in 1..=5u32 {
+}
+
+/// The filter of an AI gateway: each request checked at cost 0 on its API
+/// key before it is sent on, and charged, when its response ends, the
+/// tokens the response reports (`x-reply-tokens`, which the upstream here
+/// copies from the request); Envoy's X-RateLimit headers on.
+fn token_filter() -> String {
+    let key = "{request_headers: {header_name: x-api-key, descriptor_key: api_key}}";
+    let rate_limits = format!(
+        "[{{actions: [{key}], hits_addend: {{number: 0}}}}, \
+         {{actions: [{key}], apply_on_stream_done: true, hits_addend: {{format: \"%RESP(x-reply-tokens)%\"}}}}]"
+    );
+    filter(&format!(
+        ", enable_x_ratelimit_headers: DRAFT_VERSION_03, rate_limits: {rate_limits}"
+    ))
+}
+
+/// The API-key rule's series of counter `name`, summed over `replicas`
+/// (0 where a replica has none yet).
+async fn api_key_metric(replicas: &[ServiceProcess], name: &str) -> f64 {
+    let series = format!("{name}{{domain=\"edge\",rule=\"api_key\"}} ");
+    let mut total = 0.0;
+    for replica in replicas {
+        let text = http_get(replica.http, "/metrics").await;
+        total += text
+            .lines()
+            .find_map(|line| line.strip_prefix(&series))
+            .and_then(|value| value.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    total
+}
+
+/// Tokens charged so far on the API-key rule (hits count every cost
+/// asked, allowed or not; a check costs 0).
+async fn tokens_counted(replicas: &[ServiceProcess]) -> f64 {
+    api_key_metric(replicas, "throttlegate_hits_total").await
+}
+
+/// What one request of a token run got.
+#[derive(Debug)]
+struct TokenReply {
+    status: u16,
+    /// Seconds until the limit has room, from Envoy's X-RateLimit-Reset.
+    reset_s: Option<u64>,
+}
+
+/// Requests on API key `key`, one after another, the n-th reporting
+/// `usage[n]` tokens. After each admitted one, waits until its charge is
+/// counted (`counted`: the tokens charged before the run), so the next
+/// check sees it whatever the load.
+async fn token_run(
+    addr: SocketAddr,
+    replicas: &[ServiceProcess],
+    envoy: &Envoy,
+    key: &str,
+    usage: &[u32],
+    counted: &mut f64,
+) -> Vec<TokenReply> {
+    let mut replies = Vec::new();
+    for (idx, tokens) in usage.iter().enumerate() {
         let response = HttpRequest::get("/")
-            .header("x-reply-tokens", "4")
+            .header("x-api-key", key)
+            .header("x-reply-tokens", tokens.to_string())
             .send(addr)
             .await;
-        statuses.push(response.status);
         if response.status == 200 {
-            // The charge is sent after the response: wait until it is
-            // counted (hits count every cost asked, granted or not).
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let charged = f64::from(4 * statuses.iter().filter(|it| **it == 200).count() as u32);
-            while hits(&service).await < charged {
+            *counted += f64::from(*tokens);
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while tokens_counted(replicas).await < *counted {
                 assert!(
                     Instant::now() < deadline,
-                    "charge of request {i} not seen:\n{}",
+                    "charge of request {idx} ({tokens} tokens) not seen:\n{}",
                     envoy.log()
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
+        let reset_s = response
+            .header("x-ratelimit-reset")
+            .and_then(|it| it.parse().ok());
+        replies.push(TokenReply {
+            status: response.status,
+            reset_s,
+        });
     }
+    replies
+}
+
+/// The token-limit run, asserted: responses reporting 3, 4, 2, 4, then 1
+/// token each, on one API key with 10 tokens a minute. The first four
+/// pass (3 + 4 + 2 = 9 leave room for a check; the fourth reports 4, so 13
+/// tokens were admitted: past the limit by less than one response's
+/// usage), and every request after them gets 429 with a reset within the
+/// minute, cost-0 checks included. Another API key is not touched.
+async fn assert_token_limit(addr: SocketAddr, replicas: &[ServiceProcess], envoy: &Envoy) {
+    let usage = [3, 4, 2, 4, 1, 1, 1, 1];
+    let mut counted = 0.0;
+    let replies = token_run(addr, replicas, envoy, "alice", &usage, &mut counted).await;
+    let statuses: Vec<u16> = replies.iter().map(|it| it.status).collect();
+    let admitted: Vec<u32> = usage
+        .iter()
+        .zip(&statuses)
+        .filter(|(_, status)| **status == 200)
+        .map(|(tokens, _)| *tokens)
+        .collect();
+    let tokens: u32 = admitted.iter().sum();
+    let largest = admitted.iter().copied().max().unwrap_or(0);
+    assert!(
+        tokens <= TOKEN_LIMIT + largest,
+        "{tokens} tokens admitted: more than one response past {TOKEN_LIMIT} ({statuses:?})"
+    );
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 429, 429, 429, 429],
+        "requests must be limited once the tokens reported reach the limit"
+    );
+    for reply in &replies[4..] {
+        let reset = reply.reset_s.expect("a 429 says when to come back");
+        assert!((1..=60).contains(&reset), "{reply:?}");
+    }
+    // The charge past the room was recorded: 13 tokens, 3 past the limit.
+    assert_eq!(tokens_counted(replicas).await, 13.0);
+    let overdraft = api_key_metric(replicas, "throttlegate_overdraft_units_total").await;
+    assert_eq!(overdraft, 3.0);
+    // Per API key: another key has its own 10 tokens.
+    let other = token_run(addr, replicas, envoy, "bob", &[5], &mut counted).await;
+    assert_eq!(other[0].status, 200);
     let counters = envoy.ratelimit_counters("upstream").await;
     assert_eq!(counters.error, 0, "{counters:?}");
-    assert_eq!(statuses, [200, 200, 200, 429, 429], "{TOKENS_OVER}");
+    assert_eq!(counters.failure_mode_allowed, 0, "{counters:?}");
+}
+
+/// The token-limit pattern of AI gateways, on one throttlegate in memory:
+/// the stream-done charge with `charge: always` records usage past the
+/// limit, and the checks after it are denied. Without `charge: always` the
+/// charge of 4 with 1 token left is dropped, usage stays at 9 and the
+/// checks keep passing: this test fails (checked by hand).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_limit_checks_before_and_charges_the_reported_tokens_after() {
+    let Some(bin) = envoy_bin("token limit") else {
+        return;
+    };
+    let mut service = Serve::yaml(&token_rules(true)).spawn();
+    service.connect().await;
+    let envoy = edge(&[service.grpc])
+        .var("FILTER", token_filter())
+        .start(&bin);
+    let replicas = [service];
+    assert_token_limit(envoy.addr("HTTP"), &replicas, &envoy).await;
+}
+
+/// The same with two throttlegate replicas on one Redis behind a
+/// two-worker Envoy: checks and charges reach either replica, and the
+/// debt a charge leaves in Redis denies the checks of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_limit_holds_across_two_replicas_on_one_redis() {
+    let Some(bin) = envoy_bin("token limit on Redis") else {
+        return;
+    };
+    let redis = RedisServer::start();
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let mut replica = Serve::yaml(&token_rules(true))
+            .args(&["--redis-url", &redis.url()])
+            .spawn();
+        replica.connect().await;
+        replicas.push(replica);
+    }
+    let envoy = edge(&[replicas[0].grpc, replicas[1].grpc])
+        .var("FILTER", token_filter())
+        .concurrency(2)
+        .start(&bin);
+    assert_token_limit(envoy.addr("HTTP"), &replicas, &envoy).await;
+    for replica in &replicas {
+        let text = http_get(replica.http, "/metrics").await;
+        assert!(
+            text.contains("throttlegate_decisions_total{domain=\"edge\",rule=\"api_key\""),
+            "Envoy sent nothing to replica {}",
+            replica.grpc
+        );
+    }
 }

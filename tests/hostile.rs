@@ -335,7 +335,7 @@ async fn unfinished_streams_past_the_advertised_limit_are_refused_and_others_ser
         None => assert_eq!(replies.refused.len() as u32, past_limit),
     }
     // Unbounded, 20,000 open streams took 170 MB; a generous bound for a
-    // loaded machine (figures in docs/benchmarks.md).
+    // loaded machine (a debug build).
     assert!(
         rss_during < rss_before + 64 * 1024,
         "rss grew from {rss_before} KiB to {rss_during} KiB"

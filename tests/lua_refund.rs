@@ -724,3 +724,83 @@ fn interleaved_refunds_never_admit_over_the_limit_and_end_as_if_never_asked() {
         panic!("{err}");
     }
 }
+
+/// A refund meeting a state in no layout it reads (a log member after the
+/// request's of neither layout, a string that is not the algorithm's
+/// integers) is refused before it writes anything: the key is left as it
+/// was, never half rewritten.
+#[tokio::test]
+async fn a_refund_meeting_a_state_of_no_known_layout_changes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for algorithm in Algorithm::ALL {
+        let key = format!("{algorithm}:odd");
+        let receipt = take(&mut conn, &key, T0, check(algorithm, 2)).await;
+        let () = if algorithm == Algorithm::SlidingWindowLog {
+            take(&mut conn, &key, T0 + 1, check(algorithm, 1)).await;
+            redis::cmd("ZADD")
+                .arg(&key)
+                .arg(T0 + 2)
+                .arg("7;7")
+                .query_async(&mut conn)
+                .await
+        } else {
+            redis::cmd("SET")
+                .arg(&key)
+                .arg("1:2:3:4")
+                .arg("KEEPTTL")
+                .query_async(&mut conn)
+                .await
+        }
+        .unwrap();
+        let before = dump(&mut conn, &key).await;
+        let err = redis::Script::new(REFUND_LUA)
+            .key(&key)
+            .arg(refund_argv(
+                &RefundHeader {
+                    now_us: Some(T0 + 3),
+                },
+                &[RefundArgs::of(&check(algorithm, 2), receipt)],
+            ))
+            .invoke_async::<Vec<i64>>(&mut conn)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("stored layout refused"),
+            "{algorithm}: {err}"
+        );
+        assert_eq!(dump(&mut conn, &key).await, before, "{algorithm}");
+    }
+}
+
+/// A limit charged always keeps its charge whatever the verdict, so a
+/// request split over hash slots never has it refunded: its receipt is
+/// empty even when it consumed (allowed), and when it went into debt.
+#[tokio::test]
+async fn a_limit_charged_always_gets_no_receipt() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    for algorithm in Algorithm::ALL {
+        let params = LimitParams::new(algorithm, LIMIT, W, None)
+            .and_then(|it| it.with_charge(throttlegate::algorithms::Charge::Always))
+            .expect("valid params");
+        let key = format!("always:{algorithm}");
+        let charged = |cost| Check {
+            params,
+            cost,
+            mode: Mode::Enforce,
+        };
+        let (allowed, outcome, receipt) = decide(&mut conn, &key, T0, charged(4)).await;
+        assert!(allowed && outcome.consumed, "{algorithm}");
+        assert!(receipt.is_empty(), "{algorithm}: {receipt:?}");
+        let (allowed, outcome, receipt) = decide(&mut conn, &key, T0, charged(9)).await;
+        assert!(
+            !allowed && outcome.overdraft == 3,
+            "{algorithm}: {outcome:?}"
+        );
+        assert!(receipt.is_empty(), "{algorithm}: {receipt:?}");
+        // The same limit charged only when allowed has one.
+        let other = format!("if_allowed:{algorithm}");
+        take(&mut conn, &other, T0, check(algorithm, 4)).await;
+    }
+}

@@ -25,6 +25,7 @@ fn log_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
         scale: 1,
         cost,
         mode: "enforce",
+        charge: "if_allowed",
     }
 }
 
@@ -217,6 +218,7 @@ async fn microsecond_timestamps_are_stored_exactly() {
         scale: 1_000_000,
         cost: 1,
         mode: "enforce",
+        charge: "if_allowed",
     };
     call(&mut conn, &["tb"], Some(T0), &[bucket]).await.unwrap();
     let stored: String = query(&mut conn, "GET", "tb").await;
@@ -468,23 +470,41 @@ async fn running_totals_wrap_at_two_to_the_53() {
     }
 }
 
-/// A key written by the older layout (one "<µs>:<seq>" member per unit) is
-/// read as all its units held until its newest timestamp leaves: never
-/// fewer units than it held.
+/// A key written in layout 0 (one "<µs>:<seq>" member per unit), alone or
+/// among members of layout 1, is rewritten in layout 1: each µs keeps its
+/// own units and time, the expired members go. Collapsing them into one
+/// member counted by members read a mixed log short.
 #[tokio::test]
-async fn a_log_of_the_older_layout_keeps_its_units() {
+async fn a_log_of_the_older_layout_keeps_each_units_time() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
+    zadd(
+        &mut conn,
+        "k",
+        T0 - 2_000_000,
+        &format!("{}:1", T0 - 2_000_000),
+    )
+    .await;
     for (seq, at) in [(1, T0), (2, T0), (1, T0 + 5)] {
         zadd(&mut conn, "k", at, &format!("{at}:{seq}")).await;
     }
-    let reply = hit(&mut conn, T0 + 10, log_limit(5, 1, 1)).await;
+    zadd(&mut conn, "k", T0 + 7, "9,4").await;
+    let reply = hit(&mut conn, T0 + 10, log_limit(9, 1, 1)).await;
     assert_eq!(reply[..3], [1, 3, 1]);
     assert_eq!(
         members(&mut conn, "k").await,
-        [("3,3".to_owned(), T0 + 5), ("4,1".to_owned(), T0 + 10)]
+        [
+            ("2,2".to_owned(), T0),
+            ("3,1".to_owned(), T0 + 5),
+            ("7,4".to_owned(), T0 + 7),
+            ("8,1".to_owned(), T0 + 10)
+        ]
     );
     assert!(pttl(&mut conn, "k").await > 0);
+    // 8 units held: a request of 4 needs 3 to leave, the 2 of T0 and the
+    // one of T0 + 5, which each kept its own time.
+    let reply = hit(&mut conn, T0 + 20, log_limit(9, 1, 4)).await;
+    assert_eq!(reply[1..], [0, 1, 1_000_005 - 20]);
 }
 
 /// Costs at and above 2^53 (a descriptor's uint64 hits_addend) were refused

@@ -574,6 +574,45 @@ async fn a_request_over_two_primaries_is_all_or_nothing_whichever_denies() {
     assert_eq!(backend.refund_failures(), 0);
 }
 
+/// A limit charged always in a request split over three primaries keeps
+/// its charge when another slot denies: the slots that allowed are
+/// refunded except for it, so the debt of usage reported after the fact
+/// is never given back.
+#[tokio::test]
+async fn a_charge_over_several_primaries_is_never_refunded() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    for algorithm in Algorithm::ALL {
+        let prefix = format!("{algorithm}-charge-");
+        let mut checks =
+            on_different_primaries(&cluster, &backend, algorithm, &prefix, &[1, 5, 5]).await;
+        let params = checks[2].check.params;
+        checks[2].check.params = params
+            .with_charge(throttlegate::algorithms::Charge::Always)
+            .unwrap();
+        let (full, open, tokens) = (&checks[0], &checks[1], &checks[2]);
+        assert!(
+            backend
+                .decide(std::slice::from_ref(full))
+                .await
+                .unwrap()
+                .allowed
+        );
+        for _ in 0..3 {
+            let verdict = backend.decide(&checks).await.unwrap();
+            assert!(!verdict.allowed, "{algorithm}");
+        }
+        assert_eq!(remaining_after_one(&backend, open).await, 4, "{algorithm}");
+        // 3 charges kept, and 1 more now.
+        assert_eq!(
+            remaining_after_one(&backend, tokens).await,
+            1,
+            "{algorithm}"
+        );
+    }
+    assert_eq!(backend.refund_failures(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_over_three_primaries_never_exceed_a_limit() {
     let cluster = Cluster::start(3, 0).await;
@@ -935,7 +974,7 @@ async fn refunds_under_contention_never_admit_over_the_limit_and_leave_nothing_b
     assert_eq!(backend.refund_failures(), 0);
 }
 
-/// The figure in docs/redis.md ("Refunds under contention"):
+/// The figure in docs/redis.md ("Under contention", in Refunds):
 /// `cargo test --test redis_cluster -- --ignored --nocapture refund_shortfall`.
 /// With as many normal requests as the limit, each one denied is a request
 /// denied only because a doomed one's units were not yet given back; with
@@ -1028,4 +1067,181 @@ async fn a_cluster_backend_holds_at_most_its_pool_on_each_node() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+// === the caller's deadline ===
+
+/// As on a single server: a caller out of time gets [`Error::Deadline`] at
+/// once and nothing is sent; a caller whose `send_by` passes while its call
+/// waits behind calls to a stalled primary is answered [`Error::Deadline`]
+/// then, still unsent (its counter never appears), and counted at the
+/// stage it waited in, never at `backend`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_call_is_never_written_after_its_callers_send_by() {
+    use throttlegate::backends::{CallContext, Progress, Stage};
+
+    let cluster = Cluster::start(3, 0).await;
+    let backend = Arc::new(
+        ClusterBackend::connect(ClusterSettings {
+            pool_size: 1,
+            ..cluster_settings(&cluster, HashTag::None)
+        })
+        .expect("settings"),
+    );
+    let busy = vec![check_on(
+        SlidingWindowLog,
+        3_600,
+        &[("user", "busy")],
+        1_000,
+        1,
+    )];
+    let late = vec![check_on(
+        SlidingWindowLog,
+        3_600,
+        &[("user", "late")],
+        1_000,
+        1,
+    )];
+    assert!(backend.decide(&busy).await.expect("decided").allowed);
+    cluster.reset_stats().await;
+    let within = |send_by: Instant| CallContext {
+        send_by: Some(send_by),
+        progress: Progress::new(Stage::Decide),
+    };
+
+    // No time left: refused at once, nothing written.
+    let gone = within(Instant::now());
+    let err = backend
+        .decide_within(&late, &gone)
+        .await
+        .expect_err("no time");
+    assert!(matches!(err, Error::Deadline), "{err:?}");
+    assert_ne!(gone.progress.get(), Stage::Backend);
+    assert_eq!(cluster.calls_on_primaries("fcall").await, 0);
+
+    // Far more calls than the gate lets in flight, all to a stalled
+    // primary: the late caller waits for a place and its time runs out.
+    let owner = primary_of(&cluster, &backend, &busy[0]).await;
+    cluster.node(owner).pause();
+    let stuck: Vec<_> = (0..64)
+        .map(|_| {
+            let (backend, busy) = (backend.clone(), busy.clone());
+            tokio::spawn(async move { backend.decide(&busy).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let waiting = within(Instant::now() + Duration::from_millis(150));
+    let err = backend
+        .decide_within(&late, &waiting)
+        .await
+        .expect_err("out of time behind the stalled calls");
+    cluster.node(owner).resume();
+    assert!(matches!(err, Error::Deadline), "{err:?}");
+    assert_eq!(waiting.progress.get(), Stage::Queue);
+    for task in stuck {
+        assert!(task.await.expect("task").expect("decided").allowed);
+    }
+    // Every stalled call ran once; the late one never reached Redis.
+    assert_eq!(cluster.calls_on_primaries("fcall").await, 64);
+    let late_key = backend.key_of(&late[0].key);
+    assert!(
+        cluster.keys(&late_key).await.is_empty(),
+        "{late_key} was written"
+    );
+    // With time, the same request is decided.
+    let patient = within(Instant::now() + Duration::from_secs(5));
+    assert!(
+        backend
+            .decide_within(&late, &patient)
+            .await
+            .expect("decided")
+            .allowed
+    );
+}
+
+// === the over-limit cache ===
+
+const CACHE_CONFIG: &str = r#"
+domain: cache
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+  - key: global
+    rate_limit: {unit: hour, requests_per_unit: 1, algorithm: fixed_window}
+"#;
+
+async fn cache_hits(service: &support::service::TestService) -> f64 {
+    let text = service.limiter.metrics().encode();
+    support::service::sample(&text, "throttlegate_over_limit_cache_hits_total").unwrap_or(0.0)
+}
+
+/// The finding: with untagged keys, a request over two slots consumes in
+/// one and is refunded when the other denies, so a counter seen full
+/// while such requests were in flight has room again once their refunds
+/// land, whatever time does. 24 doomed `[user, global]` requests at once
+/// (global is full), then 4 `[user]` requests with the over-limit cache on
+/// (the default): each is decided as Redis holds it (4, 3, 2, 1 left),
+/// none denied from the cache. And the denial of a request over two slots
+/// reports what remains of each limit after its refund.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refunds_never_leave_a_counter_denied_from_the_cache_and_denials_report_the_refunded_room()
+{
+    use support::service::{call, default_options, start_with_config};
+
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    assert!(!backend.never_refunds());
+    let service = start_with_config(CACHE_CONFIG, backend.clone(), default_options()).await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let ask = |descriptors: Vec<_>| call(&service, request("cache", descriptors));
+    let user = || descriptor(&[("user", "a")]);
+    let global = || descriptor(&[("global", "all")]);
+    assert_eq!(ask(vec![global()]).await.overall_code, ok);
+
+    let doomed: Vec<_> = (0..24).map(|_| ask(vec![user(), global()])).collect();
+    for answer in futures_util::future::join_all(doomed).await {
+        assert_eq!(answer.overall_code, over);
+    }
+    // Each denial was answered after its refunds: all the room is back.
+    for left in [4, 3, 2, 1] {
+        let answer = ask(vec![user()]).await;
+        assert_eq!(answer.overall_code, ok, "{left} should be left: {answer:?}");
+        assert_eq!(answer.statuses[0].limit_remaining, left);
+    }
+    assert_eq!(cache_hits(&service).await, 0.0);
+
+    // 10 a minute with 8 left: the denial says 8, not 7.
+    for _ in 0..2 {
+        assert_eq!(
+            ask(vec![descriptor(&[("tenant", "t")])]).await.overall_code,
+            ok
+        );
+    }
+    let answer = ask(vec![descriptor(&[("tenant", "t")]), global()]).await;
+    assert_eq!(answer.overall_code, over);
+    assert_eq!(answer.statuses[0].code, ok, "{answer:?}");
+    assert_eq!(answer.statuses[0].limit_remaining, 8, "{answer:?}");
+    assert_eq!(answer.statuses[1].code, over, "{answer:?}");
+    assert_eq!(backend.refund_failures(), 0);
+}
+
+/// Where no request spans slots (the domain hash tag) nothing is ever
+/// refunded, and the cache answers for counters known full.
+#[tokio::test]
+async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
+    use support::service::{call, default_options, start_with_config};
+
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::Domain);
+    assert!(backend.never_refunds());
+    let service = start_with_config(CACHE_CONFIG, backend, default_options()).await;
+    let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
+    let global = || request("cache", vec![descriptor(&[("global", "all")])]);
+    assert_eq!(call(&service, global()).await.overall_code, ok);
+    assert_eq!(call(&service, global()).await.overall_code, over);
+    assert_eq!(cache_hits(&service).await, 0.0);
+    assert_eq!(call(&service, global()).await.overall_code, over);
+    assert_eq!(cache_hits(&service).await, 1.0);
 }

@@ -265,3 +265,72 @@ async fn a_batch_member_whose_deadline_passed_is_never_written() {
     );
     assert!(!server.keys("*patient*").await.is_empty());
 }
+
+/// Each request keeps its own deadline in a batch: with one connection and
+/// Redis asleep, an old request whose own moment to be written (a quarter
+/// of its timeout left) passes during the sleep waits beside eight young
+/// ones. When Redis wakes, the old one alone is left out (answered
+/// Timeout, never written) and the young ones are decided in one call:
+/// the batch no longer lives by its oldest member's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_member_out_of_time_is_left_out_and_the_others_are_decided() {
+    use std::sync::Arc;
+    use support::keys::{check, counter_key};
+    use support::redis::{backend_with, reset_stats};
+    use throttlegate::algorithms::Algorithm;
+    use throttlegate::backends::redis::{BatchSettings, ClockSource};
+    use throttlegate::backends::{Backend, Error};
+
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.pool_size = 1;
+        it.timeout_ms = 4_000;
+        it.batch = Some(BatchSettings {
+            max_requests: 64,
+            max_keys: 512,
+        });
+    })
+    .await;
+    let backend = Arc::new(backend);
+    let checks = |user: &str| {
+        vec![check(
+            counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
+            1_000_000,
+            1,
+        )]
+    };
+    let spawn = |user: String| {
+        let backend = backend.clone();
+        let checks = checks(&user);
+        tokio::spawn(async move { backend.decide(&checks).await })
+    };
+    backend.decide(&checks("warm")).await.expect("decided");
+    let mut admin = server.connection().await;
+    reset_stats(&mut admin).await;
+    // Asleep for longer than three quarters of the timeout.
+    let sleep = server.put_to_sleep(3.5).await;
+    let first = spawn("first".to_owned());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let old = spawn("old".to_owned());
+    // The young ones arrive late enough to have time left after the sleep.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let young: Vec<_> = (0..8).map(|idx| spawn(format!("young{idx}"))).collect();
+    sleep.await.expect("sleep task").expect("DEBUG SLEEP");
+    first.await.expect("task").expect("the first call decided");
+    for task in young {
+        let verdict = task.await.expect("task").expect("a young request decided");
+        assert!(verdict.allowed);
+    }
+    match old.await.expect("task") {
+        Err(Error::Timeout(4_000)) => {}
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    let stats = command_stats(&mut admin).await;
+    // The first call alone, then the eight young ones in one batch.
+    assert_eq!(command_stat(&stats, "fcall", "calls"), Some(2.0), "{stats}");
+    assert!(
+        server.keys("*old*").await.is_empty(),
+        "the old request reached Redis"
+    );
+    assert_eq!(server.keys("*young*").await.len(), 8);
+}

@@ -11,7 +11,7 @@ use support::redis::{
 };
 use support::rng::Rng;
 use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
-use throttlegate::algorithms::{Check, LimitParams, Mode};
+use throttlegate::algorithms::{Charge, Check, LimitParams, Mode};
 use throttlegate::backends::redis::script::{
     self, BATCH_FIELDS, HeaderArgs, LimitArgs, REQUEST_FIELDS, ReplyIntegers, argv,
 };
@@ -193,14 +193,19 @@ async fn remembered_limits_answer_as_the_script_does() {
     // A limit the library has seen and parsed, then arguments that are
     // not one limit (a field too many or too few, an empty field, two
     // limits' fields in one): refused, and nothing written.
-    let seen = "fixed_window:2000:60000000:2000:1:1:1:enforce";
+    let seen = "fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed";
     let bad = [
+        "fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed:",
+        "fixed_window:2000:60000000:2000:1:1:1:enforce",
+        "fixed_window:2000:60000000:2000:1:1:enforce:if_allowed",
+        "fixed_window::60000000:2000:1:1:1:enforce:if_allowed",
+        ":fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed",
+        "fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed:fixed_window:2000:60000000:2000:1:1:1:enforce:if_allowed",
+        // A charge that is neither, and a capacity whose debt would leave
+        // 53 bits.
+        "fixed_window:2000:60000000:2000:1:1:1:enforce:sometimes",
         "fixed_window:2000:60000000:2000:1:1:1:enforce:",
-        "fixed_window:2000:60000000:2000:1:1:1",
-        "fixed_window:2000:60000000:2000:1:1:enforce",
-        "fixed_window::60000000:2000:1:1:1:enforce",
-        ":fixed_window:2000:60000000:2000:1:1:1:enforce",
-        "fixed_window:2000:60000000:2000:1:1:1:enforce:fixed_window:2000:60000000:2000:1:1:1:enforce",
+        "fixed_window:4503599627370496:1000000:4503599627370496:1:1:1:enforce:always",
         "",
     ];
     for (idx, limit) in std::iter::once(seen).chain(bad).enumerate() {
@@ -384,8 +389,25 @@ fn trace_requests(seed: u64, len: usize) -> Vec<TraceRequest> {
             .take(1 + rng.below(3) as usize)
         {
             let (algorithm, limit, window_s) = rng.pick(&slots[slot]);
-            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, None).unwrap();
-            let cost = rng.pick(&[0, 1, 1, 1, 2, 5, params.capacity(), params.capacity() + 1]);
+            // A limit charged always carries debt from request to request
+            // of a batch as it does between calls.
+            let charge = rng.pick(&[Charge::IfAllowed, Charge::IfAllowed, Charge::Always]);
+            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, None)
+                .and_then(|it| it.with_charge(charge))
+                .unwrap();
+            let capacity = params.capacity();
+            let cost = rng.pick(&[
+                0,
+                1,
+                1,
+                1,
+                2,
+                5,
+                capacity,
+                capacity + 1,
+                2 * capacity,
+                u64::MAX,
+            ]);
             let mode = rng.pick(&[
                 Mode::Enforce,
                 Mode::Enforce,

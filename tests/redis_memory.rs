@@ -107,6 +107,7 @@ fn decide(
         scale: 1,
         cost,
         mode: "enforce",
+        charge: "if_allowed",
     };
     script::write_request(&mut cmd, &header, &vec![limit; keys.len()]);
     cmd

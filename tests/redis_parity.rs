@@ -22,7 +22,9 @@ use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use redis::aio::MultiplexedConnection;
 use support::redis::RedisServer;
 use support::rng::Rng;
-use throttlegate::algorithms::{Algorithm, Check, LimitParams, MAX_SPAN_US, Mode, State, Verdict};
+use throttlegate::algorithms::{
+    Algorithm, Charge, Check, LimitParams, MAX_SPAN_US, Mode, State, Verdict,
+};
 use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
@@ -58,6 +60,7 @@ fn random_params(
     algorithm: Algorithm,
     window_s: u64,
     reloads: Reloads,
+    charges: Charges,
 ) -> Vec<LimitParams> {
     // A token bucket idle past its lifetime is full under the parameters it
     // was written with, not under reloaded ones: the memory backend then
@@ -78,9 +81,25 @@ fn random_params(
             } else {
                 None
             };
-            LimitParams::new(algorithm, limit, window_s * 1_000_000, burst).expect("valid params")
+            let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst)
+                .expect("valid params");
+            let charge = match charges {
+                Charges::IfAllowed => Charge::IfAllowed,
+                // A reload may switch a counter between the two.
+                Charges::Mixed if rng.below(3) == 0 => Charge::IfAllowed,
+                Charges::Mixed => Charge::Always,
+            };
+            params.with_charge(charge).expect("small limits carry debt")
         })
         .collect()
+}
+
+/// Whether the counters of a trace are charged always.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Charges {
+    IfAllowed,
+    /// Two thirds of the parameter sets charge always.
+    Mixed,
 }
 
 /// Which counters of a trace switch between parameter sets.
@@ -91,7 +110,12 @@ enum Reloads {
     All,
 }
 
-fn random_slots(rng: &mut Rng, algorithms: &[Algorithm], reloads: Reloads) -> Vec<Slot> {
+fn random_slots(
+    rng: &mut Rng,
+    algorithms: &[Algorithm],
+    reloads: Reloads,
+    charges: Charges,
+) -> Vec<Slot> {
     let mut slots = Vec::new();
     for idx in 0..6 {
         let algorithm = rng.pick(algorithms);
@@ -109,7 +133,7 @@ fn random_slots(rng: &mut Rng, algorithms: &[Algorithm], reloads: Reloads) -> Ve
                         value: KeyValue::Value(value.into()),
                     }],
                 },
-                variants: random_params(rng, algorithm, window_s, reloads),
+                variants: random_params(rng, algorithm, window_s, reloads, charges),
             });
         }
     }
@@ -179,7 +203,7 @@ fn step_clock(rng: &mut Rng, clock: &ManualClock, now: &mut u64, backwards: bool
 #[derive(Debug, PartialEq, Eq)]
 enum Stored {
     Log(Vec<(u64, u64, u64)>),
-    Fields(Vec<u64>),
+    Fields(Vec<i64>),
 }
 
 impl Stored {
@@ -188,22 +212,38 @@ impl Stored {
             State::SlidingWindowLog(it) => Stored::Log(it.parts()),
             State::TokenBucket(it) => {
                 let (scaled, last_us, scale) = it.parts();
-                Stored::Fields(vec![scaled, last_us, scale])
+                Stored::fields(scaled, &[last_us, scale])
             }
             State::Gcra(it) => {
                 let (tat_us, frac, per_us) = it.parts();
-                Stored::Fields(vec![tat_us, frac, per_us])
+                Stored::fields(int(tat_us), &[frac, per_us])
             }
             State::SlidingWindowCounter(it) => {
                 let (start, current, previous) = it.parts();
-                Stored::Fields(vec![start, current, previous])
+                Stored::fields(int(start), &[current, previous])
             }
             State::FixedWindow(it) => {
                 let (start, count) = it.parts();
-                Stored::Fields(vec![start, count])
+                Stored::fields(int(start), &[count])
             }
         }
     }
+}
+
+impl Stored {
+    /// A string state's integers: the first may be negative (a token
+    /// bucket in debt).
+    fn fields(first: i64, rest: &[u64]) -> Stored {
+        Stored::Fields(
+            std::iter::once(first)
+                .chain(rest.iter().map(|&it| int(it)))
+                .collect(),
+        )
+    }
+}
+
+fn int(value: u64) -> i64 {
+    i64::try_from(value).expect("stored integers are below 2^53")
 }
 
 /// Both backends on one manual clock, and a connection to read Redis with.
@@ -367,14 +407,20 @@ async fn redis_stored(
     Some(Stored::Log(live))
 }
 
-async fn run_trace(server: &RedisServer, seed: u64, reloads: Reloads, expiry: Expiry) {
+async fn run_trace(
+    server: &RedisServer,
+    seed: u64,
+    reloads: Reloads,
+    expiry: Expiry,
+    charges: Charges,
+) {
     let mut rng = Rng(seed);
     let mut now = T0 + rng.below(10_000_000_000);
     let prefix = format!("parity{seed}");
     let mut pair = Pair::new(server, prefix, now, expiry).await;
     // Half the traces move the clock back now and then.
     let backwards = seed.is_multiple_of(2);
-    let slots = random_slots(&mut rng, &Algorithm::ALL, reloads);
+    let slots = random_slots(&mut rng, &Algorithm::ALL, reloads, charges);
     for step in 0..STEPS {
         step_clock(&mut rng, &pair.clock, &mut now, backwards);
         let checks = random_request(&mut rng, &slots);
@@ -388,7 +434,14 @@ async fn run_trace(server: &RedisServer, seed: u64, reloads: Reloads, expiry: Ex
 async fn memory_and_redis_agree_on_random_traces() {
     let server = RedisServer::start();
     for seed in 0..SEEDS {
-        run_trace(&server, seed, Reloads::None, Expiry::Kept).await;
+        run_trace(
+            &server,
+            seed,
+            Reloads::None,
+            Expiry::Kept,
+            Charges::IfAllowed,
+        )
+        .await;
     }
 }
 
@@ -401,6 +454,7 @@ async fn memory_and_redis_agree_when_limits_are_reloaded() {
             1_000 + seed,
             Reloads::ButTokenBuckets,
             Expiry::Kept,
+            Charges::IfAllowed,
         )
         .await;
     }
@@ -410,7 +464,40 @@ async fn memory_and_redis_agree_when_limits_are_reloaded() {
 async fn memory_and_redis_agree_when_token_buckets_are_reloaded() {
     let server = RedisServer::start();
     for seed in 0..SEEDS {
-        run_trace(&server, 2_000 + seed, Reloads::All, Expiry::OnTraceClock).await;
+        run_trace(
+            &server,
+            2_000 + seed,
+            Reloads::All,
+            Expiry::OnTraceClock,
+            Charges::IfAllowed,
+        )
+        .await;
+    }
+}
+
+/// Limits charged always (and reloads switching a counter between the two
+/// charges): every algorithm in debt, on both backends alike, with random
+/// requests stacking them with limits charged only when allowed.
+#[tokio::test]
+async fn memory_and_redis_agree_when_limits_charge_always() {
+    let server = RedisServer::start();
+    for seed in 0..SEEDS {
+        run_trace(
+            &server,
+            3_000 + seed,
+            Reloads::None,
+            Expiry::Kept,
+            Charges::Mixed,
+        )
+        .await;
+        run_trace(
+            &server,
+            4_000 + seed,
+            Reloads::All,
+            Expiry::OnTraceClock,
+            Charges::Mixed,
+        )
+        .await;
     }
 }
 
@@ -452,12 +539,51 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
         (Algorithm::FixedWindow, 1, &[((1 << 53) - 1, None)]),
         (Algorithm::SlidingWindowLog, 1, &[(1_500, None)]),
     ];
+    run_bound_cases(&mut pair, &cases, Charge::IfAllowed).await;
+}
+
+/// Limits charged always at the edge of what they may hold: twice the
+/// capacity just below 2^53 (so a whole capacity of debt stays exact in a
+/// double), with costs up to 2^64 − 1.
+#[tokio::test]
+async fn memory_and_redis_agree_on_debt_near_the_exactness_bound() {
+    let server = RedisServer::start();
+    let mut pair = Pair::new(&server, "debt".to_owned(), T0, Expiry::Kept).await;
+    let year_s = 365 * 86_400;
+    let cases: [(Algorithm, u64, &[Variant]); 8] = [
+        // 2 × 142 × 31_536_000_000_000 < 2^53 <= 2 × 143 × ...
+        (
+            Algorithm::TokenBucket,
+            year_s,
+            &[(7, Some(142)), (142, None)],
+        ),
+        (Algorithm::Gcra, year_s, &[(7, Some(142))]),
+        (
+            Algorithm::TokenBucket,
+            1,
+            &[(1_000_003, Some(4_000_000_000))],
+        ),
+        (Algorithm::Gcra, 3_600, &[(1_250_003, None)]),
+        (
+            Algorithm::Gcra,
+            1,
+            &[(999_999_937, None), (10_000_019, None)],
+        ),
+        (Algorithm::SlidingWindowCounter, year_s, &[(285_000, None)]),
+        (Algorithm::FixedWindow, 1, &[((1 << 52) - 1, None)]),
+        (Algorithm::SlidingWindowLog, 1, &[(1_500, None)]),
+    ];
+    run_bound_cases(&mut pair, &cases, Charge::Always).await;
+}
+
+async fn run_bound_cases(pair: &mut Pair, cases: &[(Algorithm, u64, &[Variant])], charge: Charge) {
     let mut rng = Rng(7);
-    for (idx, (algorithm, window_s, variants)) in cases.into_iter().enumerate() {
+    for (idx, &(algorithm, window_s, variants)) in cases.iter().enumerate() {
         let variants: Vec<LimitParams> = variants
             .iter()
             .map(|&(limit, burst)| {
                 LimitParams::new(algorithm, limit, window_s * 1_000_000, burst)
+                    .and_then(|it| it.with_charge(charge))
                     .unwrap_or_else(|err| panic!("case {idx}: {err}"))
             })
             .collect();
@@ -466,7 +592,21 @@ async fn memory_and_redis_agree_near_the_exactness_bound() {
             pair.clock
                 .advance(rng.pick(&[0, 1, 7, 1_000_003, 86_400_000_000]));
             let params = variants[rng.below(variants.len() as u64) as usize];
-            let cost = rng.pick(&[0, 1, 3, params.capacity() / 2, params.capacity()]);
+            let capacity = params.capacity();
+            let cost = match charge {
+                Charge::IfAllowed => rng.pick(&[0, 1, 3, capacity / 2, capacity]),
+                Charge::Always => rng.pick(&[
+                    0,
+                    1,
+                    capacity / 2,
+                    capacity,
+                    capacity + 1,
+                    2 * capacity - 1,
+                    2 * capacity,
+                    2 * capacity + 1,
+                    u64::MAX,
+                ]),
+            };
             let checks = [KeyedCheck {
                 key: key.clone(),
                 check: Check {
@@ -631,6 +771,14 @@ const COST_LIMITS: [(Algorithm, u64, u64, Option<u64>); 10] = [
     (Algorithm::FixedWindow, (1 << 53) - 1, 1, None),
 ];
 
+/// [`COST_LIMITS`] charged always: the largest fixed window that can carry
+/// a whole capacity of debt exactly.
+const DEBT_LIMITS: [(Algorithm, u64, u64, Option<u64>); 10] = {
+    let mut limits = COST_LIMITS;
+    limits[9] = (Algorithm::FixedWindow, (1 << 52) - 1, 1, None);
+    limits
+};
+
 /// Requests of 1–4 limits, each (limit index, cost), with µs since the
 /// previous request.
 type CostTrace = Vec<(u64, Vec<(usize, u64)>)>;
@@ -658,7 +806,31 @@ fn memory_and_redis_agree_on_costs_across_the_u64_range() {
     let case = std::sync::atomic::AtomicU64::new(0);
     let res = runner.run(&arb_cost_trace(), |trace| {
         let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        runtime.block_on(run_cost_trace(&server, case, &trace))
+        let name = format!("costs{case}");
+        runtime.block_on(run_cost_trace(&server, name, &trace, Charge::IfAllowed))
+    });
+    if let Err(err) = res {
+        panic!("{err}");
+    }
+}
+
+/// The same with every limit charged always: each cost of the whole u64
+/// range is recorded (into debt, up to one capacity) on both backends
+/// alike, and a cost past the room is still answered without room.
+#[test]
+fn memory_and_redis_agree_on_charges_across_the_u64_range() {
+    let server = RedisServer::start();
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let res = runner.run(&arb_cost_trace(), |trace| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("charges{case}");
+        runtime.block_on(run_cost_trace(&server, name, &trace, Charge::Always))
     });
     if let Err(err) = res {
         panic!("{err}");
@@ -667,18 +839,24 @@ fn memory_and_redis_agree_on_costs_across_the_u64_range() {
 
 async fn run_cost_trace(
     server: &RedisServer,
-    case: u64,
+    prefix: String,
     trace: &CostTrace,
+    charge: Charge,
 ) -> Result<(), TestCaseError> {
     let mut now = T0;
-    let mut pair = Pair::new(server, format!("costs{case}"), now, Expiry::Kept).await;
+    let mut pair = Pair::new(server, prefix, now, Expiry::Kept).await;
+    let table = match charge {
+        Charge::IfAllowed => COST_LIMITS,
+        Charge::Always => DEBT_LIMITS,
+    };
     for (step, (delta, limits)) in trace.iter().enumerate() {
         now += delta;
         pair.clock.set(now);
         let mut checks: Vec<KeyedCheck> = Vec::new();
         for &(idx, cost) in limits {
-            let (algorithm, limit, window_s, burst) = COST_LIMITS[idx];
+            let (algorithm, limit, window_s, burst) = table[idx];
             let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, burst)
+                .and_then(|it| it.with_charge(charge))
                 .expect("valid params");
             let key =
                 support::keys::counter_key(algorithm, window_s, &[("limit", &idx.to_string())]);
@@ -701,8 +879,14 @@ async fn run_cost_trace(
             .await
             .map_err(|err| TestCaseError::fail(format!("step {step}: {err} for {checks:?}")))?;
         for (check, outcome) in checks.iter().zip(&verdict.outcomes) {
-            if check.check.cost > check.check.params.capacity() {
+            let params = check.check.params;
+            if check.check.cost > params.capacity() {
                 prop_assert!(!outcome.has_room && !outcome.consumed);
+            }
+            // What a charge records past the room is at most one capacity.
+            prop_assert!(outcome.overdraft <= params.debt_capacity());
+            if outcome.overdraft > 0 {
+                prop_assert!(!outcome.has_room && outcome.remaining == 0);
             }
         }
     }

@@ -27,6 +27,12 @@ impl FixedWindow {
         params.limit().saturating_sub(self.count)
     }
 
+    /// Units that can still be counted: the count stops at the limit plus
+    /// the debt the limit may carry.
+    pub(super) fn debt_room(&self, params: &LimitParams) -> u64 {
+        (params.limit() + params.debt_capacity()).saturating_sub(self.count)
+    }
+
     pub(super) fn consume(&mut self, cost: u64) {
         self.count += cost;
     }

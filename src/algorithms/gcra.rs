@@ -59,6 +59,16 @@ impl Gcra {
         (params.capacity() * rate.scale).saturating_sub(self.debt(params, at)) / rate.scale
     }
 
+    /// Whole units that can still be recorded before the debt reaches the
+    /// capacity plus the debt the limit may carry.
+    pub(super) fn debt_room(&self, params: &LimitParams, at: u64) -> u64 {
+        let rate = params.rate();
+        let most = (params.capacity() + params.debt_capacity()) * rate.scale;
+        most.saturating_sub(self.debt(params, at)) / rate.scale
+    }
+
+    /// Takes `cost` units, past the capacity when in debt; the caller keeps
+    /// `cost` within [`Self::debt_room`].
     pub(super) fn consume(&mut self, params: &LimitParams, at: u64, cost: u64) {
         let rate = params.rate();
         let debt = self.debt(params, at) + cost * rate.scale;

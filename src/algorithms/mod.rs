@@ -81,6 +81,42 @@ impl fmt::Display for Algorithm {
     }
 }
 
+/// When a limit records a request's cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Charge {
+    /// Only when the whole request is allowed: a denied request consumes
+    /// nothing (the default).
+    #[default]
+    IfAllowed,
+    /// Whenever the request reaches the limit, allowed or denied: usage
+    /// reported after the fact (Envoy's `apply_on_stream_done`) is never
+    /// dropped. A cost past the room puts the limit into debt, at most one
+    /// capacity of it (see [`LimitParams::debt_capacity`]).
+    Always,
+}
+
+impl Charge {
+    pub const ALL: [Charge; 2] = [Charge::IfAllowed, Charge::Always];
+
+    /// The name used in config files and the config summary.
+    pub fn name(self) -> &'static str {
+        match self {
+            Charge::IfAllowed => "if_allowed",
+            Charge::Always => "always",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Charge> {
+        Charge::ALL.into_iter().find(|it| it.name() == name)
+    }
+}
+
+impl fmt::Display for Charge {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// Validated parameters of one limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LimitParams {
@@ -92,6 +128,9 @@ pub struct LimitParams {
     /// Most cost that can ever pass at once: `burst` for token bucket and
     /// GCRA, `N` otherwise.
     capacity: u64,
+    /// When a cost is recorded; [`Charge::IfAllowed`] unless
+    /// [`LimitParams::with_charge`] says otherwise.
+    charge: Charge,
 }
 
 /// Why a limit cannot be represented exactly.
@@ -105,6 +144,15 @@ pub enum ParamsError {
         "{algorithm} with {limit} per {window_s}s and capacity {capacity} needs more than 53 bits of exact state; use a coarser unit or a smaller number"
     )]
     TooPrecise {
+        algorithm: Algorithm,
+        limit: u64,
+        window_s: u64,
+        capacity: u64,
+    },
+    #[error(
+        "charge: always on {algorithm} with {limit} per {window_s}s and capacity {capacity} needs room for a whole capacity of debt, more than 53 bits of exact state; use a coarser unit or a smaller number"
+    )]
+    DebtTooPrecise {
         algorithm: Algorithm,
         limit: u64,
         window_s: u64,
@@ -156,6 +204,7 @@ impl LimitParams {
             limit,
             window_us,
             capacity,
+            charge: Charge::IfAllowed,
         };
         let exact = match algorithm {
             Algorithm::TokenBucket | Algorithm::Gcra => {
@@ -204,8 +253,53 @@ impl LimitParams {
         Ok(())
     }
 
+    /// These parameters recording costs as `charge` says. A limit charged
+    /// always carries up to one capacity of debt on top of its capacity,
+    /// so its state must hold twice the capacity exactly: refused when it
+    /// cannot (every other limit is unchanged).
+    pub fn with_charge(self, charge: Charge) -> Result<LimitParams, ParamsError> {
+        let params = LimitParams { charge, ..self };
+        if charge == Charge::IfAllowed {
+            return Ok(params);
+        }
+        let exact = match self.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                2 * (self.capacity as u128) * (self.rate().scale as u128) < MAX_EXACT as u128
+            }
+            // Counts and running totals reach twice the limit (for the
+            // counter, (limit + 1) × window below 2^53 implies it).
+            Algorithm::SlidingWindowCounter
+            | Algorithm::SlidingWindowLog
+            | Algorithm::FixedWindow => 2 * (self.limit as u128) < MAX_EXACT as u128,
+        };
+        if !exact {
+            return Err(ParamsError::DebtTooPrecise {
+                algorithm: self.algorithm,
+                limit: self.limit,
+                window_s: self.window_us / 1_000_000,
+                capacity: self.capacity,
+            });
+        }
+        Ok(params)
+    }
+
     pub fn algorithm(&self) -> Algorithm {
         self.algorithm
+    }
+
+    pub fn charge(&self) -> Charge {
+        self.charge
+    }
+
+    /// The most debt the limit's state may carry, in units: its capacity
+    /// when charged always (usage never counts more than twice the
+    /// capacity), 0 otherwise (a state left in debt by an earlier config
+    /// is never charged further, and a token bucket's debt is forgiven).
+    pub fn debt_capacity(&self) -> u64 {
+        match self.charge {
+            Charge::IfAllowed => 0,
+            Charge::Always => self.capacity,
+        }
     }
 
     pub fn limit(&self) -> u64 {
@@ -311,7 +405,21 @@ impl State {
         }
     }
 
-    /// Takes `cost` units; the caller checked `cost <= available`.
+    /// Units that can be recorded now before the limit carries all the
+    /// debt it may ([`LimitParams::debt_capacity`]): at least `available`.
+    /// Call after `advance`.
+    pub fn debt_room(&self, params: &LimitParams, now: u64) -> u64 {
+        match self {
+            State::SlidingWindowLog(it) => it.debt_room(params),
+            State::TokenBucket(it) => it.debt_room(params),
+            State::Gcra(it) => it.debt_room(params, now),
+            State::SlidingWindowCounter(it) => it.debt_room(params, now),
+            State::FixedWindow(it) => it.debt_room(params),
+        }
+    }
+
+    /// Takes `cost` units; the caller checked `cost <= debt_room` (past
+    /// `available` only for a limit charged always).
     pub fn consume(&mut self, params: &LimitParams, now: u64, cost: u64) {
         match self {
             State::SlidingWindowLog(it) => it.consume(now, cost),
@@ -379,6 +487,10 @@ pub struct Outcome {
     pub consumed: bool,
     /// Units available after this request.
     pub remaining: u64,
+    /// Units this request recorded past the limit's room: a limit charged
+    /// always ([`Charge::Always`]) whose cost was more than it had left.
+    /// 0 otherwise.
+    pub overdraft: u64,
     /// With room: µs until fully replenished. Without: µs until the same
     /// cost could pass (the window when it never can).
     pub reset_us: u64,
@@ -395,7 +507,15 @@ pub struct Verdict {
 /// Decides a request atomically over its limits' states: allowed iff every
 /// enforcing limit has room and, when there are quota-mode limits, at least
 /// one of them has room. If allowed, each limit with room consumes its cost;
-/// if denied, nothing is consumed anywhere.
+/// if denied, nothing is consumed by the limits charged
+/// [`Charge::IfAllowed`].
+///
+/// A limit charged [`Charge::Always`] records its whole cost whatever the
+/// verdict, past its room when it has too little (its debt), up to its
+/// [`LimitParams::debt_capacity`]: what a charge would add past that is not
+/// recorded. Its answer stays what the room was (`has_room` false, the
+/// request denied when it enforces), and the reset counts from the state
+/// after the charge.
 ///
 /// `states[i]` is the state of `checks[i]`'s key (`None` = never seen); keys
 /// must be distinct (merge same-key checks by adding their costs first).
@@ -405,11 +525,14 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
     // Nearly every request has a few checks: no heap for these.
     let mut effective_now: SmallVec<[u64; 4]> = SmallVec::with_capacity(checks.len());
     let mut has_room: SmallVec<[bool; 4]> = SmallVec::with_capacity(checks.len());
+    let mut available: SmallVec<[u64; 4]> = SmallVec::with_capacity(checks.len());
     for (check, slot) in checks.iter().zip(states.iter_mut()) {
         let state = slot.get_or_insert_with(|| State::fresh(&check.params, now));
         let at = state.advance(&check.params, now);
         let need = check.cost.max(1);
-        has_room.push(need <= state.available(&check.params, at));
+        let room = state.available(&check.params, at);
+        has_room.push(need <= room);
+        available.push(room);
         effective_now.push(at);
     }
 
@@ -432,8 +555,15 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
         let state = slot.as_mut().expect("filled above");
         let room = has_room[idx];
         let consumed = allowed && room && check.cost > 0;
-        if consumed {
-            state.consume(params, at, check.cost);
+        let charged = if consumed {
+            check.cost
+        } else if params.charge == Charge::Always {
+            check.cost.min(state.debt_room(params, at))
+        } else {
+            0
+        };
+        if charged > 0 {
+            state.consume(params, at, charged);
         }
         let need = check.cost.max(1);
         // Durations are computed from the effective time; a request whose
@@ -455,6 +585,7 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
             has_room: room,
             consumed,
             remaining,
+            overdraft: charged.saturating_sub(available[idx]),
             reset_us,
         });
     }

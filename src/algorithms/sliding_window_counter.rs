@@ -45,6 +45,12 @@ impl SlidingWindowCounter {
         params.limit().saturating_sub(self.estimate(params, at))
     }
 
+    /// Units that can still be counted: the estimate stops at the limit
+    /// plus the debt the limit may carry.
+    pub(super) fn debt_room(&self, params: &LimitParams, at: u64) -> u64 {
+        (params.limit() + params.debt_capacity()).saturating_sub(self.estimate(params, at))
+    }
+
     pub(super) fn consume(&mut self, cost: u64) {
         self.current += cost;
     }

@@ -77,6 +77,12 @@ impl SlidingWindowLog {
         params.limit().saturating_sub(self.total())
     }
 
+    /// Units that can still be logged: the window's total stops at the
+    /// limit plus the debt the limit may carry.
+    pub(super) fn debt_room(&self, params: &LimitParams) -> u64 {
+        (params.limit() + params.debt_capacity()).saturating_sub(self.total())
+    }
+
     pub(super) fn consume(&mut self, at: u64, cost: u64) {
         let newest_end = self.entries.back().map_or(self.base, |&(_, end)| end);
         let end = newest_end.wrapping_add(cost);

@@ -1208,3 +1208,5 @@ fn a_sliding_log_keeps_one_entry_per_request_whatever_its_cost() {
     // Expiry subtracts exactly the costs of the entries that left.
     assert_eq!(step(&params, &mut state, T0 + SECOND, 0), (true, 3, 20));
 }
+
+mod charge;

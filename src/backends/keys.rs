@@ -12,6 +12,14 @@
 //! 64 hex digits: escaping never writes `%#`, so a digest never equals a
 //! short value, and the encoding stays injective up to SHA-256 collisions.
 //! The prefix is the operator's and is kept as is.
+//!
+//! A key's name is part of its stored layout (docs/redis.md, "Stored
+//! layouts"): the algorithm it names says how its value is read, and every
+//! version of the service that shares a Redis computes the same names. A
+//! change of a state's layout that a running version would misread must
+//! come with new names here (a layout tag in the limit segment), so that
+//! versions never share a key they read differently; `format_is_pinned`
+//! keeps the names from changing by accident.
 
 use std::fmt::Write;
 

@@ -38,7 +38,7 @@ pub const DEFAULT_SHARDS: usize = 64;
 /// is too small for expired entries to matter.
 const MIN_SWEEP_LEN: usize = 1024;
 
-/// Default of `--memory-max-counters`: see README ("Memory backend bound")
+/// Default of `--memory-max-counters`: see docs/operations.md ("Memory backend bound")
 /// for the measured bytes per counter it is chosen from.
 pub const DEFAULT_MAX_COUNTERS: usize = 1_000_000;
 

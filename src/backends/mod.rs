@@ -263,26 +263,65 @@ impl Stage {
 }
 
 /// The [`Stage`] of one call, shared by its caller and the backend's
-/// future (which may finish in a task of its own after the caller left).
+/// future (which may finish in a task of its own after the caller left),
+/// and whether its caller has left ([`Progress::leave`]): a call that its
+/// caller left before it reached [`Stage::Backend`] can no longer enter it
+/// ([`Progress::enter_backend`]), so a request queued in a batch is never
+/// written once its caller has gone.
 #[derive(Debug, Clone)]
 pub struct Progress(Arc<AtomicU8>);
+
+/// The bit of [`Progress`] that says the caller has left.
+const GONE: u8 = 0x80;
 
 impl Progress {
     pub fn new(stage: Stage) -> Progress {
         Progress(Arc::new(AtomicU8::new(stage as u8)))
     }
 
+    /// Reports `stage` (whether or not the caller is still there).
     pub fn set(&self, stage: Stage) {
-        self.0.store(stage as u8, Ordering::Relaxed);
+        let _ = self
+            .0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                Some((n & GONE) | stage as u8)
+            });
     }
 
     pub fn get(&self) -> Stage {
-        let n = self.0.load(Ordering::Relaxed);
-        Stage::ALL
-            .into_iter()
-            .find(|it| *it as u8 == n)
-            .unwrap_or(Stage::Backend)
+        stage_of(self.0.load(Ordering::Acquire))
     }
+
+    /// Moves the call to [`Stage::Backend`], the moment before it is
+    /// written, unless its caller has left: `false` then, and the call
+    /// must not be written.
+    pub fn enter_backend(&self) -> bool {
+        self.0
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n & GONE == 0).then_some(Stage::Backend as u8)
+            })
+            .is_ok()
+    }
+
+    /// The caller leaves: the stage the call had reached. From then on
+    /// [`Progress::enter_backend`] refuses, so a call not yet at
+    /// [`Stage::Backend`] stays unwritten.
+    pub fn leave(&self) -> Stage {
+        stage_of(self.0.fetch_or(GONE, Ordering::AcqRel))
+    }
+
+    /// Whether the caller has left.
+    pub fn is_gone(&self) -> bool {
+        self.0.load(Ordering::Acquire) & GONE != 0
+    }
+}
+
+fn stage_of(n: u8) -> Stage {
+    let n = n & !GONE;
+    Stage::ALL
+        .into_iter()
+        .find(|it| *it as u8 == n)
+        .unwrap_or(Stage::Backend)
 }
 
 /// What a backend knows of its caller: when the call must be written by,

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use crate::algorithms::Charge;
 use crate::rules::{Domain, Node, NodeLimits, RuleSet};
 
 /// What `check-config` prints and `/rlconfig` shows: each domain (sorted by
@@ -12,6 +13,7 @@ use crate::rules::{Domain, Node, NodeLimits, RuleSet};
 /// domain api (default algorithm sliding_window_log)
 ///   remote_address  10/second sliding_window_log
 ///   tenant.path_/expensive  10/minute sliding_window_log name=x replaces=premium  [shadow]
+///   api_key  1000/minute fixed_window charge=always
 /// ```
 pub fn summary(rules: &RuleSet) -> String {
     let mut out = String::new();
@@ -68,6 +70,9 @@ fn summarize_node(node: &Node, max_log_entries: u32, out: &mut String) {
                     && limit.params().capacity() != limit.params().limit()
                 {
                     let _ = write!(out, " burst={}", limit.params().capacity());
+                }
+                if limit.charge() != Charge::IfAllowed {
+                    let _ = write!(out, " charge={}", limit.charge());
                 }
                 write_name_replaces(out, limit.name().map(|it| &**it), limit.replaces());
             }

@@ -6,12 +6,17 @@ use std::sync::Arc;
 use serde_yaml_ng::{Mapping, Value};
 
 use super::{LoadOptions, Problem};
-use crate::algorithms::Algorithm;
+use crate::algorithms::{Algorithm, Charge};
 use crate::rules::{
     Limits, LimitsError, Node, NodeFlags, NodeLimits, RateLimit, Unit, ValueMatcher, segment,
 };
 
-const TOP_KEYS: &[&str] = &["domain", "descriptors", "default_algorithm"];
+const TOP_KEYS: &[&str] = &[
+    "domain",
+    "descriptors",
+    "default_algorithm",
+    "default_charge",
+];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
     "value",
@@ -34,6 +39,7 @@ const LIMIT_KEYS: &[&str] = &[
     "algorithm",
     "burst",
     "unit_multiplier",
+    "charge",
 ];
 const REPLACES_KEYS: &[&str] = &["name"];
 
@@ -42,6 +48,8 @@ pub(super) struct Walk<'a> {
     file: &'a str,
     domain: String,
     default_algorithm: Algorithm,
+    /// The file's `default_charge`, else [`Charge::IfAllowed`].
+    default_charge: Charge,
     max_log_entries: u32,
     problems: &'a mut Vec<Problem>,
     warnings: &'a mut Vec<String>,
@@ -66,6 +74,7 @@ struct LimitFields {
     algorithm: Option<Algorithm>,
     burst: Option<u32>,
     unit_multiplier: Option<u32>,
+    charge: Option<Charge>,
 }
 
 /// Unit, multiplier and algorithm of a limited `rate_limit`, valid.
@@ -220,6 +229,22 @@ impl<'a> Walk<'a> {
         parsed
     }
 
+    fn charge(&mut self, map: &Mapping, key: &str, path: &str) -> Option<Charge> {
+        let name = self.string(map, key, path)?;
+        let charge = Charge::from_name(&name.to_ascii_lowercase());
+        if charge.is_none() {
+            let names: Vec<&str> = Charge::ALL.iter().map(|it| it.name()).collect();
+            self.problem(
+                &join(path, key),
+                format!(
+                    "invalid charge '{name}' (expected one of {})",
+                    names.join(", ")
+                ),
+            );
+        }
+        charge
+    }
+
     fn algorithm(&mut self, map: &Mapping, key: &str, path: &str) -> Option<Algorithm> {
         let name = self.string(map, key, path)?;
         let algorithm = Algorithm::from_name(&name.to_ascii_lowercase());
@@ -292,6 +317,7 @@ impl<'a> Walk<'a> {
             file,
             domain: String::new(),
             default_algorithm: options.default_algorithm,
+            default_charge: Charge::IfAllowed,
             max_log_entries: options.max_log_entries,
             problems,
             warnings,
@@ -309,6 +335,9 @@ impl<'a> Walk<'a> {
         let default_algorithm = self.algorithm(top, "default_algorithm", "");
         if let Some(algorithm) = default_algorithm {
             self.default_algorithm = algorithm;
+        }
+        if let Some(charge) = self.charge(top, "default_charge", "") {
+            self.default_charge = charge;
         }
         let nodes = self.nodes(get(top, "descriptors"), "", "descriptors");
         TopLevel {
@@ -483,6 +512,17 @@ impl<'a> Walk<'a> {
             0
         });
         let limit = self.rate_limit(&window, requests_per_unit, fields.burst, path, composite)?;
+        let charge = fields.charge.unwrap_or(self.default_charge);
+        let limit = match limit.charged(charge) {
+            Ok(limit) => limit,
+            Err(err) => {
+                self.problem(
+                    &join(path, "charge"),
+                    format!("descriptor '{composite}': {err}"),
+                );
+                return None;
+            }
+        };
         Some(LimitSpec::Limited(limit.named(fields.name, replaces)))
     }
 
@@ -501,6 +541,7 @@ impl<'a> Walk<'a> {
             algorithm: self.algorithm(map, "algorithm", path),
             burst: self.integer(map, "burst", path),
             unit_multiplier: self.integer(map, "unit_multiplier", path),
+            charge: self.charge(map, "charge", path),
         }
     }
 
@@ -545,6 +586,7 @@ impl<'a> Walk<'a> {
             ("algorithm", fields.algorithm.is_some()),
             ("burst", fields.burst.is_some()),
             ("unit_multiplier", fields.unit_multiplier.is_some()),
+            ("charge", fields.charge.is_some()),
         ] {
             if present {
                 self.problem(

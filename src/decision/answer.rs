@@ -209,6 +209,9 @@ impl Shared {
         let mut statuses = Vec::with_capacity(plan.descriptors.len());
         // The most restrictive limit of each status, for the headers.
         let mut reported: SmallVec<[Candidate<'_>; 4]> = SmallVec::new();
+        // Checks whose overdraft a descriptor counted: a check shared by
+        // several descriptors is counted under the first.
+        let mut charged: SmallVec<[usize; 4]> = SmallVec::new();
         for descriptor in &plan.descriptors {
             let DescriptorPlan::Limits {
                 limits,
@@ -221,7 +224,16 @@ impl Shared {
             };
             let answered = Answered::new(limits, outcomes);
             let result = self.metric_outcome(&answered, plan, allowed);
-            self.metrics.record(domain.name(), metric, result, *cost);
+            let mut overdraft = 0u64;
+            for limit in limits.iter() {
+                let units = outcomes.get(limit.check).map_or(0, |it| it.overdraft);
+                if units > 0 && !charged.contains(&limit.check) {
+                    charged.push(limit.check);
+                    overdraft = overdraft.saturating_add(units);
+                }
+            }
+            self.metrics
+                .record(domain.name(), metric, result, *cost, overdraft);
             statuses.push(answered.status());
             reported.push(answered.chosen);
         }

@@ -407,7 +407,9 @@ impl Drop for Pending {
         let Some(finish) = self.finish.take() else {
             return;
         };
-        let stage = self.progress.get();
+        // From here on a call not yet written never will be (a batch
+        // checks before writing each of its requests).
+        let stage = self.progress.leave();
         self.metrics.record_abandoned(self.method, stage);
         if stage != backends::Stage::Backend {
             // Not written: dropped unsent, nothing consumed.

@@ -10,7 +10,9 @@
 //! backend's load. Only what is certain is cached:
 //!
 //! - enforcing limits (a shadow limit never denies; a quota limit denies
-//!   only with the others of its request);
+//!   only with the others of its request) charged only when allowed (a
+//!   limit charged always must see every cost, and each charge moves its
+//!   reset later, which a cached time would not know);
 //! - costs of 0 or 1 (for a cost of 1 the backend reports when one unit
 //!   is back, and "no room for one unit" means 0 remaining: the answer is
 //!   the same until then); a cost above 1 may have fewer units than it
@@ -36,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use arc_swap::ArcSwap;
 use hashbrown::HashMap;
 
-use crate::algorithms::{LimitParams, Mode, Outcome, Verdict};
+use crate::algorithms::{Charge, LimitParams, Mode, Outcome, Verdict};
 use crate::backends::{CounterKey, KeyedCheck};
 use crate::clock::Clock;
 use crate::rules::RuleSet;
@@ -119,6 +121,7 @@ impl OverLimitCache {
                 has_room: false,
                 consumed: false,
                 remaining: 0,
+                overdraft: 0,
                 reset_us: until_us - now,
             });
         }
@@ -184,9 +187,14 @@ impl OverLimitCache {
 }
 
 /// Whether a check's answer can be known without the backend while its
-/// counter is full.
+/// counter is full. Never for a limit charged always: a request answered
+/// here would lose its charge, and a charge made since the entry was
+/// stored (here or through another replica) moves the time room comes
+/// back later than the entry says.
 fn cacheable(check: &KeyedCheck) -> bool {
-    check.check.mode == Mode::Enforce && check.check.cost <= 1
+    check.check.mode == Mode::Enforce
+        && check.check.cost <= 1
+        && check.check.params.charge() == Charge::IfAllowed
 }
 
 impl Table {

@@ -1,7 +1,30 @@
 //! The parameters a RateLimitOverride is enforced with: a client chooses the
 //! number, so every number gets parameters some backend holds exactly.
 
-use crate::algorithms::{Algorithm, LimitParams, MAX_EXACT, ParamsError};
+use crate::algorithms::{Algorithm, Charge, LimitParams, MAX_EXACT, ParamsError};
+
+/// [`override_params`] recording costs as `charge` says (the matched
+/// rule's): where the number's twice capacity, which a limit charged
+/// always may hold, is not exact, the number asked is halved until it is
+/// (a number of 1 always is): smaller, never above the number asked, and
+/// always decided.
+pub(super) fn charged_override_params(
+    algorithm: Algorithm,
+    requests: u64,
+    window_us: u64,
+    max_log_entries: u32,
+    charge: Charge,
+) -> Result<LimitParams, ParamsError> {
+    let mut asked = requests;
+    loop {
+        let params = override_params(algorithm, asked, window_us, max_log_entries)?;
+        match params.with_charge(charge) {
+            Ok(params) => return Ok(params),
+            Err(err) if params.limit() <= 1 => return Err(err),
+            Err(_) => asked = params.limit() / 2,
+        }
+    }
+}
 
 /// The parameters enforced for a RateLimitOverride of `requests` per
 /// `window_us` on `algorithm` (the matched rule's, else the domain's

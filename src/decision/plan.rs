@@ -8,14 +8,14 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::algorithms::{Algorithm, Check, MAX_EXACT, Mode};
+use crate::algorithms::{Algorithm, Charge, Check, MAX_EXACT, Mode};
 use crate::backends::{CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
 use crate::metrics::MetricRule;
 use crate::rules::{Domain, Levels, Node, NodeLimits, RateLimit, Unit, ValueMatcher};
 
 use super::answer::clamp_u32;
 use super::labels::{bytes_label, metric_rule};
-use super::overrides::override_params;
+use super::overrides::charged_override_params;
 use super::{CurrentLimit, Descriptor, EnforcedOverride, Entry, Error, Request};
 
 /// Per-request scratch space: nearly every request has a few descriptors,
@@ -297,8 +297,9 @@ impl Planner<'_> {
     }
 
     /// The one limit of a descriptor with an override: the rule's
-    /// algorithm (else the domain's default), the override's unit and
-    /// number (or the largest below it the algorithm holds exactly).
+    /// algorithm (else the domain's default) and charge (else
+    /// `if_allowed`), the override's unit and number (or the largest below
+    /// it the algorithm holds exactly).
     fn override_limit(
         &mut self,
         idx: usize,
@@ -314,8 +315,10 @@ impl Planner<'_> {
         let algorithm = rule_algorithm(&matched.levels).unwrap_or(self.domain.default_algorithm());
         let window_us = unit.seconds() * 1_000_000;
         let requests = u64::from(requests_per_unit);
-        let params = override_params(algorithm, requests, window_us, self.max_log_entries)
-            .map_err(|err| {
+        let charge = rule_charge(&matched.levels).unwrap_or_default();
+        let params =
+            charged_override_params(algorithm, requests, window_us, self.max_log_entries, charge)
+                .map_err(|err| {
                 Error::InvalidArgument(format!(
                     "descriptor {idx}: override of {requests} per {} cannot be enforced: {err}",
                     unit.name()
@@ -409,6 +412,14 @@ fn entries_for(entries: &mut Vec<KeyEntry>, needed_later: bool) -> Vec<KeyEntry>
         entries.clone()
     } else {
         std::mem::take(entries)
+    }
+}
+
+/// The charge of the first limit of the rule `levels` reached, if any.
+fn rule_charge(levels: &[&Node]) -> Option<Charge> {
+    match levels.last()?.limits() {
+        NodeLimits::Limited(limits) => limits.first().map(|it| it.charge()),
+        NodeLimits::None | NodeLimits::Unlimited { .. } => None,
     }
 }
 

@@ -30,7 +30,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::algorithms::{Algorithm, LimitParams, ParamsError};
+use crate::algorithms::{Algorithm, Charge, LimitParams, ParamsError};
 use crate::rules::wildcard::WildcardIndex;
 
 /// A time unit of a configured limit.
@@ -170,6 +170,14 @@ impl RateLimit {
         }
     }
 
+    /// This limit recording costs as `charge` says (its params validated
+    /// for the debt a limit charged always carries); its numbers are
+    /// unchanged.
+    pub fn charged(self, charge: Charge) -> Result<RateLimit, RateLimitError> {
+        let params = self.params.with_charge(charge)?;
+        Ok(RateLimit { params, ..self })
+    }
+
     /// This limit marked as counting with the sliding-window counter in
     /// place of an inherited sliding-window log over the log cap. Only a
     /// limit on the counter can stand in for a log: any other is returned
@@ -222,6 +230,11 @@ impl RateLimit {
 
     pub fn algorithm(&self) -> Algorithm {
         self.params.algorithm()
+    }
+
+    /// When the limit records a request's cost.
+    pub fn charge(&self) -> Charge {
+        self.params.charge()
     }
 }
 

@@ -2,7 +2,7 @@
 //!
 //! A variant is the loaded rule set with one change: the reached node's
 //! limits are rebuilt by [`RateLimit::new`] with another algorithm (unit,
-//! number, name and `burst` kept), so every decision still goes through the
+//! number, name, `burst` and `charge` kept), so every decision still goes through the
 //! same matching, planning and backend code as the service's.
 
 use std::sync::Arc;
@@ -197,6 +197,7 @@ fn with_algorithm(limits: &Limits, algorithm: Algorithm) -> Result<NodeLimits, E
             algorithm,
             burst,
         )
+        .and_then(|it| it.charged(limit.charge()))
         .map_err(|err| Error::NoRule(format!("cannot count this rule with {algorithm}: {err}")))?;
         rebuilt.push(changed.named(limit.name().cloned(), limit.replaces().to_vec()));
     }

@@ -7,11 +7,16 @@
 //! [`BatchSettings::max_requests`] and [`BatchSettings::max_keys`]) into
 //! one call of `decide_batch`, which decides them one after the other, in
 //! arrival order, each all-or-nothing with its own answer. A wait is
-//! bounded by the request's own timeout; a request whose caller gave up
-//! before its batch left is never sent, nor one whose caller's deadline
-//! leaves no time for it (answered [`Error::Deadline`] when the batch is
-//! formed), and a batch is sent only before the deadline of its oldest
-//! request and the earliest `send_by` of its requests' callers. The queue holds at most
+//! bounded by the request's own timeout. Each request keeps its own
+//! deadline in a batch: when the batch is formed and again at the moment
+//! its call is written, a request whose caller has gone is left out
+//! unsent, and one whose own moment to be written has passed (its
+//! caller's `send_by`, or a quarter of its timeout left) is left out and
+//! answered ([`Error::Deadline`], or [`Error::Timeout`]); the others go.
+//! A caller that leaves once its request is written finds it in
+//! [`Stage::Backend`] and its decision is still counted; one that leaves
+//! before can no longer be written ([`crate::backends::Progress`]). The
+//! queue holds at most
 //! `max_waiting` requests (as many as the gate lets wait); beyond, a
 //! request is refused at once with [`Error::Shed`].
 //!
@@ -28,9 +33,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
-use super::engine::Entry;
+use super::engine::{Engine, Entry};
 use super::script::{self, BATCH_FIELDS, REQUEST_FIELDS};
-use super::{BatchSettings, CallContext, Core, Encoded, Error, Stage};
+use super::{BatchSettings, CallContext, Core, Encoded, Error, Stage, sending_bound};
 use crate::algorithms::Verdict;
 
 /// The queue and the slots of one backend.
@@ -191,79 +196,206 @@ impl Drop for Slot {
     }
 }
 
-/// Sends one batch and answers each of its requests.
+/// Sends one batch and answers each of its requests, each by its own
+/// deadline. The call waits for a place and a connection while any of its
+/// requests can still be written in time (the latest of their bounds, see
+/// [`sending_bound`]); at the moment it is written each request is looked
+/// at again: one whose caller has gone is left out, one whose own moment
+/// has passed is left out and answered ([`Error::Deadline`], or
+/// [`Error::Timeout`] for the backend's own bound), and the others go in
+/// one call. The reply is awaited until the latest request's deadline.
 async fn send(core: &Core, batch: Vec<Waiting>) {
-    // The oldest request's deadline: after it, that caller has been
-    // answered under the failure mode, and the batch is not sent.
+    let bounds: Vec<(Instant, Error)> = batch
+        .iter()
+        .map(|it| {
+            sending_bound(
+                it.deadline,
+                core.timeout,
+                it.call.send_by.map(Instant::from_std),
+            )
+        })
+        .collect();
     let deadline = batch
         .iter()
         .map(|it| it.deadline)
-        .min()
+        .max()
         .unwrap_or_else(|| Instant::now() + core.timeout);
-    if let [only] = &batch[..] {
-        let answer = core
-            .decide_one_by(deadline, &only.request, &only.call)
-            .await;
-        for it in batch {
-            let _ = it.answer.send(answer.clone());
-        }
-        return;
-    }
-    match decide_batch(core, deadline, &batch).await {
-        Ok(answers) => {
-            // A member the script refused gets its own error alone.
-            for (it, answer) in batch.into_iter().zip(answers) {
-                let _ = it.answer.send(answer);
-            }
-        }
-        Err(err) => {
-            for it in batch {
-                let _ = it.answer.send(Err(err.clone()));
-            }
-        }
-    }
-}
-
-/// One call of `decide_batch` for `batch`: an answer per request, in order.
-async fn decide_batch(
-    core: &Core,
-    deadline: Instant,
-    batch: &[Waiting],
-) -> Result<Vec<Result<Verdict, Error>>, Error> {
-    let sizes: Vec<usize> = batch.iter().map(|it| it.request.keys.len()).collect();
-    // Written only while every request's caller can still use its answer.
-    let send_by = batch
-        .iter()
-        .filter_map(|it| it.call.send_by)
-        .min()
-        .map(Instant::from_std);
+    let send_by = bounds.iter().map(|(at, _)| *at).max();
+    let entry = match batch.len() {
+        1 => Entry::Decide,
+        _ => Entry::DecideBatch,
+    };
     let report = |stage| {
-        for it in batch {
+        for it in &batch {
             it.call.progress.set(stage);
         }
     };
+    // Which requests the call wrote, settled as it was written.
+    let mut written = vec![false; batch.len()];
     let reply = core
-        .call(
-            deadline,
-            send_by,
-            report,
-            Entry::DecideBatch,
-            sizes.iter().sum(),
-            |cmd| {
-                for it in batch {
-                    cmd.arg(&it.request.keys);
-                }
-                for field in &BATCH_FIELDS {
-                    cmd.arg((field.value)(&batch.len()));
-                }
-                for it in batch {
-                    for field in &REQUEST_FIELDS {
-                        cmd.arg((field.value)(&it.request.keys.len()));
-                    }
-                    script::write_request(cmd, &it.request.header, &it.request.limits);
-                }
+        .call(deadline, send_by, report, entry, |engine| {
+            written = to_write(&batch, &bounds, Instant::now());
+            compose(engine, entry, &batch, &written)
+        })
+        .await;
+    let sizes: Vec<usize> = batch
+        .iter()
+        .zip(&written)
+        .filter(|(_, wrote)| **wrote)
+        .map(|(it, _)| it.request.keys.len())
+        .collect();
+    let mut answers = match reply {
+        Ok(reply) => match entry {
+            Entry::DecideBatch => script::parse_batch_reply(&reply, &sizes),
+            _ => script::parse_reply(&reply, sizes.iter().sum()).map(|it| vec![Ok(it)]),
+        },
+        Err(err) => Err(err),
+    }
+    .map(Vec::into_iter);
+    let now = Instant::now();
+    for ((it, (at, late)), wrote) in batch.into_iter().zip(bounds).zip(written) {
+        let answer = match (&mut answers, wrote) {
+            (Ok(answers), true) => answers
+                .next()
+                .unwrap_or_else(|| Err(Error::Protocol("a batch reply too short".into()))),
+            (Err(err), true) => Err(err.clone()),
+            // Left out: its own moment passed, or its caller has gone.
+            (_, false) if now >= at => Err(late),
+            (Err(err), false) => Err(err.clone()),
+            (Ok(_), false) => Err(Error::Deadline),
+        };
+        let _ = it.answer.send(answer);
+    }
+}
+
+/// Which requests of `batch` are written `now`, each moved to
+/// [`Stage::Backend`]: those with time left before their bound in
+/// `bounds` whose callers are still there.
+fn to_write(batch: &[Waiting], bounds: &[(Instant, Error)], now: Instant) -> Vec<bool> {
+    batch
+        .iter()
+        .zip(bounds)
+        // Time first: a request out of time never enters `Backend`.
+        .map(|(it, (at, _))| {
+            now < *at && !it.answer.is_closed() && it.call.progress.enter_backend()
+        })
+        .collect()
+}
+
+/// The command of the requests of `batch` marked `written`: `decide` for
+/// a batch of one, `decide_batch` otherwise; [`Error::Deadline`] when none
+/// is to be written (nothing is).
+fn compose(
+    engine: Engine,
+    entry: Entry,
+    batch: &[Waiting],
+    written: &[bool],
+) -> Result<redis::Cmd, Error> {
+    let members: Vec<&Encoded> = batch
+        .iter()
+        .zip(written)
+        .filter(|(_, wrote)| **wrote)
+        .map(|(it, _)| &it.request)
+        .collect();
+    if members.is_empty() {
+        return Err(Error::Deadline);
+    }
+    let n_keys = members.iter().map(|it| it.keys.len()).sum();
+    let mut cmd = engine.command(entry, n_keys);
+    if let (Entry::Decide, [only]) = (entry, &members[..]) {
+        cmd.arg(&only.keys);
+        script::write_request(&mut cmd, &only.header, &only.limits);
+        return Ok(cmd);
+    }
+    for it in &members {
+        cmd.arg(&it.keys);
+    }
+    for field in &BATCH_FIELDS {
+        cmd.arg((field.value)(&members.len()));
+    }
+    for it in &members {
+        for field in &REQUEST_FIELDS {
+            cmd.arg((field.value)(&it.keys.len()));
+        }
+        script::write_request(&mut cmd, &it.header, &it.limits);
+    }
+    Ok(cmd)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::backends::Progress;
+    use crate::backends::redis::script::HeaderArgs;
+
+    fn waiting(send_by: Option<Instant>) -> (Waiting, oneshot::Receiver<Result<Verdict, Error>>) {
+        let (answer, receiver) = oneshot::channel();
+        let call = CallContext {
+            send_by: send_by.map(Instant::into_std),
+            progress: Progress::new(Stage::Queue),
+        };
+        let request = Encoded {
+            keys: vec!["k".to_owned()],
+            header: HeaderArgs {
+                now_us: None,
+                grace_ms: 0,
+                receipts: false,
             },
-        )
-        .await?;
-    script::parse_batch_reply(&reply, &sizes)
+            limits: Vec::new(),
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        let it = Waiting {
+            request,
+            deadline,
+            call,
+            answer,
+        };
+        (it, receiver)
+    }
+
+    /// At the moment a batch is written, each request is looked at on its
+    /// own: one whose caller has left (its stage given up, or its answer
+    /// dropped) is never written, nor one whose own moment has passed;
+    /// the others are, and only they reach `Backend`.
+    #[tokio::test]
+    async fn a_batch_writes_only_the_requests_whose_callers_wait_and_have_time() {
+        let now = Instant::now();
+        let later = now + Duration::from_millis(100);
+        let (on_time, _keep_a) = waiting(Some(later));
+        let (left, _keep_b) = waiting(Some(later));
+        let (dropped, receiver) = waiting(Some(later));
+        let (late, _keep_d) = waiting(Some(now));
+        let (no_deadline, _keep_e) = waiting(None);
+        // The caller of `left` leaves after the batch was taken from the
+        // queue; that of `dropped` drops its end.
+        assert_eq!(left.call.progress.leave(), Stage::Queue);
+        drop(receiver);
+        let batch = [on_time, left, dropped, late, no_deadline];
+        let bounds: Vec<(Instant, Error)> = batch
+            .iter()
+            .map(|it| {
+                let caller = it.call.send_by.map(Instant::from_std);
+                sending_bound(it.deadline, Duration::from_secs(1), caller)
+            })
+            .collect();
+        let written = to_write(&batch, &bounds, now);
+        assert_eq!(written, [true, false, false, false, true]);
+        let stages: Vec<Stage> = batch.iter().map(|it| it.call.progress.get()).collect();
+        assert_eq!(
+            stages,
+            [
+                Stage::Backend,
+                Stage::Queue,
+                Stage::Queue,
+                Stage::Queue,
+                Stage::Backend
+            ]
+        );
+        assert!(matches!(bounds[3].1, Error::Deadline));
+        // Nothing to write: nothing is composed.
+        let none = compose(Engine::Functions, Entry::DecideBatch, &batch, &[false; 5]);
+        assert!(matches!(none, Err(Error::Deadline)));
+    }
 }

@@ -41,12 +41,12 @@ use tokio::sync::OnceCell;
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::engine::{self, Engine, Entry};
-use super::gate::{self, Gate};
+use super::gate::Gate;
 use super::script::{self, HeaderArgs, LimitArgs, Receipt, RefundArgs, RefundHeader};
-use super::{ClockSource, RedisTls, classify, redact};
-use crate::algorithms::{Outcome, Verdict};
-use crate::backends::keys::KeyFormat;
-use crate::backends::{Backend, Error, KeyedCheck};
+use super::{ClockSource, RedisTls, classify, redact, sending_bound};
+use crate::algorithms::{Algorithm, Outcome, Verdict};
+use crate::backends::keys::{HashTag, KeyFormat};
+use crate::backends::{Backend, CallContext, Error, KeyedCheck, Stage};
 use crate::clock::Clock;
 use crate::log_gate::LogGate;
 
@@ -115,6 +115,14 @@ enum Target {
     Moved(String, u16),
     /// The node an ASK named: ASKING first.
     Ask(String, u16),
+}
+
+/// The last moment a request's calls may be written, and its error after.
+struct WriteBy {
+    at: Instant,
+    /// [`Error::Deadline`] when the caller's deadline set it, else the
+    /// backend's own [`Error::Timeout`].
+    late: Error,
 }
 
 /// The checks of one slot, by their positions in the request.
@@ -328,6 +336,18 @@ impl ClusterBackend {
         HeaderArgs::now(&self.clock, self.expiry_grace_ms, receipts)
     }
 
+    /// Whether every request is one call on one slot, so that no refund is
+    /// ever made: the domain hash tag, or a prefix carrying a hash tag of
+    /// its own (the first `{...}` of every key).
+    pub fn never_refunds(&self) -> bool {
+        let prefix = &self.keys.prefix;
+        let prefix_tagged = prefix
+            .find('{')
+            .and_then(|open| prefix[open + 1..].find('}'))
+            .is_some_and(|len| len > 0);
+        prefix_tagged || self.keys.hash_tag == HashTag::Domain
+    }
+
     /// Refunds that failed (timed out, or an error) since start-up.
     pub fn refund_failures(&self) -> u64 {
         self.refund_failures.load(Ordering::Relaxed)
@@ -387,11 +407,18 @@ impl ClusterBackend {
         header: &HeaderArgs,
         group: &Group,
         checks: &[KeyedCheck],
+        write_by: &WriteBy,
     ) -> Result<(Verdict, Vec<Receipt>), Error> {
         let engine = self.engine(&mut conn, group.slot).await?;
         let cmd = Self::decide_cmd(engine, header, group, checks);
         let value = self
-            .call(&mut conn, (engine, Entry::Decide), &cmd, group.slot)
+            .call(
+                &mut conn,
+                (engine, Entry::Decide),
+                &cmd,
+                group.slot,
+                Some(write_by),
+            )
             .await?;
         let reply = script::reply_integers(value)?;
         if header.receipts {
@@ -401,28 +428,36 @@ impl ClusterBackend {
     }
 
     /// Gives back what an allowed group consumed, once, within its own
-    /// deadline; a failure is logged (at most once a second) and counted:
-    /// it only leaves the group's counters higher until their window
-    /// passes, never lets a request over a limit.
+    /// deadline: what each limit got back, by its position in the request
+    /// (in the receipt's units). A failure is logged (at most once a
+    /// second) and counted: it only leaves the group's counters higher
+    /// until their window passes, never lets a request over a limit; none
+    /// is reported given back then.
     async fn refund_group(
         &self,
         mut conn: ClusterConnection,
         group: &Group,
         checks: &[KeyedCheck],
         receipts: &[Receipt],
-    ) {
+    ) -> Vec<(usize, u64)> {
         let deadline = Instant::now() + self.timeout;
         let refunded = timeout_at(deadline, async {
             // Known by now: the group's decision found it.
             let engine = self.engine(&mut conn, group.slot).await?;
-            let Some(cmd) = self.refund_cmd(engine, group, checks, receipts) else {
-                return Ok(Value::Nil);
+            let Some((cmd, positions)) = self.refund_cmd(engine, group, checks, receipts) else {
+                return Ok(Vec::new());
             };
-            self.call(&mut conn, (engine, Entry::Refund), &cmd, group.slot)
-                .await
+            // Sent whoever still waits: it only gives back room.
+            let value = self
+                .call(&mut conn, (engine, Entry::Refund), &cmd, group.slot, None)
+                .await?;
+            let reply: Vec<i64> = redis::from_redis_value(value)
+                .map_err(|err| Error::Protocol(format!("unexpected refund reply: {err}")))?;
+            let given = script::decode_refund_reply(&reply, positions.len())?;
+            Ok(positions.into_iter().zip(given).collect())
         });
         let err = match refunded.await {
-            Ok(Ok(_)) => return,
+            Ok(Ok(given)) => return given,
             Ok(Err(err)) => err,
             Err(_) => Error::Timeout(self.timeout_ms),
         };
@@ -433,24 +468,29 @@ impl ClusterBackend {
                 "redis cluster refund failed, counters stay higher until their window passes: {err}"
             );
         }
+        Vec::new()
     }
 
     /// FCALL (or EVALSHA) of the refund over the group's limits that
-    /// consumed; `None` when none did.
+    /// consumed, and their positions in the request; `None` when none did.
     fn refund_cmd(
         &self,
         engine: Engine,
         group: &Group,
         checks: &[KeyedCheck],
         receipts: &[Receipt],
-    ) -> Option<Cmd> {
+    ) -> Option<(Cmd, Vec<usize>)> {
+        let mut positions = Vec::new();
         let (keys, limits): (Vec<&String>, Vec<RefundArgs>) = group
             .positions
             .iter()
             .zip(&group.keys)
             .zip(receipts)
             .filter(|(_, receipt)| !receipt.is_empty())
-            .map(|((&at, key), receipt)| (key, RefundArgs::of(&checks[at].check, *receipt)))
+            .map(|((&at, key), receipt)| {
+                positions.push(at);
+                (key, RefundArgs::of(&checks[at].check, *receipt))
+            })
             .unzip();
         if keys.is_empty() {
             return None;
@@ -460,7 +500,7 @@ impl ClusterBackend {
         };
         let mut cmd = engine.command(Entry::Refund, keys.len());
         cmd.arg(keys).arg(script::refund_argv(&header, &limits));
-        Some(cmd)
+        Some((cmd, positions))
     }
 
     /// Decides every group concurrently; if all allowed, the merged
@@ -477,10 +517,11 @@ impl ClusterBackend {
         groups: &[Group],
         checks: &[KeyedCheck],
         deadline: Instant,
+        write_by: &WriteBy,
     ) -> Result<Verdict, Error> {
         let header = self.header(groups.len() > 1);
         let calls = groups.iter().map(|group| {
-            let call = self.decide_group(conn.clone(), &header, group, checks);
+            let call = self.decide_group(conn.clone(), &header, group, checks, write_by);
             async move {
                 timeout_at(deadline, call)
                     .await
@@ -491,6 +532,7 @@ impl ClusterBackend {
         let all_allowed = results
             .iter()
             .all(|it| matches!(it, Ok((verdict, _)) if verdict.allowed));
+        let mut given_back = Vec::new();
         if !all_allowed {
             let refunds = groups.iter().zip(&results).filter_map(|(group, result)| {
                 let (verdict, receipts) = result.as_ref().ok()?;
@@ -498,28 +540,36 @@ impl ClusterBackend {
                     .allowed
                     .then(|| self.refund_group(conn.clone(), group, checks, receipts))
             });
-            join_all(refunds).await;
+            given_back = join_all(refunds).await.into_iter().flatten().collect();
         }
         let verdicts = results
             .into_iter()
             .map(|it| it.map(|(verdict, _)| verdict))
             .collect::<Result<Vec<_>, Error>>()?;
-        merge(checks.len(), groups, verdicts)
+        merge(checks, groups, verdicts, &given_back)
     }
 
     /// Runs the script command, following only the answers that prove it
     /// did not run (see the module doc). Bounded by the caller's deadline;
     /// at most [`MAX_REDIRECTS`] redirects or loads in a row without a pause.
+    /// With `write_by`, no attempt (the first, or one after a redirect, a
+    /// load or a pause) is written once its moment has passed.
     async fn call(
         &self,
         conn: &mut ClusterConnection,
         code: (Engine, Entry),
         cmd: &Cmd,
         slot: Slot,
+        write_by: Option<&WriteBy>,
     ) -> Result<Value, Error> {
         let mut target = Target::Slot(slot);
         let mut redirects = 0;
         loop {
+            if let Some(write_by) = write_by
+                && Instant::now() >= write_by.at
+            {
+                return Err(write_by.late.clone());
+            }
             let err = match attempt(conn, cmd, &target).await {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
@@ -641,6 +691,20 @@ async fn attempt(conn: &mut ClusterConnection, cmd: &Cmd, target: &Target) -> Re
     }
 }
 
+/// What a limit that had `remaining` after consuming has after `units`
+/// (in the receipt's units) were given back, never above its capacity.
+/// Token buckets and GCRA count scaled tokens: the whole tokens given back.
+fn remaining_after_refund(check: &KeyedCheck, remaining: u64, units: u64) -> u64 {
+    let params = &check.check.params;
+    let tokens = match params.algorithm() {
+        Algorithm::TokenBucket | Algorithm::Gcra => units / params.rate().scale.max(1),
+        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::SlidingWindowLog => {
+            units
+        }
+    };
+    remaining.saturating_add(tokens).min(params.capacity())
+}
+
 fn single(route: Route) -> RoutingInfo {
     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))
 }
@@ -654,9 +718,16 @@ fn by_address(host: &str, port: u16) -> RoutingInfo {
 
 /// The group verdicts as one, in check order: allowed iff every group
 /// allowed. A denied request consumed nothing (the groups that allowed
-/// were refunded), so no outcome says it did.
-fn merge(n_checks: usize, groups: &[Group], verdicts: Vec<Verdict>) -> Result<Verdict, Error> {
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; n_checks];
+/// were refunded), so no outcome says it did, and a limit that was given
+/// back units (`given_back`, by position, in the receipt's units) reports
+/// what remains after its refund.
+fn merge(
+    checks: &[KeyedCheck],
+    groups: &[Group],
+    verdicts: Vec<Verdict>,
+    given_back: &[(usize, u64)],
+) -> Result<Verdict, Error> {
+    let mut outcomes: Vec<Option<Outcome>> = vec![None; checks.len()];
     let allowed = verdicts.iter().all(|it| it.allowed);
     for (group, verdict) in groups.iter().zip(verdicts) {
         for (&at, outcome) in group.positions.iter().zip(verdict.outcomes) {
@@ -664,6 +735,11 @@ fn merge(n_checks: usize, groups: &[Group], verdicts: Vec<Verdict>) -> Result<Ve
                 consumed: outcome.consumed && allowed,
                 ..outcome
             });
+        }
+    }
+    for &(at, units) in given_back {
+        if let (Some(Some(outcome)), Some(check)) = (outcomes.get_mut(at), checks.get(at)) {
+            outcome.remaining = remaining_after_refund(check, outcome.remaining, units);
         }
     }
     let outcomes = outcomes
@@ -687,6 +763,19 @@ impl fmt::Debug for ClusterBackend {
 #[async_trait::async_trait]
 impl Backend for ClusterBackend {
     async fn decide(&self, checks: &[KeyedCheck]) -> Result<Verdict, Error> {
+        self.decide_within(checks, &CallContext::unbounded()).await
+    }
+
+    /// As the single server's: admitted by the gate (stage queue), a
+    /// connection (stage connect), then the groups' calls (stage backend),
+    /// none written after the caller's `send_by` ([`Error::Deadline`]) or
+    /// the backend's own bound, a retry after a redirect or a pause
+    /// included.
+    async fn decide_within(
+        &self,
+        checks: &[KeyedCheck],
+        call: &CallContext,
+    ) -> Result<Verdict, Error> {
         if checks.is_empty() {
             return Ok(Verdict {
                 allowed: true,
@@ -695,17 +784,25 @@ impl Backend for ClusterBackend {
         }
         let groups = self.groups(checks)?;
         let deadline = Instant::now() + self.timeout;
+        let (at, late) = sending_bound(deadline, self.timeout, call.send_by.map(Instant::from_std));
+        let write_by = WriteBy { at, late };
         // Refunds are not admitted: they must go even when the line is full.
-        let send_by = gate::send_by(deadline, self.timeout);
-        let _permit = self.gate.admit(send_by, self.timeout_ms).await?;
+        call.progress.set(Stage::Queue);
+        let _permit = match self.gate.admit(write_by.at, self.timeout_ms).await {
+            Err(Error::Timeout(_)) => return Err(write_by.late),
+            admitted => admitted?,
+        };
+        call.progress.set(Stage::Connect);
         let conn = timeout_at(deadline, self.connection())
             .await
             .map_err(|_| Error::Timeout(self.timeout_ms))??;
-        if Instant::now() >= send_by {
+        if Instant::now() >= write_by.at {
             // Nobody would wait for its answer (see `Core::call`).
-            return Err(Error::Timeout(self.timeout_ms));
+            return Err(write_by.late);
         }
-        self.decide_groups(conn, &groups, checks, deadline).await
+        call.progress.set(Stage::Backend);
+        self.decide_groups(conn, &groups, checks, deadline, &write_by)
+            .await
     }
 
     /// The cluster reports `cluster_state:ok`, and for every primary the
@@ -809,8 +906,13 @@ impl Backend for ClusterBackend {
         "redis-cluster"
     }
 
+    /// Only where no request spans slots ([`ClusterBackend::never_refunds`]):
+    /// elsewhere a refund gives room back to a counter another request
+    /// found full (on this instance or another), so the over-limit cache,
+    /// which holds that only time frees room, would deny wrongly until the
+    /// counter's reset.
     fn local_clock(&self) -> Option<Arc<dyn Clock>> {
-        Some(self.clock.local_clock())
+        self.never_refunds().then(|| self.clock.local_clock())
     }
 }
 
@@ -907,6 +1009,41 @@ mod tests {
         );
         let plain = ["h:1".to_owned(), "redis://h:2".to_owned()];
         assert_eq!(seed_urls(&plain), ["redis://h:1", "redis://h:2"]);
+    }
+
+    /// Only where every request is one slot is the over-limit cache
+    /// offered a clock: the domain tag, or a prefix tagged by the operator.
+    #[test]
+    fn the_over_limit_cache_is_offered_only_where_nothing_is_refunded() {
+        let with = |prefix: &str, hash_tag| {
+            ClusterBackend::connect(ClusterSettings {
+                nodes: vec!["127.0.0.1:7000".to_owned()],
+                pool_size: 1,
+                timeout_ms: 100,
+                keys: KeyFormat::new(prefix, hash_tag),
+                clock: ClockSource::Redis,
+                expiry_grace_ms: 0,
+                tls: RedisTls::default(),
+            })
+            .expect("settings")
+        };
+        for (prefix, hash_tag, cached) in [
+            ("tg", HashTag::Domain, true),
+            ("{tg}", HashTag::None, true),
+            ("a{tg}b", HashTag::Descriptor, true),
+            ("tg", HashTag::None, false),
+            ("tg", HashTag::Descriptor, false),
+            ("{}tg", HashTag::None, false),
+            ("{tg", HashTag::None, false),
+        ] {
+            let backend = with(prefix, hash_tag);
+            assert_eq!(backend.never_refunds(), cached, "{prefix} {hash_tag:?}");
+            assert_eq!(
+                backend.local_clock().is_some(),
+                cached,
+                "{prefix} {hash_tag:?}"
+            );
+        }
     }
 
     #[test]

@@ -445,12 +445,35 @@ impl RedisBackend {
     }
 }
 
+/// The last moment a call due by `deadline` (of a `timeout`) may be
+/// written, and what it fails with once that has passed: the backend's own
+/// bound ([`gate::send_by`], then [`Error::Timeout`]) or, when earlier, the
+/// caller's `send_by` (then [`Error::Deadline`]: its caller is answered
+/// through the failure mode, and nothing is sent).
+fn sending_bound(
+    deadline: Instant,
+    timeout: Duration,
+    caller_send_by: Option<Instant>,
+) -> (Instant, Error) {
+    let own = gate::send_by(deadline, timeout);
+    match caller_send_by {
+        Some(caller) if caller < own => (caller, Error::Deadline),
+        _ => (own, Error::Timeout(timeout_ms(timeout))),
+    }
+}
+
+/// A timeout in whole milliseconds, as errors report it.
+fn timeout_ms(timeout: Duration) -> u64 {
+    u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
+}
+
 // === impl Core ===
 
 impl Core {
-    /// One call of `entry` over `n_keys` keys by `deadline` (the end of the
-    /// caller's timeout; a batch's: its oldest request's), its keys and
-    /// then its arguments written by `args`; the reply's integers. Loads the code and sends
+    /// One call of `entry` by `deadline` (the end of the caller's timeout;
+    /// a batch's: its latest request's), the command made by `compose` at
+    /// the moment it would be written (it may refuse: nothing is written,
+    /// and its error returned); the reply's integers. Loads the code and sends
     /// again only when the server says it lacks it (the call did not run);
     /// NEVER after a timeout or any other error: the call may have run,
     /// and a retry would count its requests twice.
@@ -466,21 +489,17 @@ impl Core {
     /// moment of sending earlier: a call refused by it fails with
     /// [`Error::Deadline`]. The reply to a call written is awaited until
     /// `deadline`, whoever still waits for it, so that what it consumed is
-    /// counted. `report` hears each stage the call reaches.
+    /// counted. `report` hears the stages before the call is written;
+    /// `compose` reports [`Stage::Backend`] for what it writes.
     async fn call(
         &self,
         deadline: Instant,
         caller_send_by: Option<Instant>,
         report: impl Fn(Stage),
         entry: Entry,
-        n_keys: usize,
-        args: impl FnOnce(&mut redis::Cmd),
+        compose: impl FnOnce(Engine) -> Result<redis::Cmd, Error>,
     ) -> Result<Vec<i64>, Error> {
-        let own_send_by = gate::send_by(deadline, self.timeout);
-        let (send_by, late) = match caller_send_by {
-            Some(caller) if caller < own_send_by => (caller, Error::Deadline),
-            _ => (own_send_by, Error::Timeout(self.timeout_ms)),
-        };
+        let (send_by, late) = sending_bound(deadline, self.timeout, caller_send_by);
         report(Stage::Queue);
         let _permit = match self.gate.admit(send_by, self.timeout_ms).await {
             Err(Error::Timeout(_)) => return Err(late),
@@ -510,9 +529,7 @@ impl Core {
             // waits for, delaying the calls behind it.
             return Err(late);
         }
-        report(Stage::Backend);
-        let mut cmd = engine.command(entry, n_keys);
-        args(&mut cmd);
+        let cmd = compose(engine)?;
         let mut multiplexed = conn.conn.clone();
         let value = engine::run(&mut multiplexed, engine, entry, &cmd);
         let value = match timeout_at(deadline, value).await {
@@ -540,17 +557,16 @@ impl Core {
         let send_by = call.send_by.map(Instant::from_std);
         let report = |stage| call.progress.set(stage);
         let reply = self
-            .call(
-                deadline,
-                send_by,
-                report,
-                Entry::Decide,
-                request.keys.len(),
-                |cmd| {
-                    cmd.arg(&request.keys);
-                    script::write_request(cmd, &request.header, &request.limits);
-                },
-            )
+            .call(deadline, send_by, report, Entry::Decide, |engine| {
+                if !call.progress.enter_backend() {
+                    // Its caller has gone: nobody would read the answer.
+                    return Err(Error::Deadline);
+                }
+                let mut cmd = engine.command(Entry::Decide, request.keys.len());
+                cmd.arg(&request.keys);
+                script::write_request(&mut cmd, &request.header, &request.limits);
+                Ok(cmd)
+            })
             .await?;
         script::parse_reply(&reply, request.keys.len())
     }

@@ -211,6 +211,7 @@ pub struct LimitArgs {
     pub scale: u64,
     pub cost: u64,
     pub mode: &'static str,
+    pub charge: &'static str,
 }
 
 /// ARGV[1..=3], in this order.
@@ -239,7 +240,7 @@ pub const HEADER_FIELDS: [Field<HeaderArgs>; 3] = [
 /// per key after the header: one argument rather than eight, which Redis
 /// would parse into eight strings and the script join again to look the
 /// limit up among those it has parsed before.
-pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
+pub const LIMIT_FIELDS: [Field<LimitArgs>; 9] = [
     Field::new(
         "algorithm",
         "the algorithm's name (`Algorithm::name`)",
@@ -270,6 +271,12 @@ pub const LIMIT_FIELDS: [Field<LimitArgs>; 8] = [
         |it| Arg::Int(it.cost),
     ),
     Field::new("mode", "enforce, shadow or quota", |it| Arg::Text(it.mode)),
+    Field::new(
+        "charge",
+        "if_allowed (the cost is taken only when the request is allowed) or always \
+         (taken whatever the verdict, into debt up to one capacity: `Charge`)",
+        |it| Arg::Text(it.charge),
+    ),
 ];
 
 /// ARGV[1] of a batch (`decide_batch`); then, per request, its
@@ -334,7 +341,9 @@ impl redis::FromRedisValue for ReplyIntegers {
 const REPLY_HEAD: usize = 1;
 
 /// Integers per limit in the reply, after `allowed`: flags (has_room + 2 ×
-/// consumed), remaining, reset_us.
+/// consumed), remaining, reset_us. `remaining` is minus the overdraft
+/// (`Outcome::overdraft`, units charged past the room) when there is one:
+/// nothing remains then.
 const REPLY_PER_LIMIT: usize = 3;
 
 /// Integers a receipt adds per limit: at_us, units.
@@ -362,6 +371,7 @@ impl LimitArgs {
             scale: rate.scale,
             cost: check.cost,
             mode: mode_name(check.mode),
+            charge: params.charge().name(),
         }
     }
 }
@@ -475,7 +485,9 @@ const REFUSED_LEN: usize = 2;
 /// (as [`parse_reply`] reads it) or, when the script refused or failed it
 /// alone, two integers: [`REFUSED`] and the reason, `k` (>= 1) for bad
 /// parameters of its limit `k`, 0 for a bad header, -1 for an error while
-/// deciding it (a Redis error on one of its keys). Such a member gets its
+/// deciding it (a Redis error on one of its keys), `-1 - k` when the key of
+/// its limit `k` holds a stored layout the script refuses to read
+/// (docs/redis.md, "Stored layouts"). Such a member gets its
 /// own [`Error::Protocol`]; the others keep their verdicts. Refuses a
 /// reply of any other length or shape.
 pub fn parse_batch_reply(
@@ -511,13 +523,20 @@ pub fn parse_batch_reply(
 /// The error of a batch member the script refused for `reason`; `None` for
 /// a reason no script answers.
 fn refusal(reason: i64, n_checks: usize) -> Option<Error> {
+    let limit = |k: i64| {
+        usize::try_from(k)
+            .ok()
+            .filter(|&k| (1..=n_checks).contains(&k))
+    };
     let what = match reason {
         -1 => "failed while deciding it".to_owned(),
         0 => "bad request header".to_owned(),
-        k if usize::try_from(k).is_ok_and(|k| k <= n_checks) => {
-            format!("bad parameters for limit {k}")
-        }
-        _ => return None,
+        k if k > 0 => format!("bad parameters for limit {}", limit(k)?),
+        k => format!(
+            "the stored state of limit {} is in a layout this version does not read \
+             (throttlegate: stored layout refused)",
+            limit(-1 - k)?
+        ),
     };
     Some(Error::Protocol(format!(
         "the decision script refused this request of its batch: {what}"
@@ -525,7 +544,7 @@ fn refusal(reason: i64, n_checks: usize) -> Option<Error> {
 }
 
 /// Reads `{allowed, (flags, remaining, reset_us)*n}`, flags being has_room
-/// + 2 × consumed.
+/// + 2 × consumed, remaining below 0 the overdraft negated.
 pub fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
     let (verdict, _) = parse_limits(reply, n_checks, 0)?;
     Ok(verdict)
@@ -569,12 +588,19 @@ fn parse_limits(
     };
     let mut outcomes = Vec::with_capacity(n_checks);
     let mut receipts = Vec::with_capacity(if extra > 0 { n_checks } else { 0 });
+    // Units remaining, or minus the units charged past the room.
+    let remaining = |value: i64| match u64::try_from(value) {
+        Ok(remaining) => Ok((remaining, 0)),
+        Err(_) => value.checked_neg().map(|it| (0, it as u64)).ok_or_else(bad),
+    };
     for it in reply[REPLY_HEAD..].chunks_exact(stride) {
         let (has_room, consumed) = flags(it[0])?;
+        let (remaining, overdraft) = remaining(it[1])?;
         outcomes.push(Outcome {
             has_room,
             consumed,
-            remaining: count(it[1])?,
+            remaining,
+            overdraft,
             reset_us: count(it[2])?,
         });
         if extra > 0 {
@@ -860,9 +886,12 @@ mod tests {
         assert_eq!(verdict.outcomes[0].remaining, 4);
         assert!(message(&answers[2]).contains("failed while deciding"));
         assert!(message(&answers[3]).contains("bad request header"));
+        // The key of its limit 2 holds a layout the script refuses.
+        let answers = parse_batch_reply(&[-1, -3], &[2]).unwrap();
+        assert!(message(&answers[0]).contains("stored state of limit 2 is in a layout"));
         // A reason no script answers, or a refusal cut short, is no reply.
         assert!(parse_batch_reply(&[-1, 3], &[2]).is_err());
-        assert!(parse_batch_reply(&[-1, -2], &[1]).is_err());
+        assert!(parse_batch_reply(&[-1, -3], &[1]).is_err());
         assert!(parse_batch_reply(&[-1], &[1]).is_err());
     }
 
@@ -950,7 +979,7 @@ mod tests {
         assert_eq!(
             written,
             [format!(
-                "token_bucket:10:60000000:20:{}:{}:3:quota",
+                "token_bucket:10:60000000:20:{}:{}:3:quota:if_allowed",
                 rate.per_us, rate.scale
             )]
         );
@@ -966,6 +995,7 @@ mod tests {
                 has_room: true,
                 consumed: true,
                 remaining: 3,
+                overdraft: 0,
                 reset_us: 10
             }
         );
@@ -979,7 +1009,14 @@ mod tests {
             "consumed without room"
         );
         assert!(parse_reply(&[1, 4, 3, 10], 1).is_err());
-        assert!(parse_reply(&[1, 3, -3, 10], 1).is_err());
+        // A negative remaining is the overdraft: nothing remains.
+        let verdict = parse_reply(&[0, 0, -3, 10], 1).unwrap();
+        assert_eq!(
+            (verdict.outcomes[0].remaining, verdict.outcomes[0].overdraft),
+            (0, 3)
+        );
+        assert!(parse_reply(&[0, 0, i64::MIN, 10], 1).is_err());
+        assert!(parse_reply(&[1, 3, 3, -10], 1).is_err());
     }
 
     #[test]

@@ -183,6 +183,7 @@ fn the_cache_holds_at_most_its_capacity_and_reuses_expired_room() {
                 has_room: false,
                 consumed: false,
                 remaining: 0,
+                overdraft: 0,
                 reset_us: 1_000_000,
             }],
         };
@@ -298,4 +299,45 @@ fn metrics_start_at_zero() {
         sample(&text, "throttlegate_over_limit_cache_entries"),
         Some(0.0)
     );
+}
+
+/// A limit charged always is never answered from the cache: every charge
+/// (cost 1 included) and every check reaches the backend, so the debt the
+/// charges build is recorded and the reset reported is the backend's, and
+/// the answers are the uncached limiter's. The units past the room are
+/// counted per rule.
+#[tokio::test]
+async fn limits_charged_always_are_never_cached() {
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new(T0);
+        let yaml = tree(algorithm, ", charge: always");
+        let (limiter, backend) = cached(&yaml, &clock, 100);
+        let twin = reference(&yaml, &clock);
+        for (step, cost) in [1, 1, 1, 1, 1, 0, 0, 2, 0].into_iter().enumerate() {
+            let request = user("a", cost);
+            let got = limiter.decide(&request).await.unwrap();
+            assert_eq!(
+                got,
+                twin.decide(&request).await.unwrap(),
+                "{algorithm} {step}"
+            );
+            assert_eq!(backend.calls(), step + 1, "{algorithm} step {step}");
+            clock.advance(1_000);
+        }
+        let text = limiter.metrics().encode();
+        assert_eq!(
+            sample(&text, "throttlegate_over_limit_cache_hits_total"),
+            Some(0.0)
+        );
+        // Three pass; the next two (cost 1) go 1 + 1 past the room, the
+        // cost of 2 only 1: the debt stops at one capacity (3).
+        assert_eq!(
+            sample(
+                &text,
+                "throttlegate_overdraft_units_total{domain=\"api\",rule=\"user\"}"
+            ),
+            Some(3.0),
+            "{algorithm}"
+        );
+    }
 }

@@ -120,6 +120,41 @@ async fn every_override_is_decided_on_every_algorithm() {
     }
 }
 
+/// An override on a rule charged always is charged always too, and is
+/// decided at every extreme number: where twice the capacity is not exact
+/// the number enforced is smaller, never an error. A charge of 2^64 − 1
+/// goes into debt, and the check after it is denied.
+#[tokio::test]
+async fn an_override_takes_the_charge_of_its_rule() {
+    for algorithm in Algorithm::ALL {
+        let limit = limit_with(5, Unit::Minute, 1, algorithm)
+            .charged(crate::algorithms::Charge::Always)
+            .unwrap();
+        let fixture = one_rule("k", limit);
+        for (requests, unit) in EXTREME_OVERRIDES {
+            let case = format!("{algorithm} {requests}/{}", unit.name());
+            let with_cost = |cost: u64| {
+                req(vec![Descriptor {
+                    hits_addend: Some(cost),
+                    ..overridden(&[("k", &case)], requests, unit)
+                }])
+            };
+            let decision = fixture
+                .limiter
+                .decide(&with_cost(1))
+                .await
+                .unwrap_or_else(|err| panic!("{case}: {err}"));
+            assert_eq!(decision.overall, OK, "{case}");
+            let enforced = decision.statuses[0].current_limit.clone().unwrap();
+            assert!(enforced.requests_per_unit <= requests, "{case}");
+            let charge = fixture.limiter.decide(&with_cost(u64::MAX)).await.unwrap();
+            assert_eq!(charge.overall, OVER, "{case}");
+            let check = fixture.limiter.decide(&with_cost(0)).await.unwrap();
+            assert_eq!(check.overall, OVER, "{case}: the charge was recorded");
+        }
+    }
+}
+
 /// A request of one descriptor of `entries` with an override.
 fn one_override(entries: &[(&str, &str)], requests_per_unit: u32, unit: Unit) -> Request {
     req(vec![overridden(entries, requests_per_unit, unit)])

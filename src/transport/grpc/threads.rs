@@ -10,7 +10,7 @@
 //! backend gives it connections of its own, made on its runtime: a call
 //! and its answer then stay on the thread too. What it measured on two
 //! cores shared with the load generator is in docs/benchmarks.md
-//! ("Serving threads", and the sections of 2026-12-05): less CPU per
+//! (the `threads` rows of "CPU per decision"): less CPU per
 //! decision at 500 requests in flight, but a worse p99 at one request per
 //! connection on the memory backend (a thread's connections wait while it
 //! is descheduled; the shared runtime's other worker would take them).
