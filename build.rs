@@ -1,4 +1,4 @@
-//! Compiles our trimmed Envoy rate-limit protos (no system `protoc` needed).
+//! Compiles our trimmed Envoy rate-limit and rate-limit-quota protos (no system `protoc` needed).
 
 use prost_types::FileDescriptorSet;
 use prost_types::field_descriptor_proto::Type;
@@ -13,6 +13,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/envoy/extensions/common/ratelimit/v3/ratelimit.proto",
         "proto/envoy/type/v3/ratelimit_unit.proto",
         "proto/envoy/config/core/v3/base.proto",
+        "proto/envoy/service/rate_limit_quota/v3/rlqs.proto",
+        "proto/envoy/type/v3/ratelimit_strategy.proto",
+        "proto/envoy/type/v3/token_bucket.proto",
     ];
     let descriptors = protox::compile(protos, ["proto"])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);

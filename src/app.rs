@@ -34,6 +34,8 @@ use crate::config::reload::{ReloadGuard, Reloader};
 use crate::config::{self, ConfigStatus, LoadOptions};
 use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
 use crate::metrics::Metrics;
+use crate::quota::QuotaBook;
+use crate::quota::redis::RedisPools;
 use crate::rules::RuleSet;
 use crate::transport::grpc::{self, GrpcLimits};
 use crate::transport::health::Health;
@@ -289,6 +291,10 @@ async fn start(
         metrics,
         settings.drain_timeout,
     );
+    if let Some(book) = quota_book(&settings.redis)? {
+        grpc_app.quota = book.clone();
+        http_app.quota = book;
+    }
     grpc_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Grpc));
     http_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Http));
     let tls_reloads = tls.as_ref().map(|it| it.spawn_reloader(tls::CHECK_EVERY));
@@ -374,10 +380,12 @@ pub fn server_apps(
         metrics.clone(),
     ));
     let health = Health::new(backend);
+    let quota = Arc::new(QuotaBook::new(Arc::new(SystemClock)));
     let http = http::App {
         limiter: limiter.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
+        quota: quota.clone(),
         rules,
         config: status,
         tls: None,
@@ -386,6 +394,7 @@ pub fn server_apps(
         limiter,
         metrics,
         health,
+        quota,
         drain_timeout,
         tls: None,
     };
@@ -528,6 +537,27 @@ async fn backend(
         }
         Some(Err(err)) => Err(Aborted::Failed(format!("redis: {err}"))),
         None => Err(Aborted::Stopped),
+    }
+}
+
+/// With a single Redis server (`--redis-url` alone), rate-limit quota
+/// budgets are kept there and shared with every instance on it; otherwise
+/// (no Redis, Sentinel, Cluster) each instance shares them among its own
+/// streams. `None`: the in-memory book `server_apps` made stays.
+fn quota_book(redis: &RedisFlags) -> Result<Option<Arc<QuotaBook>>, Aborted> {
+    let Some(url) = &redis.url else {
+        return Ok(None);
+    };
+    if !redis.sentinel_nodes.is_empty() || !redis.cluster_nodes.is_empty() {
+        tracing::warn!("rate-limit quota budgets are per instance with Sentinel or Cluster");
+        return Ok(None);
+    }
+    match RedisPools::new(url) {
+        Ok(pools) => Ok(Some(Arc::new(QuotaBook::with_redis(
+            Arc::new(SystemClock),
+            pools,
+        )))),
+        Err(err) => Err(Aborted::Failed(format!("redis for quotas: {err}"))),
     }
 }
 

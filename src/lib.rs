@@ -10,6 +10,8 @@
 //! - `backends`: where counters live (memory, Redis through a Lua script);
 //! - `algorithms`: the rate-limit math, pure integer functions of time;
 //! - `config`: YAML files to a validated `rules::RuleSet`, and hot reload;
+//! - `quota`: Envoy's rate-limit quotas (RLQS): rules as budgets shared
+//!   among proxies, max-min fair by their reported demand;
 //! - `fuzzing`: the bodies of the fuzz targets and of their proptest
 //!   twins (unit tests and the `fuzzing` feature only);
 //! - `simulate`: `throttlegate simulate`, a traffic pattern replayed
@@ -35,6 +37,7 @@ pub mod log_gate;
 pub mod metrics;
 pub mod pem;
 pub mod proto;
+pub mod quota;
 pub mod rules;
 pub mod serving_thread;
 pub mod simulate;
@@ -82,6 +85,7 @@ mod tests {
                     "metrics",
                     "log_gate",
                     "clock",
+                    "quota",
                 ],
             ),
             (
@@ -96,6 +100,7 @@ mod tests {
                     "proto",
                     "pem",
                     "serving_thread",
+                    "quota",
                 ],
             ),
             (
@@ -110,6 +115,7 @@ mod tests {
                 ],
             ),
             ("config", &["rules", "algorithms"]),
+            ("quota", &["rules", "clock"]),
             (
                 "backends",
                 &["algorithms", "clock", "log_gate", "pem", "serving_thread"],

@@ -28,6 +28,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+mod quota;
+pub use quota::{AssignmentKind, QuotaMetrics};
+
 use crate::backends;
 
 /// The `Content-Type` of [`Metrics::encode`]'s output.
@@ -389,6 +392,7 @@ pub struct Metrics {
     tls_handshake_errors: Family<ListenerLabels, Counter>,
     tls_reloads: Family<ReloadLabels, Counter>,
     stored_source: Mutex<Option<CounterSource>>,
+    quota: QuotaMetrics,
 }
 
 type CounterSource = Box<dyn Fn() -> u64 + Send + Sync>;
@@ -584,6 +588,7 @@ impl Metrics {
             "Reloads of the TLS certificate, key and client CA files by result (ok; error: the certificate in force stays)",
             tls_reloads.clone(),
         );
+        let quota = QuotaMetrics::register(&mut registry);
         Self {
             registry: Mutex::new(registry),
             series,
@@ -605,7 +610,13 @@ impl Metrics {
             tls_handshake_errors,
             tls_reloads,
             stored_source: Mutex::new(None),
+            quota,
         }
+    }
+
+    /// The rate-limit quota service's metrics.
+    pub fn quota(&self) -> &QuotaMetrics {
+        &self.quota
     }
 
     /// Counts one descriptor decision of cost `hits` under the fixed

@@ -1,4 +1,5 @@
-//! Generated Envoy rate-limit protocol types.
+//! Generated Envoy rate-limit (RLS) and rate-limit-quota (RLQS) protocol
+//! types.
 //!
 //! Within the service they stop at `crate::transport`: `transport::wire`
 //! maps them to and from `crate::decision`'s types (unit and code names
@@ -12,6 +13,11 @@ pub mod envoy {
         pub mod ratelimit {
             pub mod v3 {
                 tonic::include_proto!("envoy.service.ratelimit.v3");
+            }
+        }
+        pub mod rate_limit_quota {
+            pub mod v3 {
+                tonic::include_proto!("envoy.service.rate_limit_quota.v3");
             }
         }
     }

@@ -17,7 +17,8 @@ async fn start() -> TestService {
 }
 
 /// The services every reflection version lists.
-const SERVICES: [&str; 4] = [
+const SERVICES: [&str; 5] = [
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
     "envoy.service.ratelimit.v3.RateLimitService",
     "grpc.health.v1.Health",
     "grpc.reflection.v1.ServerReflection",

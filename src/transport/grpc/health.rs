@@ -19,11 +19,13 @@ use tonic_health::server::{HealthReporter, HealthService};
 use crate::transport::health::Health;
 
 /// Names reported by `grpc.health.v1.Health`: the whole server, the name
-/// envoyproxy/ratelimit uses, and the fully qualified service.
-pub const HEALTH_SERVICES: [&str; 3] = [
+/// envoyproxy/ratelimit uses, and the fully qualified services (RLS and
+/// RLQS).
+pub const HEALTH_SERVICES: [&str; 4] = [
     "",
     "ratelimit",
     "envoy.service.ratelimit.v3.RateLimitService",
+    "envoy.service.rate_limit_quota.v3.RateLimitQuotaService",
 ];
 
 /// How often the backend is probed for health.

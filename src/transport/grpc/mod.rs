@@ -1,10 +1,12 @@
-//! The gRPC server: the rate-limit service ([`service`]), health
-//! ([`health`]), reflection ([`reflection`]) and the response `layers`,
+//! The gRPC server: the rate-limit service ([`service`]), the rate-limit
+//! quota service ([`rlqs`]), health ([`health`]), reflection
+//! ([`reflection`]) and the response `layers`,
 //! within connection limits, through the stages of a graceful stop.
 
 pub mod health;
 mod layers;
 pub mod reflection;
+pub mod rlqs;
 mod routes;
 mod server;
 pub mod service;
@@ -20,8 +22,10 @@ use tokio::net::TcpListener;
 
 use crate::decision::Limiter;
 use crate::metrics::Metrics;
+use crate::quota::QuotaBook;
 use crate::transport::grpc::health::HealthReports;
 use crate::transport::grpc::reflection::{ShortStatus, reflection_v1, reflection_v1alpha};
+use crate::transport::grpc::rlqs::QuotaService;
 use crate::transport::grpc::routes::{GrpcService, Services};
 use crate::transport::grpc::service::RateLimitService;
 use crate::transport::health::Health;
@@ -54,6 +58,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// What `grpc.health.v1.Health` reports, until a stop begins.
     pub health: Health,
+    /// The shares of rate-limit quota streams (RLQS).
+    pub quota: Arc<QuotaBook>,
     /// How long in-flight RPCs may take to finish once the listener closes.
     pub drain_timeout: Duration,
     /// TLS on every connection (offering ALPN `h2`); `None`: plain text.
@@ -153,6 +159,13 @@ pub async fn serve_limited(
         health: health_service,
         reflection_v1: ShortStatus(reflection_v1()),
         reflection_v1alpha: ShortStatus(reflection_v1alpha()),
+        quota: QuotaService::new(
+            app.limiter.clone(),
+            app.quota.clone(),
+            &app.metrics,
+            shutdown.clone(),
+        )
+        .into_server(),
     };
     let listener = Listener::new(listener, "grpc", limits.max_connections, &app.metrics);
     // A connection with no request by the handshake deadline gets GOAWAY

@@ -2,7 +2,7 @@
 //! names (`/SERVICE/METHOD`), found by comparing the name with each
 //! service's. tonic's own router matches a path pattern per request,
 //! decodes and stores the pattern's parameter, and clones the matched
-//! service into a box; with three services a comparison of names does the
+//! service into a box; with four services a comparison of names does the
 //! same job, and the service's own future is returned as it is.
 //!
 //! `ShouldRateLimit` never comes here: the server sends it to
@@ -53,14 +53,16 @@ impl<S: GrpcService + NamedService> Routed for S {}
 /// the service name in the path; any other path is UNIMPLEMENTED, as with
 /// tonic's router.
 #[derive(Debug, Clone)]
-pub(super) struct Services<H, V1, V1A> {
+pub(super) struct Services<H, V1, V1A, Q> {
     pub(super) health: H,
     pub(super) reflection_v1: V1,
     pub(super) reflection_v1alpha: V1A,
+    /// The rate-limit quota service (RLQS).
+    pub(super) quota: Q,
 }
 
-impl<H: Routed, V1: Routed, V1A: Routed> tower::Service<http::Request<Body>>
-    for Services<H, V1, V1A>
+impl<H: Routed, V1: Routed, V1A: Routed, Q: Routed> tower::Service<http::Request<Body>>
+    for Services<H, V1, V1A, Q>
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
@@ -80,6 +82,8 @@ impl<H: Routed, V1: Routed, V1A: Routed> tower::Service<http::Request<Body>>
             self.reflection_v1.call(request)
         } else if name == Some(V1A::NAME) {
             self.reflection_v1alpha.call(request)
+        } else if name == Some(Q::NAME) {
+            self.quota.call(request)
         } else {
             Box::pin(async { Ok(unimplemented()) })
         }

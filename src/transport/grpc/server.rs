@@ -45,6 +45,7 @@ use tonic::codegen::http;
 use tonic::transport::server::Connected;
 
 use super::layers;
+use super::rlqs::ConnectionTag;
 use super::routes::GrpcService;
 use super::service::{RateLimitService, Reply, SHOULD_RATE_LIMIT, status_response};
 use super::{FIRST_REQUEST_GRACE, GrpcLimits, MAX_LOCAL_ERROR_RESETS, MAX_PENDING_ACCEPT_RESETS};
@@ -195,6 +196,11 @@ impl<S: GrpcService> hyper::service::Service<http::Request<Incoming>> for Connec
             return Box::pin(within(timeout, answer));
         }
         let mut services = self.services.clone();
+        let mut request = request;
+        // Streams of the quota service are counted per connection.
+        request
+            .extensions_mut()
+            .insert(ConnectionTag(Arc::as_ptr(&self.watchdog) as usize));
         let answer = async move {
             let response = tower::Service::call(&mut services, request.map(Body::new))
                 .await

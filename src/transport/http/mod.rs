@@ -20,6 +20,7 @@ use crate::config::ConfigStatus;
 use crate::decision::Limiter;
 use crate::log_gate::LogGate;
 use crate::metrics::Metrics;
+use crate::quota::QuotaBook;
 use crate::rules::RuleSet;
 use crate::transport::health::Health;
 use crate::transport::listener::Listener;
@@ -35,6 +36,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     /// What `/healthcheck` answers.
     pub health: Health,
+    /// The rate-limit quota shares `/rlconfig` lists.
+    pub quota: Arc<QuotaBook>,
     /// The rules in force, summarised by `/rlconfig`.
     pub rules: Arc<ArcSwap<RuleSet>>,
     /// Where those rules came from, when, and the last refused reload.
@@ -240,6 +243,41 @@ async fn rlconfig(State(app): State<App>) -> String {
         text.push('\n');
     }
     text.push_str(&crate::config::summary(&app.rules.load()));
+    text.push_str(&quota_summary(&app.quota.pools()));
+    text
+}
+
+/// The active rate-limit quota (RLQS) buckets: each shared budget, then
+/// each proxy's share of it (requests per window) and the demand it
+/// reported; `held` marks a share still counted for a proxy that left or
+/// went silent. Nothing when no proxy has reported a shared bucket.
+fn quota_summary(pools: &[crate::quota::PoolView]) -> String {
+    use std::fmt::Write as _;
+    let mut text = String::new();
+    if pools.is_empty() {
+        return text;
+    }
+    let _ = writeln!(text, "rate-limit quota buckets:");
+    for pool in pools {
+        let window_s = pool.budget.window_us as f64 / 1e6;
+        let _ = writeln!(
+            text,
+            "  {}: {} per {window_s}s",
+            pool.pool.as_str(),
+            pool.budget.per_window
+        );
+        for member in &pool.members {
+            let show = |it: Option<u64>| it.map_or_else(|| "-".to_owned(), |it| it.to_string());
+            let _ = writeln!(
+                text,
+                "    proxy bucket {}: share {}, demand {}{}",
+                member.member,
+                show(member.share),
+                show(member.demand),
+                if member.active { "" } else { " (held)" }
+            );
+        }
+    }
     text
 }
 

@@ -1,0 +1,137 @@
+//! Metrics of the rate-limit quota service (RLQS): streams and buckets
+//! open, assignments sent, usage the proxies reported, shares assigned.
+//! Labels are a configured domain (else `_unknown`) and a rule's path
+//! (else `_unmatched`), never a bucket's values.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    domain: Arc<str>,
+    rule: Arc<str>,
+    kind: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RuleLabels {
+    domain: Arc<str>,
+    rule: Arc<str>,
+}
+
+/// What kind of assignment a bucket was sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AssignmentKind {
+    /// A token bucket different from the one the proxy had.
+    Changed,
+    /// The same token bucket again: its time to live renewed.
+    Renewed,
+    AllowAll,
+    DenyAll,
+}
+
+impl AssignmentKind {
+    fn name(self) -> &'static str {
+        match self {
+            AssignmentKind::Changed => "changed",
+            AssignmentKind::Renewed => "renewed",
+            AssignmentKind::AllowAll => "allow_all",
+            AssignmentKind::DenyAll => "deny_all",
+        }
+    }
+}
+
+/// The RLQS metrics, registered with the service's others.
+#[derive(Debug, Clone)]
+pub struct QuotaMetrics {
+    streams: Gauge<i64, AtomicI64>,
+    buckets: Gauge<i64, AtomicI64>,
+    assignments: Family<KindLabels, Counter>,
+    reported: Family<KindLabels, Counter>,
+    assigned: Family<RuleLabels, Gauge<i64, AtomicI64>>,
+}
+
+impl QuotaMetrics {
+    pub(super) fn register(registry: &mut Registry) -> QuotaMetrics {
+        let metrics = QuotaMetrics {
+            streams: Gauge::default(),
+            buckets: Gauge::default(),
+            assignments: Family::default(),
+            reported: Family::default(),
+            assigned: Family::default(),
+        };
+        registry.register(
+            "rlqs_streams",
+            "Rate-limit quota (RLQS) streams open",
+            metrics.streams.clone(),
+        );
+        registry.register(
+            "rlqs_buckets",
+            "Buckets the open RLQS streams report",
+            metrics.buckets.clone(),
+        );
+        registry.register(
+            "rlqs_assignments",
+            "RLQS assignments sent by domain, rule and kind (changed, renewed: a token bucket new to the proxy or the same one again; allow_all, deny_all)",
+            metrics.assignments.clone(),
+        );
+        registry.register(
+            "rlqs_reported_requests",
+            "Requests the proxies reported by domain, rule and kind (allowed, denied)",
+            metrics.reported.clone(),
+        );
+        registry.register(
+            "rlqs_assigned_requests_per_window",
+            "Shares of the window's budget assigned to proxies, summed, in the pool of the rule reported last",
+            metrics.assigned.clone(),
+        );
+        metrics
+    }
+
+    /// A stream opened (`+1`) or closed (`-1`).
+    pub fn add_streams(&self, delta: i64) {
+        self.streams.inc_by(delta);
+    }
+
+    /// Buckets reported by open streams, up or down by `delta`.
+    pub fn add_buckets(&self, delta: i64) {
+        self.buckets.inc_by(delta);
+    }
+
+    pub fn record_assignment(&self, domain: &Arc<str>, rule: &Arc<str>, kind: AssignmentKind) {
+        self.assignments
+            .get_or_create(&KindLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+                kind: kind.name(),
+            })
+            .inc();
+    }
+
+    pub fn record_reported(&self, domain: &Arc<str>, rule: &Arc<str>, allowed: u64, denied: u64) {
+        for (kind, count) in [("allowed", allowed), ("denied", denied)] {
+            self.reported
+                .get_or_create(&KindLabels {
+                    domain: domain.clone(),
+                    rule: rule.clone(),
+                    kind,
+                })
+                .inc_by(count);
+        }
+    }
+
+    pub fn set_assigned(&self, domain: &Arc<str>, rule: &Arc<str>, per_window: u64) {
+        self.assigned
+            .get_or_create(&RuleLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+            })
+            .set(i64::try_from(per_window).unwrap_or(i64::MAX));
+    }
+}

@@ -1,0 +1,309 @@
+use proptest::prelude::*;
+
+use super::mapping::{Resolution, descriptor, resolve};
+use super::share::{ASSIGNMENT_TTL_US, Budget, MemberId, Pool, REPORT_INTERVAL_US, Usage, max_min};
+use crate::testing::rules_from;
+
+const MINUTE: u64 = 60_000_000;
+const BUDGET: Budget = Budget {
+    per_window: 300,
+    window_us: MINUTE,
+};
+
+/// A report of `per_minute` requests asked over one report interval.
+fn asked(per_minute: u64) -> Option<Usage> {
+    Some(Usage {
+        allowed: per_minute * REPORT_INTERVAL_US / MINUTE,
+        denied: 0,
+        elapsed_us: REPORT_INTERVAL_US,
+    })
+}
+
+fn share(pool: &Pool, member: MemberId) -> u64 {
+    pool.share_of(member).unwrap_or_default()
+}
+
+#[test]
+fn max_min_meets_small_demands_and_splits_the_rest() {
+    assert_eq!(max_min(300, &[60, 240, 480]), vec![60, 120, 120]);
+    assert_eq!(max_min(300, &[50, 100, 60]), vec![80, 130, 90]);
+    assert_eq!(max_min(300, &[300]), vec![300]);
+    assert_eq!(max_min(2, &[5, 5, 5]), vec![0, 1, 1]);
+    assert_eq!(max_min(0, &[5, 5]), vec![0, 0]);
+    assert_eq!(max_min(10, &[]), Vec::<u64>::new());
+}
+
+proptest! {
+    #[test]
+    fn max_min_hands_out_exactly_the_capacity_fairly(
+        capacity in 0u64..10_000,
+        demands in proptest::collection::vec(0u64..5_000, 1..12),
+    ) {
+        let shares = max_min(capacity, &demands);
+        prop_assert_eq!(shares.iter().sum::<u64>(), capacity);
+        let total: u64 = demands.iter().sum();
+        for (idx, (&share, &demand)) in shares.iter().zip(&demands).enumerate() {
+            if total <= capacity {
+                prop_assert!(share >= demand, "demand {} of {:?} got {}", idx, demands, share);
+            } else if share < demand {
+                // An unmet demand gets at least what anyone else gets
+                // (less one unit of rounding).
+                let most = shares.iter().max().copied().unwrap_or(0);
+                prop_assert!(most <= share + 1, "{:?} -> {:?}", demands, shares);
+            }
+        }
+    }
+
+    /// Whatever the members report, join or leave, the shares that count
+    /// (held ones included) never add up to more than the budget, unless
+    /// what proxies that left still hold is over it already.
+    #[test]
+    fn shares_never_add_up_to_more_than_the_budget(
+        steps in proptest::collection::vec((0u64..6, 0u64..1_000, 0u8..10, 0u64..4_000_000), 1..80),
+        limit in 1u64..1_000,
+    ) {
+        let mut pool = Pool::new(Budget { per_window: limit, window_us: MINUTE });
+        let mut now = 1_000_000_000;
+        for (member, per_minute, action, step) in steps {
+            now += step;
+            match action {
+                0 => pool.leave(member, now),
+                1 => {
+                    let lower = Budget { per_window: limit / 2, window_us: MINUTE };
+                    pool.set_budget(lower, now);
+                }
+                _ => {
+                    pool.report(member, asked(per_minute), now);
+                }
+            }
+            // Shares held by proxies that left cannot be taken back: after
+            // a lower budget they may exceed it alone, and then every
+            // active member gets nothing until they expire.
+            let active: u64 = pool.members(now).filter(|it| it.active).filter_map(|it| it.share).sum();
+            prop_assert!(pool.committed() <= pool.budget().per_window || active == 0,
+                "{} committed of {}", pool.committed(), pool.budget().per_window);
+        }
+    }
+}
+
+#[test]
+fn three_proxies_share_by_demand() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    // First reports carry no demand yet: equal shares, never over.
+    for member in [1, 2, 3] {
+        pool.report(member, None, now);
+        assert!(pool.committed() <= 300);
+    }
+    for _ in 0..4 {
+        now += REPORT_INTERVAL_US;
+        for (member, demand) in [(1, 60), (2, 240), (3, 480)] {
+            pool.report(member, asked(demand), now);
+            assert!(pool.committed() <= 300);
+        }
+    }
+    assert_eq!(
+        [share(&pool, 1), share(&pool, 2), share(&pool, 3)],
+        [60, 120, 120]
+    );
+}
+
+#[test]
+fn steady_demand_changes_no_share() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    for _ in 0..3 {
+        for (member, demand) in [(1, 60), (2, 240), (3, 480)] {
+            pool.report(member, asked(demand), now);
+        }
+        now += REPORT_INTERVAL_US;
+    }
+    for _ in 0..10 {
+        for (member, demand) in [(1, 60), (2, 240), (3, 480)] {
+            let changes = pool.report(member, asked(demand), now);
+            assert_eq!(changes.len(), 1, "{changes:?}");
+            assert!(!changes[0].changed, "{changes:?}");
+        }
+        now += REPORT_INTERVAL_US;
+    }
+}
+
+#[test]
+fn a_proxy_that_stops_reporting_loses_its_share_after_the_ttl() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    for _ in 0..3 {
+        pool.report(1, asked(600), now);
+        pool.report(2, asked(600), now);
+        now += REPORT_INTERVAL_US;
+    }
+    assert_eq!([share(&pool, 1), share(&pool, 2)], [150, 150]);
+    pool.leave(2, now);
+    // Held: still counted until its assignment expires.
+    pool.report(1, asked(600), now);
+    assert_eq!(share(&pool, 1), 150);
+    now += ASSIGNMENT_TTL_US + 1;
+    let changes = pool.report(1, asked(600), now);
+    assert_eq!(share(&pool, 1), 300, "{changes:?}");
+    assert_eq!(pool.share_of(2), None);
+}
+
+#[test]
+fn a_lower_budget_shrinks_every_share_at_once() {
+    let mut pool = Pool::new(BUDGET);
+    let now = 1_000_000_000;
+    pool.report(1, asked(600), now);
+    pool.report(2, asked(600), now);
+    let lower = Budget {
+        per_window: 100,
+        window_us: MINUTE,
+    };
+    let changes = pool.set_budget(lower, now + 1);
+    assert_eq!(changes.len(), 2, "{changes:?}");
+    assert!(pool.committed() <= 100);
+}
+
+fn resolved(yaml: &str, bucket: &[(&str, &str)]) -> Resolution {
+    let rules = rules_from("rlqs.yaml", yaml);
+    let owned: Vec<(String, String)> = bucket
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let entries = descriptor(owned.iter().map(|(k, v)| (k, v)));
+    resolve(&rules, "rlqs", &entries)
+}
+
+const RULES: &str = "
+domain: rlqs
+descriptors:
+  - key: name
+    value: tenant-bucket
+    descriptors:
+      - key: tenant
+        value: blocked
+        rate_limit: {unit: minute, requests_per_unit: 0}
+      - key: tenant
+        value: free
+        rate_limit: {unlimited: true}
+      - key: tenant
+        value: dry
+        shadow_mode: true
+        rate_limit: {unit: minute, requests_per_unit: 10}
+      - key: tenant
+        rate_limit: {unit: minute, requests_per_unit: 300}
+";
+
+#[test]
+fn a_bucket_is_its_entries_sorted_by_key_then_matched_as_a_descriptor() {
+    // The order given does not matter: `name` comes before `tenant`.
+    let a = resolved(RULES, &[("tenant", "a"), ("name", "tenant-bucket")]);
+    let b = resolved(RULES, &[("name", "tenant-bucket"), ("tenant", "b")]);
+    let (
+        Resolution::Shared {
+            pool: pool_a,
+            budget,
+            ..
+        },
+        Resolution::Shared { pool: pool_b, .. },
+    ) = (&a, &b)
+    else {
+        panic!("{a:?} {b:?}");
+    };
+    assert_eq!(*budget, BUDGET);
+    // Each tenant its own budget (the key-only rule counts per value).
+    assert_ne!(pool_a, pool_b);
+    assert!(matches!(
+        resolved(RULES, &[("name", "tenant-bucket"), ("tenant", "blocked")]),
+        Resolution::Blocked { .. }
+    ));
+    assert!(matches!(
+        resolved(RULES, &[("name", "tenant-bucket"), ("tenant", "free")]),
+        Resolution::Unlimited { .. }
+    ));
+    assert!(matches!(
+        resolved(RULES, &[("name", "tenant-bucket"), ("tenant", "dry")]),
+        Resolution::Shadow { .. }
+    ));
+    assert_eq!(resolved(RULES, &[("name", "other")]), Resolution::Unmatched);
+    // Depth must match, as in RLS.
+    assert_eq!(
+        resolved(RULES, &[("name", "tenant-bucket")]),
+        Resolution::Unmatched
+    );
+}
+
+#[test]
+fn the_most_restrictive_limit_is_the_budget() {
+    let yaml = "
+domain: rlqs
+descriptors:
+  - key: k
+    rate_limits:
+      - {unit: second, requests_per_unit: 10}
+      - {unit: minute, requests_per_unit: 120}
+";
+    let Resolution::Shared { budget, .. } = resolved(yaml, &[("k", "v")]) else {
+        panic!("not shared");
+    };
+    assert_eq!(
+        budget,
+        Budget {
+            per_window: 120,
+            window_us: MINUTE
+        }
+    );
+}
+
+proptest! {
+    /// Two instances share one pool through its stored fields (as in
+    /// Redis): each delivers shares only to its own members, and the
+    /// shares that count never add up to more than the budget.
+    #[test]
+    fn instances_sharing_a_stored_pool_stay_within_the_budget(
+        steps in proptest::collection::vec((0u64..6, 0u64..1_000, 0u8..10, 0u64..4_000_000), 1..80),
+        limit in 1u64..1_000,
+    ) {
+        let budget = Budget { per_window: limit, window_us: MINUTE };
+        let mut stored = Pool::new(budget).to_fields();
+        let mut now = 1_000_000_000;
+        for (member, per_minute, action, step) in steps {
+            now += step;
+            let fields = stored.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            let mut pool = Pool::from_fields(fields, budget).expect("stored fields read back");
+            let instance = member % 2;
+            let is_local = move |id: MemberId| id % 2 == instance;
+            if action == 0 {
+                pool.leave(member, now);
+            } else {
+                let changes = pool.report_from(member, asked(per_minute), now, &is_local);
+                prop_assert!(changes.iter().all(|it| is_local(it.member)), "{:?}", changes);
+            }
+            prop_assert!(pool.committed() <= limit, "{} committed of {}", pool.committed(), limit);
+            stored = pool.to_fields();
+        }
+    }
+}
+
+#[test]
+fn a_share_lowered_by_another_instance_counts_until_delivered() {
+    let mut pool = Pool::new(BUDGET);
+    let now = 1_000_000_000;
+    let even = |id: MemberId| id.is_multiple_of(2);
+    let odd = |id: MemberId| id % 2 == 1;
+    // Member 1 (odd instance) alone: the whole budget.
+    pool.report_from(1, asked(600), now, &odd);
+    assert_eq!(pool.committed(), 300);
+    // Member 2 joins through the even instance: member 1's share is
+    // lowered but not delivered, so it still counts whole and member 2
+    // gets nothing yet.
+    let changes = pool.report_from(2, asked(600), now + 1, &even);
+    assert_eq!(changes.len(), 1);
+    assert_eq!(changes[0].share, 0);
+    assert!(pool.committed() <= 300);
+    // Member 1's instance delivers its lower share; member 2 gets its
+    // own at its next report.
+    pool.report_from(1, asked(600), now + 2, &odd);
+    let changes = pool.report_from(2, asked(600), now + 3, &even);
+    assert_eq!(changes[0].share, 150, "{changes:?}");
+    assert_eq!(pool.committed(), 300);
+}

@@ -1,0 +1,651 @@
+//! `envoy.service.rate_limit_quota.v3.RateLimitQuotaService`: one
+//! long-lived stream per proxy, which reports how its buckets were used and
+//! is answered, whenever a share changes, with what each bucket may admit
+//! ([`crate::quota`] decides; this maps the protocol onto it).
+//!
+//! Every report of a bucket is answered with its assignment (the same one
+//! renews its time to live without touching the proxy's bucket); a change
+//! to another proxy's share is pushed to that proxy's stream at once.
+//!
+//! What one proxy can hold is bounded, and a stream going past a bound is
+//! ended with a status saying which, never affecting another stream:
+//! messages up to [`MAX_MESSAGE_BYTES`] (RESOURCE_EXHAUSTED), at most
+//! [`MAX_BUCKETS_PER_STREAM`] buckets (RESOURCE_EXHAUSTED), reports at
+//! most [`REPORTS_PER_SECOND`] a second after a burst of [`REPORT_BURST`]
+//! (RESOURCE_EXHAUSTED), [`MAX_STREAMS_PER_CONNECTION`] streams per
+//! connection and [`MAX_STREAMS`] in all (RESOURCE_EXHAUSTED at the
+//! start), answers left unread for [`UNREAD_LIMIT`] (RESOURCE_EXHAUSTED),
+//! a missing or changed domain and a malformed bucket id
+//! (INVALID_ARGUMENT). Streams end with UNAVAILABLE when the server closes.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::Stream;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::decision::Limiter;
+use crate::log_gate::LogGate;
+use crate::metrics::{AssignmentKind, Metrics, QuotaMetrics};
+use crate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
+use crate::proto::envoy::r#type::v3 as types;
+use crate::quota::{
+    self, ASSIGNMENT_TTL_US, Grant, MAX_BUCKET_ENTRIES, Outbox, QuotaBook, REPORT_INTERVAL_US,
+    Resolution, Slot, Usage,
+};
+use crate::transport::grpc::MAX_MESSAGE_BYTES;
+use crate::transport::shutdown::Shutdown;
+use rlqs::rate_limit_quota_response::BucketAction;
+use rlqs::rate_limit_quota_response::bucket_action::{
+    BucketAction as Action, QuotaAssignmentAction,
+};
+use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
+
+/// Distinct buckets one stream may report.
+pub const MAX_BUCKETS_PER_STREAM: usize = 4096;
+/// RLQS streams one connection may hold open (Envoy opens one).
+pub const MAX_STREAMS_PER_CONNECTION: usize = 16;
+/// RLQS streams open on the server at once.
+pub const MAX_STREAMS: usize = 16_384;
+/// Report messages a stream may send at once...
+pub const REPORT_BURST: u32 = 200;
+/// ...and per second after that.
+pub const REPORTS_PER_SECOND: u32 = 50;
+/// A stream whose answers wait unread this long is ended.
+pub const UNREAD_LIMIT: Duration = Duration::from_micros(3 * REPORT_INTERVAL_US);
+/// How often a stream checks its outbox is being read, and old shares
+/// are swept.
+const TICK: Duration = Duration::from_secs(1);
+
+/// Which connection a request came on (the server sets it), so streams
+/// can be counted per connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConnectionTag(pub usize);
+
+/// The RLQS service: the rules from the limiter, the shares in the book.
+#[derive(Clone)]
+pub struct QuotaService {
+    limiter: Arc<Limiter>,
+    /// Lines a failing store causes, at most one a second.
+    log: Arc<LogGate>,
+    book: Arc<QuotaBook>,
+    metrics: QuotaMetrics,
+    shutdown: Shutdown,
+    streams: Arc<StreamCounts>,
+}
+
+#[derive(Debug)]
+struct StreamCounts {
+    per_connection: Mutex<HashMap<ConnectionTag, usize>>,
+    total: AtomicUsize,
+    last_sweep: AtomicU64,
+    metrics: QuotaMetrics,
+}
+
+/// One open stream's place in [`StreamCounts`], given back on drop.
+struct StreamPermit {
+    counts: Arc<StreamCounts>,
+    tag: Option<ConnectionTag>,
+}
+
+impl Drop for StreamPermit {
+    fn drop(&mut self) {
+        self.counts.total.fetch_sub(1, Ordering::Relaxed);
+        self.counts.metrics.add_streams(-1);
+        if let Some(tag) = self.tag {
+            let mut per = lock(&self.counts.per_connection);
+            if let Some(count) = per.get_mut(&tag) {
+                *count -= 1;
+                if *count == 0 {
+                    per.remove(&tag);
+                }
+            }
+        }
+    }
+}
+
+impl StreamCounts {
+    fn admit(self: &Arc<Self>, tag: Option<ConnectionTag>) -> Result<StreamPermit, Status> {
+        if self.total.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS {
+            self.total.fetch_sub(1, Ordering::Relaxed);
+            return Err(Status::resource_exhausted(format!(
+                "the server holds {MAX_STREAMS} rate-limit quota streams already"
+            )));
+        }
+        self.metrics.add_streams(1);
+        let mut permit = StreamPermit {
+            counts: self.clone(),
+            tag: None,
+        };
+        if let Some(tag) = tag {
+            let mut per = lock(&self.per_connection);
+            let count = per.entry(tag).or_default();
+            if *count >= MAX_STREAMS_PER_CONNECTION {
+                return Err(Status::resource_exhausted(format!(
+                    "at most {MAX_STREAMS_PER_CONNECTION} rate-limit quota streams per connection"
+                )));
+            }
+            *count += 1;
+            permit.tag = Some(tag);
+        }
+        Ok(permit)
+    }
+}
+
+impl QuotaService {
+    pub fn new(
+        limiter: Arc<Limiter>,
+        book: Arc<QuotaBook>,
+        metrics: &Metrics,
+        shutdown: Shutdown,
+    ) -> QuotaService {
+        let metrics = metrics.quota().clone();
+        QuotaService {
+            limiter,
+            log: Arc::new(LogGate::new()),
+            book,
+            metrics: metrics.clone(),
+            shutdown,
+            streams: Arc::new(StreamCounts {
+                per_connection: Mutex::default(),
+                total: AtomicUsize::new(0),
+                last_sweep: AtomicU64::new(0),
+                metrics,
+            }),
+        }
+    }
+
+    /// The generated server around it, with the server's message bound.
+    pub fn into_server(self) -> RateLimitQuotaServiceServer<QuotaService> {
+        RateLimitQuotaServiceServer::new(self)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(usize::MAX)
+    }
+
+    /// Sweeps expired shares at most once per [`TICK`], whichever stream
+    /// asks.
+    fn sweep_now_and_then(&self) {
+        let now = self.book.now();
+        let last = self.streams.last_sweep.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= TICK.as_micros() as u64
+            && self
+                .streams
+                .last_sweep
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.book.sweep();
+        }
+    }
+}
+
+type Answers = Pin<Box<dyn Stream<Item = Result<rlqs::RateLimitQuotaResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl RateLimitQuotaService for QuotaService {
+    type StreamRateLimitQuotasStream = Answers;
+
+    async fn stream_rate_limit_quotas(
+        &self,
+        request: Request<Streaming<rlqs::RateLimitQuotaUsageReports>>,
+    ) -> Result<Response<Answers>, Status> {
+        let tag = request.extensions().get::<ConnectionTag>().copied();
+        let permit = self.streams.admit(tag)?;
+        let shared = Arc::new(StreamShared {
+            outbox: Outbox::new(),
+            ids: Mutex::new(Vec::new()),
+        });
+        let (end_tx, end_rx) = oneshot::channel();
+        let reader = QuotaStream {
+            service: self.clone(),
+            shared: shared.clone(),
+            domain: None,
+            buckets: HashMap::new(),
+            flood: Flood::new(),
+        };
+        let reports = request.into_inner();
+        let task = tokio::spawn(async move {
+            let status = reader.run(reports).await;
+            let _ = end_tx.send(status);
+        });
+        let writer = Writer {
+            shared,
+            end: end_rx,
+            _task: AbortOnDrop(task),
+            _permit: permit,
+        };
+        Ok(Response::new(Box::pin(writer.into_stream())))
+    }
+}
+
+/// What a stream's reader and writer share: the outbox and the bucket id
+/// of each slot.
+struct StreamShared {
+    outbox: Arc<Outbox>,
+    ids: Mutex<Vec<rlqs::BucketId>>,
+}
+
+/// Aborts the reader when the answer stream is dropped (the proxy left).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The answer side of one stream.
+struct Writer {
+    shared: Arc<StreamShared>,
+    /// The reader's last word: the status the stream ends with.
+    end: oneshot::Receiver<Status>,
+    _task: AbortOnDrop,
+    _permit: StreamPermit,
+}
+
+impl Writer {
+    fn into_stream(self) -> impl Stream<Item = Result<rlqs::RateLimitQuotaResponse, Status>> {
+        futures_util::stream::unfold(Some(self), |state| async move {
+            let mut writer = state?;
+            tokio::select! {
+                biased;
+                grants = writer.shared.outbox.take() => {
+                    let ids = lock(&writer.shared.ids);
+                    let actions = grants
+                        .into_iter()
+                        .filter_map(|(slot, grant)| {
+                            let id = ids.get(slot as usize)?;
+                            Some(action(id, grant))
+                        })
+                        .collect();
+                    drop(ids);
+                    let answer = rlqs::RateLimitQuotaResponse {
+                        bucket_action: actions,
+                    };
+                    Some((Ok(answer), Some(writer)))
+                }
+                end = &mut writer.end => {
+                    let status = end.unwrap_or_else(|_| Status::internal("the stream's reader stopped"));
+                    if status.code() == tonic::Code::Ok {
+                        None
+                    } else {
+                        Some((Err(status), None))
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A bucket as the stream knows it.
+struct Bucket {
+    slot: Slot,
+    member: quota::share::MemberId,
+    in_pool: bool,
+}
+
+/// The report side of one stream.
+struct QuotaStream {
+    service: QuotaService,
+    shared: Arc<StreamShared>,
+    domain: Option<String>,
+    /// By the bucket's entries, sorted by key.
+    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    flood: Flood,
+}
+
+impl QuotaStream {
+    /// Reads reports until the proxy closes its side (OK), the server
+    /// closes (UNAVAILABLE) or the stream breaks a bound; every share it
+    /// held is then left to expire.
+    async fn run(mut self, mut reports: Streaming<rlqs::RateLimitQuotaUsageReports>) -> Status {
+        let shutdown = self.service.shutdown.clone();
+        let closing = shutdown.closing();
+        tokio::pin!(closing);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let status = loop {
+            tokio::select! {
+                () = &mut closing => {
+                    break Status::unavailable("the server is shutting down; reconnect");
+                }
+                _ = tick.tick() => {
+                    self.service.sweep_now_and_then();
+                    if let Err(status) = self.check_read() {
+                        break status;
+                    }
+                }
+                message = reports.message() => match message {
+                    Ok(Some(message)) => {
+                        if let Err(status) = self.report(message).await {
+                            break status;
+                        }
+                    }
+                    Ok(None) => break Status::ok(""),
+                    Err(status) => break read_failure(status),
+                },
+            }
+        };
+        self.leave_all();
+        status
+    }
+
+    fn check_read(&self) -> Result<(), Status> {
+        let Some(since) = self.shared.outbox.waiting_since() else {
+            return Ok(());
+        };
+        let waited = self.service.book.now().saturating_sub(since);
+        if waited >= UNREAD_LIMIT.as_micros() as u64 {
+            return Err(Status::resource_exhausted(format!(
+                "assignments left unread for {} s; the stream is closed",
+                UNREAD_LIMIT.as_secs()
+            )));
+        }
+        Ok(())
+    }
+
+    async fn report(&mut self, message: rlqs::RateLimitQuotaUsageReports) -> Result<(), Status> {
+        self.flood.take()?;
+        match (&self.domain, message.domain.as_str()) {
+            (None, "") => {
+                return Err(Status::invalid_argument(
+                    "the first report of a stream must name its domain",
+                ));
+            }
+            (None, domain) => self.domain = Some(domain.to_owned()),
+            (Some(_), "") => {}
+            (Some(known), domain) if known == domain => {}
+            (Some(known), domain) => {
+                return Err(Status::invalid_argument(format!(
+                    "a stream stays in one domain: {known:?}, then {:?}; open a new stream",
+                    truncate(domain)
+                )));
+            }
+        }
+        self.check_read()?;
+        let rules = self.service.limiter.rules().load_full();
+        let domain = self.domain.clone().unwrap_or_default();
+        let domain_label: Arc<str> = rules
+            .domain(&domain)
+            .map_or_else(|| Arc::from("_unknown"), |it| it.name().clone());
+        let metrics = self.service.metrics.clone();
+        let now = self.service.book.now();
+        for usage in message.bucket_quota_usages {
+            let id = usage
+                .bucket_id
+                .ok_or_else(|| Status::invalid_argument("a bucket usage without its bucket_id"))?;
+            validate_bucket(&id)?;
+            let entries = quota::descriptor(&id.bucket);
+            let resolution = quota::resolve(&rules, &domain, &entries);
+            let owned: Vec<(String, String)> = entries
+                .iter()
+                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+                .collect();
+            let (slot, member, was_in_pool) = {
+                let bucket = self.bucket(owned.clone(), id)?;
+                (bucket.slot, bucket.member, bucket.in_pool)
+            };
+            let reported = Usage {
+                allowed: usage.num_requests_allowed,
+                denied: usage.num_requests_denied,
+                elapsed_us: usage.time_elapsed.map_or(0, duration_us),
+            };
+            let rule_label = resolution
+                .rule()
+                .cloned()
+                .unwrap_or_else(|| Arc::from("_unmatched"));
+            metrics.record_reported(
+                &domain_label,
+                &rule_label,
+                reported.allowed,
+                reported.denied,
+            );
+            let in_pool = matches!(resolution, Resolution::Shared { .. });
+            if let Some(bucket) = self.buckets.get_mut(&owned) {
+                bucket.in_pool = in_pool;
+            }
+            let (grant, order) = match resolution {
+                Resolution::Shared { pool, budget, .. } => {
+                    let outcome = self
+                        .service
+                        .book
+                        .report(
+                            member,
+                            slot,
+                            &self.shared.outbox,
+                            &pool,
+                            budget,
+                            Some(reported),
+                        )
+                        .await;
+                    let outcome = match outcome {
+                        Ok(it) => it,
+                        Err(err) => {
+                            // No answer: the proxy keeps what it has until
+                            // it expires, then its configured fallback.
+                            if let Some(suppressed) = self.service.log.admit() {
+                                tracing::warn!(error = %err, suppressed, "a quota share could not be decided");
+                            }
+                            continue;
+                        }
+                    };
+                    let kind = if outcome.changed {
+                        AssignmentKind::Changed
+                    } else {
+                        AssignmentKind::Renewed
+                    };
+                    metrics.record_assignment(&domain_label, &rule_label, kind);
+                    for _ in 0..outcome.pushed {
+                        metrics.record_assignment(
+                            &domain_label,
+                            &rule_label,
+                            AssignmentKind::Changed,
+                        );
+                    }
+                    metrics.set_assigned(&domain_label, &rule_label, outcome.committed);
+                    (outcome.grant, Some(outcome.order))
+                }
+                other => {
+                    if was_in_pool {
+                        self.leave(member).await;
+                    }
+                    let (kind, grant) = match other {
+                        Resolution::Blocked { .. } => (AssignmentKind::DenyAll, Grant::DenyAll),
+                        _ => (AssignmentKind::AllowAll, Grant::AllowAll),
+                    };
+                    metrics.record_assignment(&domain_label, &rule_label, kind);
+                    (grant, None)
+                }
+            };
+            self.shared.outbox.put(slot, grant, order, now);
+        }
+        Ok(())
+    }
+
+    /// The stream's bucket for `entries`, added (with `id`) when new.
+    fn bucket(
+        &mut self,
+        entries: Vec<(String, String)>,
+        id: rlqs::BucketId,
+    ) -> Result<&mut Bucket, Status> {
+        let count = self.buckets.len();
+        match self.buckets.entry(entries) {
+            std::collections::hash_map::Entry::Occupied(it) => Ok(it.into_mut()),
+            std::collections::hash_map::Entry::Vacant(it) => {
+                if count >= MAX_BUCKETS_PER_STREAM {
+                    return Err(Status::resource_exhausted(format!(
+                        "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
+                    )));
+                }
+                let mut ids = lock(&self.shared.ids);
+                let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
+                ids.push(id);
+                self.service.metrics.add_buckets(1);
+                Ok(it.insert(Bucket {
+                    slot,
+                    member: self.service.book.member_id(),
+                    in_pool: false,
+                }))
+            }
+        }
+    }
+
+    async fn leave(&self, member: quota::share::MemberId) {
+        if let Err(err) = self.service.book.leave(member).await
+            && let Some(suppressed) = self.service.log.admit()
+        {
+            tracing::warn!(error = %err, suppressed, "a quota share could not be given up; it expires");
+        }
+    }
+
+    /// Leaves every pool (in a task of its own: a stream's reader may be
+    /// dropped outside any task).
+    fn leave_all(&mut self) {
+        let members: Vec<_> = self
+            .buckets
+            .values()
+            .filter(|it| it.in_pool)
+            .map(|it| it.member)
+            .collect();
+        if !members.is_empty()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let book = self.service.book.clone();
+            runtime.spawn(async move {
+                for member in members {
+                    // An error leaves the share to expire.
+                    let _ = book.leave(member).await;
+                }
+            });
+        }
+        let count = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
+        self.service.metrics.add_buckets(-count);
+        self.buckets.clear();
+    }
+}
+
+impl Drop for QuotaStream {
+    /// An aborted reader (the proxy went away) leaves its pools too.
+    fn drop(&mut self) {
+        self.leave_all();
+    }
+}
+
+/// Report messages allowed now: a token bucket of [`REPORT_BURST`]
+/// refilled at [`REPORTS_PER_SECOND`].
+struct Flood {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Flood {
+    fn new() -> Flood {
+        Flood {
+            tokens: f64::from(REPORT_BURST),
+            at: Instant::now(),
+        }
+    }
+
+    fn take(&mut self) -> Result<(), Status> {
+        let now = Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * f64::from(REPORTS_PER_SECOND);
+        self.tokens = (self.tokens + refill).min(f64::from(REPORT_BURST));
+        self.at = now;
+        if self.tokens < 1.0 {
+            return Err(Status::resource_exhausted(format!(
+                "reports arrive faster than {REPORTS_PER_SECOND} a second"
+            )));
+        }
+        self.tokens -= 1.0;
+        Ok(())
+    }
+}
+
+fn validate_bucket(id: &rlqs::BucketId) -> Result<(), Status> {
+    if id.bucket.is_empty() {
+        return Err(Status::invalid_argument("a bucket_id without entries"));
+    }
+    if id.bucket.len() > MAX_BUCKET_ENTRIES {
+        return Err(Status::invalid_argument(format!(
+            "a bucket_id with {} entries (at most {MAX_BUCKET_ENTRIES})",
+            id.bucket.len()
+        )));
+    }
+    if id
+        .bucket
+        .iter()
+        .any(|(key, value)| key.is_empty() || value.is_empty())
+    {
+        return Err(Status::invalid_argument(
+            "a bucket_id with an empty key or value",
+        ));
+    }
+    Ok(())
+}
+
+/// A failed read as the status the stream ends with: too large a message
+/// is RESOURCE_EXHAUSTED, one that does not decode INVALID_ARGUMENT.
+fn read_failure(status: Status) -> Status {
+    match status.code() {
+        tonic::Code::OutOfRange | tonic::Code::ResourceExhausted => {
+            Status::resource_exhausted(format!("a report larger than {MAX_MESSAGE_BYTES} bytes"))
+        }
+        tonic::Code::Internal | tonic::Code::InvalidArgument => {
+            Status::invalid_argument("a report that is not a RateLimitQuotaUsageReports")
+        }
+        _ => status,
+    }
+}
+
+fn duration_us(duration: prost_types::Duration) -> u64 {
+    let seconds = u64::try_from(duration.seconds).unwrap_or(0);
+    let micros = u64::try_from(duration.nanos / 1_000).unwrap_or(0);
+    seconds.saturating_mul(1_000_000).saturating_add(micros)
+}
+
+fn proto_duration(us: u64) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(us / 1_000_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(us % 1_000_000 * 1_000).unwrap_or(0),
+    }
+}
+
+/// The action telling a proxy to enforce `grant` on the bucket `id`.
+fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
+    use types::rate_limit_strategy::{BlanketRule, Strategy};
+    let strategy = match grant {
+        Grant::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
+        Grant::DenyAll => Strategy::BlanketRule(BlanketRule::DenyAll as i32),
+        Grant::Tokens(bucket) => Strategy::TokenBucket(types::TokenBucket {
+            max_tokens: bucket.max_tokens,
+            tokens_per_fill: Some(bucket.tokens_per_fill),
+            fill_interval: Some(proto_duration(bucket.fill_interval_us)),
+            name: String::new(),
+        }),
+    };
+    BucketAction {
+        bucket_id: Some(id.clone()),
+        bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
+            assignment_time_to_live: Some(proto_duration(ASSIGNMENT_TTL_US)),
+            rate_limit_strategy: Some(types::RateLimitStrategy {
+                strategy: Some(strategy),
+            }),
+        })),
+    }
+}
+
+/// A client's text in a status message, at most 64 characters.
+fn truncate(text: &str) -> String {
+    text.chars().take(64).collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
