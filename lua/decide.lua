@@ -497,8 +497,7 @@ local function bucket_full(c)
   return c.capacity * c.scale
 end
 
--- The level may be below 0: a debt (see load_fields).
-bucket.fields = { 'scaled', 'last_us', 'scale', signed = true }
+bucket.fields = { 'scaled', 'last_us', 'scale' }
 
 function bucket.fresh(c, now)
   return { scaled = bucket_full(c), last_us = now, scale = c.scale }
