@@ -683,3 +683,21 @@ async fn a_refused_state_is_shown_printable() {
     assert!(err.contains(r"1:\x1b[2J\x0a"), "{err}");
     assert!(!err.contains('\x1b') && !err.contains('\n'), "{err}");
 }
+
+/// A layout-0 member hidden among costs above one (too few members to
+/// tell) goes uncounted, but a denial's reset search meeting it answers
+/// the newest entry's time rather than failing the request.
+#[tokio::test]
+async fn a_reset_search_meeting_a_hidden_layout_0_member_still_denies() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    zadd(&mut conn, "h", T0 - 40, "1,1").await;
+    zadd(&mut conn, "h", T0 - 30, "3,2").await;
+    zadd(&mut conn, "h", T0 - 20, &format!("{}:1", T0 - 20)).await;
+    zadd(&mut conn, "h", T0 - 10, "8,5").await;
+    let log = limit_of(Algorithm::SlidingWindowLog, 10, 4, "enforce");
+    let reply = call(&mut conn, &["h"], Some(T0), &[log])
+        .await
+        .expect("denied, not an error");
+    assert_eq!(reply, [0, 0, 2, 60_000_000 - 10]);
+}
