@@ -37,14 +37,28 @@ end
 -- tell this refusal from other failures (docs/redis.md, "Stored layouts").
 local LAYOUT_REFUSED = 'throttlegate: stored layout refused'
 
+-- A byte outside printable ASCII as \xNN: the error text is logged.
+local function escape_byte(ch)
+  return format('\\x%02x', string.byte(ch))
+end
+
 local function refuse_layout(key, what)
-  error(LAYOUT_REFUSED .. ' at ' .. key .. ': ' .. string.sub(what, 1, 80), 0)
+  local shown = string.gsub(string.sub(what, 1, 80), '[^\32-\126]', escape_byte)
+  error(LAYOUT_REFUSED .. ' at ' .. key .. ': ' .. shown, 0)
 end
 
 -- The states of two and three integers (every layout there is) as one
--- match each, in place of a split into a table.
--- The first of three may be negative: a token bucket in debt.
+-- match each, in place of a split into a table. The first of three may be
+-- negative: a token bucket in debt. Not refused for the other algorithms
+-- of three: a key that changed algorithm holds a bucket's state, which
+-- they read as an old one (a start or arrival time long past).
 local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(-?%d+):(%d+):(%d+)$' }
+
+-- A field read back exactly: every version writes integers of magnitude
+-- below 2^53, and a longer one would come back rounded.
+local function exact(n)
+  return n and n < TWO53 and -n < TWO53
+end
 
 -- A string state: its integers joined by ':', one per name of `fields`, in
 -- order. nil when the key is absent.
@@ -57,10 +71,11 @@ local function load_fields(key, fields)
   local pattern = STATE_PATTERNS[n]
   if pattern then
     local a, b, c = match(raw, pattern)
-    if n == 2 and a then
-      return { [fields[1]] = tonumber(a), [fields[2]] = tonumber(b) }
-    elseif a then
-      return { [fields[1]] = tonumber(a), [fields[2]] = tonumber(b), [fields[3]] = tonumber(c) }
+    a, b, c = tonumber(a), tonumber(b), tonumber(c)
+    if n == 2 and exact(a) and exact(b) then
+      return { [fields[1]] = a, [fields[2]] = b }
+    elseif n == 3 and exact(a) and exact(b) and exact(c) then
+      return { [fields[1]] = a, [fields[2]] = b, [fields[3]] = c }
     end
   end
   -- Every version has written these states only as exactly these

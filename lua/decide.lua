@@ -201,25 +201,60 @@ local function log_units(member)
   return nil
 end
 
--- The most members a log of layout 0 may hold in its window to be
--- converted (each is read once).
+-- The most members of a log holding layout 0 that are read to convert it
+-- exactly (each is read once).
 local LOG_CONVERT_MAX = 1024
 
--- A log holding members of layout 0 (alone, or among members of layout 1
--- when versions of both layouts shared it) is rewritten in layout 1: every
--- member in the window keeps its time and its units exactly (members of
--- one µs become one), the running totals start over, and the expired
--- members go with the old key (UNLINK). Reading a mixed log by its two
--- ends, or counting its members as units, would misread it. A log with
--- more members than LOG_CONVERT_MAX in its window, or a member of neither
--- layout, is refused rather than read in part.
-local function log_convert(c, key, at)
-  local members = call('ZRANGEBYSCORE', key, '(' .. fmt(at - c.window_us), '+inf',
-    'WITHSCORES', 'LIMIT', '0', fmt(LOG_CONVERT_MAX + 1))
-  if #members > 2 * LOG_CONVERT_MAX then
-    refuse_layout(key, 'more than ' .. fmt(LOG_CONVERT_MAX)
-      .. ' members in the window to convert from layout 0')
+-- Writes a log of layout 1 in place of `key`'s: one member per entry of
+-- `scores` with the units of `costs`, the running totals starting over,
+-- the expired members gone with the old key (UNLINK).
+local function log_rewrite(c, key, at, scores, costs)
+  call('UNLINK', key)
+  local n = #scores
+  if n == 0 then
+    return
   end
+  local args, running = {}, 0
+  for idx = 1, n do
+    running = running + costs[idx]
+    args[2 * idx - 1] = fmt(scores[idx])
+    args[2 * idx] = format('%d,%d', running, costs[idx])
+  end
+  call('ZADD', key, unpack(args))
+  call('PEXPIRE', key, fmt(div_ceil(scores[n] + c.window_us - at, 1000) + grace_ms))
+end
+
+-- The units of one end of the window (a member and its score, as
+-- ZRANGE WITHSCORES gives them); a member of neither layout is refused.
+local function end_units(key, it)
+  local units = log_units(it[1])
+  if not units then
+    refuse_layout(key, 'log member ' .. it[1])
+  end
+  return units
+end
+
+-- A log holding members of layout 0 (alone, or among members of layout 1
+-- when versions of both layouts shared it) is rewritten in layout 1, before
+-- the request writes anything. Up to LOG_CONVERT_MAX members in the
+-- window: every member keeps its time and its units exactly (members of
+-- one µs become one). More (counted first, with ZCOUNT, so that no more
+-- are read): the window's units become one member at the newest score,
+-- held until the newest leaves, never fewer than were there: every member
+-- counts one unit, the two ends their own (a member of layout 1 hidden
+-- among so many of layout 0 counts one). A member of neither layout is
+-- refused.
+local function log_convert(c, key, at)
+  local from = '(' .. fmt(at - c.window_us)
+  local count = call('ZCOUNT', key, from, '+inf')
+  if count > LOG_CONVERT_MAX then
+    local first = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES', 'LIMIT', '0', '1')
+    local back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
+    local units = count - 2 + end_units(key, first) + end_units(key, back)
+    log_rewrite(c, key, at, { tonumber(back[2]) }, { units })
+    return
+  end
+  local members = call('ZRANGEBYSCORE', key, from, '+inf', 'WITHSCORES')
   local scores, costs, total = {}, {}, 0
   for idx = 1, #members, 2 do
     local units = log_units(members[idx])
@@ -237,19 +272,7 @@ local function log_convert(c, key, at)
   if total >= TWO53 then
     refuse_layout(key, 'more than 2^53 units in the window')
   end
-  call('UNLINK', key)
-  local n = #scores
-  if n == 0 then
-    return
-  end
-  local args, running = {}, 0
-  for idx = 1, n do
-    running = running + costs[idx]
-    args[2 * idx - 1] = fmt(scores[idx])
-    args[2 * idx] = format('%d,%d', running, costs[idx])
-  end
-  call('ZADD', key, unpack(args))
-  call('PEXPIRE', key, fmt(div_ceil(scores[n] + c.window_us - at, 1000) + grace_ms))
+  log_rewrite(c, key, at, scores, costs)
 end
 
 -- An empty log. Every field is in the constructor, false where unknown
@@ -280,7 +303,16 @@ function log.sync(s, key)
   s.unwritten, s.written = false, false
 end
 
-function log.advance(c, s, key, now)
+-- Reads the log's two ends in the window (after removing expired
+-- members). A log holding members of layout 0 is converted first
+-- (log_convert), then read again (`converted`: once), so that no member of
+-- layout 0 is met once the request writes. One hides between two ends of
+-- layout 1 when the window holds more members than its running totals
+-- leave room for: the members between the ends hold the units between
+-- them, one at least each. Exact with costs of one, the only costs a
+-- version of layout 0 counts right; a member hidden among costs above one
+-- counts for nothing, and `until_available` never needs to read it.
+function log.advance(c, s, key, now, converted)
   local back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   if not back[1] then
     return now
@@ -288,13 +320,11 @@ function log.advance(c, s, key, now)
   local newest = tonumber(back[2])
   local at = later(now, newest)
   local newest_end, newest_cost = log_member(back[1])
-  if newest_end == nil then
+  if newest_end == nil and not converted then
     -- Not layout 1: converted (layout 0) or refused; then read as such.
-    if not log_units(back[1]) then
-      refuse_layout(key, 'log member ' .. back[1])
-    end
+    end_units(key, back)
     log_convert(c, key, at)
-    return log.advance(c, s, key, now)
+    return log.advance(c, s, key, now, true)
   end
   -- An entry at `ts` counts while `ts > at - W`. Usually the oldest member
   -- still does: then nothing expired and it is the front, one read. Else at
@@ -322,16 +352,21 @@ function log.advance(c, s, key, now)
   end
   s.stale = stale
   local oldest_end, oldest_cost = log_member(front[1])
-  if oldest_end == nil then
-    -- A log both layouts wrote: converted whole, then read again (once:
-    -- every member is of layout 1 then).
+  local total = oldest_end and newest_end and wrap_sub(newest_end, wrap_sub(oldest_end, oldest_cost))
+  local count = total and call('ZCARD', key) - stale
+  if not converted and (not total or count > 1 and count > 2 + total - oldest_cost - newest_cost) then
+    -- Both layouts wrote the log: converted whole, then read again.
     log_convert(c, key, at)
-    return log.advance(c, s, key, now)
+    return log.advance(c, s, key, now, true)
+  end
+  if not total then
+    -- Only after a conversion, which writes layout 1 alone.
+    refuse_layout(key, 'log member ' .. (oldest_end and back[1] or front[1]))
   end
   s.oldest = oldest
   s.oldest_cost = oldest_cost
   s.base = wrap_sub(oldest_end, oldest_cost)
-  s.total = wrap_sub(newest_end, s.base)
+  s.total = total
   s.newest = newest
   s.newest_end = newest_end
   s.newest_cost = newest_cost
@@ -428,9 +463,10 @@ function log.until_available(c, s, key, at, need)
     local it = call('ZRANGE', key, fmt(mid), fmt(mid))
     local e = log_member(it[1])
     if e == nil then
-      -- Only a member of layout 0 written in the same µs as one of layout
-      -- 1 can hide between the two ends read; never read as a total.
-      refuse_layout(key, 'log member ' .. it[1])
+      -- A member of layout 0 hidden among costs above one (see
+      -- log.advance), met after this request may have written: never
+      -- read as a total, never refused; every unit leaves with the newest.
+      return s.newest + c.window_us - at
     end
     if wrap_sub(e, s.base) >= expire then
       hi = mid

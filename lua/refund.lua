@@ -63,6 +63,12 @@ end
 
 -- === fixed_window ===
 
+-- A refund's read-only pass over a string state: refused (load_fields)
+-- when in no layout it reads.
+local function check_fields(r, key)
+  load_fields(key, r.algorithm.fields)
+end
+
 local fixed = { fields = { 'window_start', 'count' } }
 
 -- The count of the window the request was counted in; once that window is
@@ -206,41 +212,53 @@ local log = {}
 -- so the window's sum (newest total minus the total before the oldest
 -- entry) drops by exactly the request's cost. Later members are at most the
 -- log's cap. A member out of the window counts for nothing: left alone.
-function log.refund(r, key, now)
+-- What a refund of `r` rewrites: the request's member, its running total
+-- and cost, and the later members; nil when nothing comes back. Every
+-- later member is read, and refused unless of this layout, before
+-- anything is written: a refused refund changes nothing.
+local function log_find(r, key, now)
   local back = call('ZRANGE', key, '-1', '-1', 'WITHSCORES')
   if not back[1] then
-    return 0
+    return nil
   end
   local at = tonumber(back[2])
   if now > at then
     at = now
   end
   if r.at_us <= at - r.window_us then
-    return 0
+    return nil
   end
   local mine = call('ZRANGEBYSCORE', key, fmt(r.at_us), fmt(r.at_us))
   if not mine[1] then
-    return 0
+    return nil
   end
   local e, cost = log_member(mine[1])
   if not e or cost < r.units then
-    return 0
+    return nil
   end
-  -- Each new member is added before the old one goes, so the key (and its
-  -- TTL) never disappears half-way; ends stay distinct, as they all move
-  -- down together.
-  -- Every later member is read, and refused unless of this layout, before
-  -- anything is written: a refused refund changes nothing.
   local later = call('ZRANGEBYSCORE', key, '(' .. fmt(r.at_us), '+inf', 'WITHSCORES')
   for idx = 1, #later, 2 do
     if not log_member(later[idx]) then
       refuse_layout(key, 'log member ' .. later[idx])
     end
   end
+  return mine[1], e, cost, later
+end
+
+log.check = log_find
+
+function log.refund(r, key, now)
+  local mine, e, cost, later = log_find(r, key, now)
+  if not mine then
+    return 0
+  end
+  -- Each new member is added before the old one goes, so the key (and its
+  -- TTL) never disappears half-way; ends stay distinct, as they all move
+  -- down together.
   if cost > r.units then
     call('ZADD', key, fmt(r.at_us), fmt(wrap_sub(e, r.units)) .. ',' .. fmt(cost - r.units))
   end
-  call('ZREM', key, mine[1])
+  call('ZREM', key, mine)
   for idx = 1, #later, 2 do
     local le, lc = log_member(later[idx])
     call('ZADD', key, later[idx + 1], fmt(wrap_sub(le, r.units)) .. ',' .. fmt(lc))
@@ -298,6 +316,13 @@ local function refund(keys, argv)
     return redis.error_reply('ERR throttlegate: bad time')
   end
 
+  -- Every key is read first, and a state in no layout it reads refused,
+  -- before any refund is written: a refused refund changes no key.
+  for idx, r in ipairs(receipts) do
+    if r.units > 0 then
+      (r.algorithm.check or check_fields)(r, keys[idx], now)
+    end
+  end
   local reply = {}
   for idx, r in ipairs(receipts) do
     local given = 0

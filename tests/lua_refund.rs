@@ -727,8 +727,9 @@ fn interleaved_refunds_never_admit_over_the_limit_and_end_as_if_never_asked() {
 
 /// A refund meeting a state in no layout it reads (a log member after the
 /// request's of neither layout, a string that is not the algorithm's
-/// integers) is refused before it writes anything: the key is left as it
-/// was, never half rewritten.
+/// integers) is refused before it writes anything, on any key: every key
+/// is read before the first refund is written, so a valid receipt of an
+/// earlier limit is not refunded either.
 #[tokio::test]
 async fn a_refund_meeting_a_state_of_no_known_layout_changes_nothing() {
     let server = RedisServer::start();
@@ -753,14 +754,22 @@ async fn a_refund_meeting_a_state_of_no_known_layout_changes_nothing() {
                 .await
         }
         .unwrap();
+        // A valid receipt on another key before it: never refunded.
+        let fine = format!("{algorithm}:fine");
+        let fine_receipt = take(&mut conn, &fine, T0, check(algorithm, 2)).await;
+        let fine_before = dump(&mut conn, &fine).await;
         let before = dump(&mut conn, &key).await;
         let err = redis::Script::new(REFUND_LUA)
+            .key(&fine)
             .key(&key)
             .arg(refund_argv(
                 &RefundHeader {
                     now_us: Some(T0 + 3),
                 },
-                &[RefundArgs::of(&check(algorithm, 2), receipt)],
+                &[
+                    RefundArgs::of(&check(algorithm, 2), fine_receipt),
+                    RefundArgs::of(&check(algorithm, 2), receipt),
+                ],
             ))
             .invoke_async::<Vec<i64>>(&mut conn)
             .await
@@ -770,6 +779,11 @@ async fn a_refund_meeting_a_state_of_no_known_layout_changes_nothing() {
             "{algorithm}: {err}"
         );
         assert_eq!(dump(&mut conn, &key).await, before, "{algorithm}");
+        assert_eq!(
+            dump(&mut conn, &fine).await,
+            fine_before,
+            "{algorithm}: the first limit was refunded"
+        );
     }
 }
 

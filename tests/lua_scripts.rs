@@ -572,3 +572,132 @@ async fn expired_entries_are_removed_a_bounded_number_per_call() {
     assert_eq!(reply[..3], [1, 3, 998]);
     assert_eq!(query::<u64>(&mut conn, "ZCARD", "k").await, 300 - 64 + 2);
 }
+
+fn limit_of(algorithm: Algorithm, limit: u64, cost: u64, mode: &'static str) -> LimitArgs {
+    let params = LimitParams::new(algorithm, limit, 60_000_000, None).unwrap();
+    let mut args = LimitArgs::of(&Check {
+        params,
+        cost,
+        mode: Mode::Enforce,
+    });
+    args.mode = mode;
+    args
+}
+
+/// Units 1 and 3 of layout 1 with one of layout 0 between them.
+async fn mixed(conn: &mut MultiplexedConnection, key: &str) {
+    zadd(conn, key, T0 - 30, "1,1").await;
+    zadd(conn, key, T0 - 20, &format!("{}:1", T0 - 20)).await;
+    zadd(conn, key, T0 - 10, "4,3").await;
+}
+
+/// A log both layouts wrote, with a member of layout 0 between two of
+/// layout 1 (a version of layout 0 whose clock lagged): found before any
+/// write and converted, so its unit counts. Before, it was either not
+/// counted (admitting over the limit) or met by the search for a denial's
+/// reset and refused, an error after an earlier limit had consumed.
+#[tokio::test]
+async fn a_layout_0_member_between_two_of_layout_1_counts_and_never_fails_the_request() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let fixed = limit_of(Algorithm::FixedWindow, 10, 2, "enforce");
+    mixed(&mut conn, "a").await;
+    let shadow = limit_of(Algorithm::SlidingWindowLog, 3, 2, "shadow");
+    let reply = call(&mut conn, &["k1", "a"], Some(T0), &[fixed, shadow])
+        .await
+        .expect("decided, not an error");
+    // Allowed (the log limit only shadows), the log had no room.
+    assert_eq!(reply[0], 1);
+    assert_eq!(reply[4], 0, "5 units held of 3: {reply:?}");
+    let held: String = query(&mut conn, "GET", "k1").await;
+    assert!(held.ends_with(":2"), "{held}");
+    for (key, limit, cost) in [("b", 3, 2), ("c", 5, 1)] {
+        mixed(&mut conn, key).await;
+        let log = limit_of(Algorithm::SlidingWindowLog, limit, cost, "enforce");
+        let reply = call(&mut conn, &[key], Some(T0), &[log])
+            .await
+            .expect("decided, not an error");
+        assert_eq!(reply[..3], [0, 0, 0], "{key}: denied, 5 units held");
+    }
+}
+
+/// A string state whose integers a double cannot hold exactly (2^53 or
+/// more, or -2^53 or less) is refused before any write, never read
+/// rounded.
+#[tokio::test]
+async fn string_states_past_two_to_the_53_are_refused() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let cases = [
+        (Algorithm::SlidingWindowCounter, "99999999999999999999:0:1"),
+        (Algorithm::FixedWindow, "9007199254740992:1"),
+        (Algorithm::TokenBucket, "-99999999999999999999:0:1"),
+    ];
+    for (algorithm, value) in cases {
+        let _: () = redis::cmd("SET")
+            .arg("s")
+            .arg(value)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let limit = limit_of(algorithm, 10, 1, "enforce");
+        let err = call(&mut conn, &["s"], Some(T0), &[limit])
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("stored layout refused"),
+            "{value}: {err}"
+        );
+        let held: String = query(&mut conn, "GET", "s").await;
+        assert_eq!(held, value);
+    }
+    // A token bucket in debt is read.
+    let _: () = redis::cmd("SET")
+        .arg("t")
+        .arg(format!("-5:{T0}:1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let limit = limit_of(Algorithm::TokenBucket, 10, 1, "enforce");
+    let reply = call(&mut conn, &["t"], Some(T0), &[limit]).await.unwrap();
+    assert_eq!(reply[..3], [0, 0, 0]);
+}
+
+/// What a refused state holds is shown with bytes outside printable
+/// ASCII escaped: the error text is logged.
+#[tokio::test]
+async fn a_refused_state_is_shown_printable() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let _: () = redis::cmd("SET")
+        .arg("p")
+        .arg(&b"1:\x1b[2J\n"[..])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let limit = limit_of(Algorithm::FixedWindow, 10, 1, "enforce");
+    let err = call(&mut conn, &["p"], Some(T0), &[limit])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains(r"1:\x1b[2J\x0a"), "{err}");
+    assert!(!err.contains('\x1b') && !err.contains('\n'), "{err}");
+}
+
+/// A layout-0 member hidden among costs above one (too few members to
+/// tell) goes uncounted, but a denial's reset search meeting it answers
+/// the newest entry's time rather than failing the request.
+#[tokio::test]
+async fn a_reset_search_meeting_a_hidden_layout_0_member_still_denies() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    zadd(&mut conn, "h", T0 - 40, "1,1").await;
+    zadd(&mut conn, "h", T0 - 30, "3,2").await;
+    zadd(&mut conn, "h", T0 - 20, &format!("{}:1", T0 - 20)).await;
+    zadd(&mut conn, "h", T0 - 10, "8,5").await;
+    let log = limit_of(Algorithm::SlidingWindowLog, 10, 4, "enforce");
+    let reply = call(&mut conn, &["h"], Some(T0), &[log])
+        .await
+        .expect("denied, not an error");
+    assert_eq!(reply, [0, 0, 2, 60_000_000 - 10]);
+}
