@@ -72,3 +72,19 @@ cpu_ticks() {
     done
     echo "$total"
 }
+
+# Exits naming the first of the given tools (names or paths) not found.
+require_tools() {
+    local tool
+    for tool in "$@"; do
+        command -v "$tool" >/dev/null || {
+            echo "missing $tool (redis: apt-get install redis-server; binaries: cargo build --release --bins)" >&2
+            exit 1
+        }
+    done
+}
+
+# The key of descriptor $1, as throttlegate-load names it.
+descriptor_key() {
+    if (($1 == 0)); then echo user; else echo "user_$1"; fi
+}

@@ -137,10 +137,6 @@ write_limits() {
     } >"$WORK/limits.yaml"
 }
 
-descriptor_key() { # the key of descriptor $1, as throttlegate-load names it
-    if (($1 == 0)); then echo user; else echo "user_$1"; fi
-}
-
 # Starts system $1 on gRPC port $2 (HTTP on $3); sets SERVICE_PID.
 start_system() {
     local system=$1 grpc=$2 http=$3
