@@ -1,7 +1,8 @@
 //! The repository's documentation holds: ARCHITECTURE.md names every source
 //! file, every link and every repository path a doc names resolves, the
-//! flags in docs/configuration.md are the binary's own `--help`, and every
-//! shell block marked runnable runs.
+//! flags in docs/configuration.md are the binary's own `--help`, every
+//! shell block marked runnable runs, and the README's first calls answer as
+//! it shows.
 //!
 //! `THROTTLEGATE_BLESS=1 cargo test --test docs` rewrites the flags block of
 //! docs/configuration.md from the binary instead of comparing it.
@@ -11,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
+
+mod support;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -132,6 +135,18 @@ struct Doc {
     code_spans: Vec<String>,
     /// The text of each `sh` block preceded by `<!-- runnable -->`.
     runnable: Vec<String>,
+    /// Every fenced code block, in order.
+    blocks: Vec<Block>,
+}
+
+/// A fenced code block and the HTML comment right before it, if any.
+#[derive(Clone)]
+struct Block {
+    /// The comment's text, trimmed (`runnable` for `<!-- runnable -->`).
+    mark: Option<String>,
+    /// The info string (`sh`, `json`, `text`).
+    info: String,
+    text: String,
 }
 
 fn parse(text: &str) -> Doc {
@@ -140,10 +155,11 @@ fn parse(text: &str) -> Doc {
         links: Vec::new(),
         code_spans: Vec::new(),
         runnable: Vec::new(),
+        blocks: Vec::new(),
     };
     let mut heading: Option<String> = None;
-    let mut block: Option<(bool, String)> = None;
-    let mut marked = false;
+    let mut block: Option<Block> = None;
+    let mut mark: Option<String> = None;
     let mut seen = std::collections::BTreeMap::<String, usize>::new();
     for event in Parser::new_ext(text, Options::ENABLE_TABLES) {
         match event {
@@ -166,21 +182,36 @@ fn parse(text: &str) -> Doc {
                 doc.links.push(dest_url.to_string());
             }
             Event::Start(Tag::CodeBlock(kind)) => {
-                let shell = matches!(&kind, CodeBlockKind::Fenced(info) if info.starts_with("sh"));
-                block = Some((marked && shell, String::new()));
-                marked = false;
+                let info = match &kind {
+                    CodeBlockKind::Fenced(info) => info.to_string(),
+                    CodeBlockKind::Indented => String::new(),
+                };
+                block = Some(Block {
+                    mark: mark.take(),
+                    info,
+                    text: String::new(),
+                });
             }
             Event::End(TagEnd::CodeBlock) => {
-                if let Some((true, text)) = block.take() {
-                    doc.runnable.push(text);
+                let block = block.take().expect("a code block ends after it starts");
+                if block.mark.as_deref() == Some("runnable") && block.info.starts_with("sh") {
+                    doc.runnable.push(block.text.clone());
+                }
+                doc.blocks.push(block);
+            }
+            Event::Start(Tag::Paragraph) => mark = None,
+            Event::Html(html) | Event::InlineHtml(html) => {
+                if let Some(comment) = html
+                    .trim()
+                    .strip_prefix("<!--")
+                    .and_then(|it| it.strip_suffix("-->"))
+                {
+                    mark = Some(comment.trim().to_string());
                 }
             }
-            Event::Html(html) | Event::InlineHtml(html) if html.trim() == "<!-- runnable -->" => {
-                marked = true;
-            }
             Event::Text(t) => {
-                if let Some((_, text)) = block.as_mut() {
-                    text.push_str(&t);
+                if let Some(block) = block.as_mut() {
+                    block.text.push_str(&t);
                 } else if let Some(h) = heading.as_mut() {
                     h.push_str(&t);
                 }
@@ -363,4 +394,244 @@ fn anchors_follow_githubs_rule() {
     );
     let doc = parse("# A\n## Same\n## Same\n");
     assert!(doc.anchors.contains("same") && doc.anchors.contains("same-1"));
+}
+
+/// The mark of an `sh` block run while `throttlegate serve --config
+/// examples/config.yaml` listens on the default ports; its output must be
+/// the code block right after it.
+const SERVED: &str = "runnable against examples/config.yaml";
+/// The mark of a grpcurl command checked without grpcurl; its answer must be
+/// the JSON block right after it.
+const GRPCURL: &str = "checked over gRPC against examples/config.yaml";
+
+/// A fresh `serve` of examples/config.yaml on free ports, once it answers
+/// gRPC.
+async fn serve_the_example() -> support::process::ServiceProcess {
+    let mut service = support::process::Serve::config(repo().join("examples/config.yaml")).spawn();
+    service.connect().await;
+    service
+}
+
+/// A doc's block as run against `service`: the default ports the docs name
+/// (`localhost:8081`, `localhost:8080`) become the service's.
+fn at_ports(block: &str, service: &support::process::ServiceProcess) -> String {
+    block
+        .replace("localhost:8081", &service.grpc.to_string())
+        .replace("localhost:8080", &service.http.to_string())
+}
+
+/// Every block marked `mark` in the docs: its file, the block, and the
+/// block right after it (the output it shows). README.md must have one.
+fn marked(mark: &str) -> Vec<(String, Block, Option<Block>)> {
+    let mut found = Vec::new();
+    for file in markdown_files() {
+        let blocks = parse(&read(&repo().join(&file))).blocks;
+        for (i, block) in blocks.iter().enumerate() {
+            if block.mark.as_deref() == Some(mark) {
+                found.push((file.clone(), block.clone(), blocks.get(i + 1).cloned()));
+            }
+        }
+    }
+    assert!(
+        found.iter().any(|(file, ..)| file == "README.md"),
+        "README.md has no block marked <!-- {mark} -->"
+    );
+    found
+}
+
+/// Each block marked [`SERVED`] (the README's curl calls on `/json`) runs
+/// under bash against a fresh service, and prints exactly the block after it
+/// (the README's OK with 9 left, then OVER_LIMIT with status 429: the two
+/// calls fall within the limit's second, curl starting in milliseconds).
+#[tokio::test]
+async fn calls_on_the_example_config_print_what_the_docs_show() {
+    for (file, block, shown) in marked(SERVED) {
+        assert!(
+            block.info.starts_with("sh") && block.text.contains("localhost:8080"),
+            "{file}: a block marked <!-- {SERVED} --> is an sh block calling localhost:8080"
+        );
+        let shown = shown.unwrap_or_else(|| panic!("{file}: no output after\n{}", block.text));
+        let service = serve_the_example().await;
+        let out = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &at_ports(&block.text, &service)])
+            .current_dir(repo())
+            .output()
+            .expect("run bash");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.trim_end() == shown.text.trim_end(),
+            "{file}:\n{}\nexit {:?}; printed:\n{stdout}\nthe doc shows:\n{}\nstderr:\n{}\nservice log:\n{}",
+            block.text,
+            out.status.code(),
+            shown.text,
+            String::from_utf8_lossy(&out.stderr),
+            service.log()
+        );
+    }
+}
+
+/// What `grpcurl -plaintext -d '<json>' localhost:8081 <method>` asks: the
+/// payload, which must be a RateLimitRequest in proto3 JSON, and the method.
+fn grpcurl_call(command: &str) -> (serde_json::Value, String) {
+    let command = command.replace("\\\n", " ");
+    assert!(
+        command.trim_start().starts_with("grpcurl -plaintext -d '"),
+        "not a grpcurl call with a -d payload: {command}"
+    );
+    let (_, rest) = command.split_once("-d '").unwrap();
+    let (payload, rest) = rest.split_once('\'').expect("the payload's closing quote");
+    let words: Vec<&str> = rest.split_whitespace().collect();
+    assert_eq!(
+        words.len(),
+        2,
+        "an address and a method after the payload: {rest}"
+    );
+    assert_eq!(words[0], "localhost:8081", "the README's default gRPC port");
+    let payload = serde_json::from_str(payload).expect("the payload is JSON");
+    (payload, words[1].to_string())
+}
+
+/// A RateLimitRequest from its proto3 JSON, refusing any field this reading
+/// does not send (so a README example never asks for more than is checked).
+fn rate_limit_request(
+    json: &serde_json::Value,
+) -> throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest {
+    use throttlegate::proto::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use throttlegate::proto::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    let fields = |value: &serde_json::Value, allowed: &[&str]| {
+        let object = value.as_object().expect("a JSON object");
+        for key in object.keys() {
+            assert!(
+                allowed.contains(&key.as_str()),
+                "field {key} is not checked"
+            );
+        }
+        object.clone()
+    };
+    let request = fields(json, &["domain", "descriptors", "hitsAddend"]);
+    let text = |value: Option<&serde_json::Value>| {
+        value
+            .map(|it| it.as_str().expect("a string").to_string())
+            .unwrap_or_default()
+    };
+    let descriptors = request["descriptors"].as_array().expect("descriptors");
+    throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest {
+        domain: text(request.get("domain")),
+        hits_addend: request.get("hitsAddend").map_or(0, |it| {
+            u32::try_from(it.as_u64().expect("a number")).expect("a uint32")
+        }),
+        descriptors: descriptors
+            .iter()
+            .map(|descriptor| RateLimitDescriptor {
+                entries: fields(descriptor, &["entries"])["entries"]
+                    .as_array()
+                    .expect("entries")
+                    .iter()
+                    .map(|entry| {
+                        let entry = fields(entry, &["key", "value"]);
+                        Entry {
+                            key: text(entry.get("key")).into_bytes(),
+                            value: text(entry.get("value")).into_bytes(),
+                        }
+                    })
+                    .collect(),
+                limit: None,
+                hits_addend: None,
+            })
+            .collect(),
+    }
+}
+
+/// The proto3 JSON of an answer, as grpcurl prints it: fields at their
+/// default value left out, enums by name, a duration as `"<seconds>s"`.
+fn proto3_json(
+    response: &throttlegate::proto::envoy::service::ratelimit::v3::RateLimitResponse,
+) -> serde_json::Value {
+    use serde_json::{Map, Value, json};
+    use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+        Code, rate_limit::Unit,
+    };
+    let code = |code: i32| Code::try_from(code).expect("a known code").as_str_name();
+    let headers = |headers: &[throttlegate::proto::envoy::config::core::v3::HeaderValue]| {
+        headers
+            .iter()
+            .map(|h| json!({"key": h.key, "value": h.value}))
+            .collect::<Vec<_>>()
+    };
+    let mut out = Map::new();
+    out.insert("overallCode".into(), json!(code(response.overall_code)));
+    let statuses: Vec<Value> = response
+        .statuses
+        .iter()
+        .map(|status| {
+            let mut it = Map::new();
+            it.insert("code".into(), json!(code(status.code)));
+            if let Some(limit) = &status.current_limit {
+                let mut l = Map::new();
+                if !limit.name.is_empty() {
+                    l.insert("name".into(), json!(limit.name));
+                }
+                l.insert("requestsPerUnit".into(), json!(limit.requests_per_unit));
+                let unit = Unit::try_from(limit.unit).expect("a known unit");
+                l.insert("unit".into(), json!(unit.as_str_name()));
+                it.insert("currentLimit".into(), Value::Object(l));
+            }
+            if status.limit_remaining != 0 {
+                it.insert("limitRemaining".into(), json!(status.limit_remaining));
+            }
+            if let Some(d) = &status.duration_until_reset {
+                let text = if d.nanos == 0 {
+                    format!("{}s", d.seconds)
+                } else {
+                    format!("{}.{:09}s", d.seconds, d.nanos)
+                };
+                it.insert("durationUntilReset".into(), json!(text));
+            }
+            Value::Object(it)
+        })
+        .collect();
+    if !statuses.is_empty() {
+        out.insert("statuses".into(), Value::Array(statuses));
+    }
+    for (name, list) in [
+        ("responseHeadersToAdd", &response.response_headers_to_add),
+        ("requestHeadersToAdd", &response.request_headers_to_add),
+    ] {
+        if !list.is_empty() {
+            out.insert(name.into(), Value::Array(headers(list)));
+        }
+    }
+    Value::Object(out)
+}
+
+/// grpcurl is a Go binary that neither Debian nor PyPI packages, so each
+/// grpcurl block marked [`GRPCURL`] is checked without it: its `-d` payload
+/// is read as a RateLimitRequest, sent with tonic to the method it names on a
+/// fresh service, and the answer, written as proto3 JSON like grpcurl
+/// prints it, must equal the JSON block after it. What is not checked:
+/// grpcurl's own flags and its reflection (tests/reflection.rs covers the
+/// reflection service it uses).
+#[tokio::test]
+async fn grpcurl_calls_on_the_example_config_answer_what_the_docs_show() {
+    for (file, block, shown) in marked(GRPCURL) {
+        let (payload, method) = grpcurl_call(&block.text);
+        assert_eq!(
+            method, "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+            "{file}: the only method this test sends"
+        );
+        let shown = shown
+            .filter(|it| it.info == "json")
+            .unwrap_or_else(|| panic!("{file}: no JSON answer after\n{}", block.text));
+        let shown: serde_json::Value =
+            serde_json::from_str(&shown.text).expect("the answer shown is JSON");
+        let mut service = serve_the_example().await;
+        let answer = service
+            .client()
+            .await
+            .should_rate_limit(rate_limit_request(&payload))
+            .await
+            .expect("ShouldRateLimit answers")
+            .into_inner();
+        assert_eq!(proto3_json(&answer), shown, "{file}: {}", block.text);
+    }
 }
