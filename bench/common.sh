@@ -88,3 +88,30 @@ require_tools() {
 descriptor_key() {
     if (($1 == 0)); then echo user; else echo "user_$1"; fi
 }
+
+# Starts Envoy ($ENVOY_BIN, --concurrency $ENVOY_CONCURRENCY) on
+# $WORK/envoy.yaml, admin on port $1; sets ENVOY_PID once admin /ready
+# answers 200.
+start_envoy() {
+    local admin=$1
+    "$ENVOY_BIN" -c "$WORK/envoy.yaml" --concurrency "$ENVOY_CONCURRENCY" \
+        --disable-hot-restart --base-id "$admin" -l warning >"$WORK/envoy.log" 2>&1 &
+    ENVOY_PID=$!
+    PIDS+=("$ENVOY_PID")
+    for _ in $(seq 400); do
+        [[ $(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$admin/ready") == 200 ]] && return
+        kill -0 "$ENVOY_PID" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "Envoy (pid $ENVOY_PID) did not get ready; its log:" >&2
+    cat "$WORK/envoy.log" >&2
+    exit 1
+}
+
+stop() { # stops process $1, waits for it and forgets it
+    kill "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    local kept=() pid
+    for pid in "${PIDS[@]}"; do [[ $pid == "$1" ]] || kept+=("$pid"); done
+    PIDS=("${kept[@]}")
+}
