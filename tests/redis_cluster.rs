@@ -1210,6 +1210,13 @@ async fn refunds_never_leave_a_counter_denied_from_the_cache_and_denials_report_
         assert_eq!(answer.overall_code, ok, "{left} should be left: {answer:?}");
         assert_eq!(answer.statuses[0].limit_remaining, left);
     }
+    // The cache is off: `global`, full, asked twice more is asked of Redis
+    // each time, where with a domain tag the second is a cache hit (the
+    // next test, the same sequence).
+    for _ in 0..2 {
+        assert_eq!(ask(vec![global()]).await.overall_code, over);
+    }
+    assert!(backend.local_clock().is_none());
     assert_eq!(cache_hits(&service).await, 0.0);
 
     // 10 a minute with 8 left: the denial says 8, not 7.
@@ -1228,7 +1235,8 @@ async fn refunds_never_leave_a_counter_denied_from_the_cache_and_denials_report_
 }
 
 /// Where no request spans slots (the domain hash tag) nothing is ever
-/// refunded, and the cache answers for counters known full.
+/// refunded, and the cache answers for counters known full: the same
+/// sequence on `global` that the cache never answers without a tag.
 #[tokio::test]
 async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
     use support::service::{call, default_options, start_with_config};
@@ -1236,6 +1244,7 @@ async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
     let cluster = Cluster::start(3, 0).await;
     let backend = cluster_backend(&cluster, HashTag::Domain);
     assert!(backend.never_refunds());
+    assert!(backend.local_clock().is_some());
     let service = start_with_config(CACHE_CONFIG, backend, default_options()).await;
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     let global = || request("cache", vec![descriptor(&[("global", "all")])]);
