@@ -636,7 +636,10 @@ async fn string_states_past_two_to_the_53_or_negative_out_of_place_are_refused()
         (Algorithm::Gcra, "-5:0:1"),
         (Algorithm::Gcra, &format!("-1:{T0}:0")),
         (Algorithm::SlidingWindowCounter, "-5:0:0"),
-        (Algorithm::SlidingWindowCounter, &format!("-60000000:{T0}:0")),
+        (
+            Algorithm::SlidingWindowCounter,
+            &format!("-60000000:{T0}:0"),
+        ),
         (Algorithm::FixedWindow, "-5:0"),
     ];
     for (algorithm, value) in cases {
@@ -673,7 +676,14 @@ async fn a_token_bucket_in_debt_is_read_and_debt_past_one_capacity_forgiven() {
             .and_then(|it| it.with_charge(Charge::Always))
             .unwrap();
         let scale = params.rate().scale;
-        (LimitArgs::of(&Check { params, cost: 1, mode: Mode::Enforce }), scale)
+        (
+            LimitArgs::of(&Check {
+                params,
+                cost: 1,
+                mode: Mode::Enforce,
+            }),
+            scale,
+        )
     };
     let level = |held: &str| -> i64 { held.split(':').next().unwrap().parse().unwrap() };
     // 5 units of debt, then 1 more charged: 6.
@@ -685,7 +695,9 @@ async fn a_token_bucket_in_debt_is_read_and_debt_past_one_capacity_forgiven() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let reply = call(&mut conn, &["t"], Some(T0), &[limit.clone()]).await.unwrap();
+    let reply = call(&mut conn, &["t"], Some(T0), &[limit.clone()])
+        .await
+        .unwrap();
     assert_eq!(reply[..2], [0, 0], "denied: {reply:?}");
     let held: String = query(&mut conn, "GET", "t").await;
     assert_eq!(level(&held), -6 * scale, "{held}");

@@ -13,7 +13,7 @@ use support::keys::{check, check_on, counter_key};
 use support::process::{Serve, command};
 use support::redis::{RedisServer, backend, backend_with, hammer};
 use support::request::{descriptor, request};
-use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog, TokenBucket};
+use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
 use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
@@ -1253,4 +1253,79 @@ async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
     assert_eq!(cache_hits(&service).await, 0.0);
     assert_eq!(call(&service, global()).await.overall_code, over);
     assert_eq!(cache_hits(&service).await, 1.0);
+}
+
+/// `cmdstat_<name>` calls on `nodes[idx]`.
+async fn calls_on(cluster: &Cluster, idx: usize, name: &str) -> u64 {
+    let mut conn = cluster.node(idx).connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats");
+    support::cluster::calls_in(&info, name)
+}
+
+/// `ACL SETUSER default <rule>` on `nodes[idx]` alone.
+async fn deny_on(cluster: &Cluster, idx: usize, rule: &str) {
+    let mut admin = cluster.node(idx).connection().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg(rule)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+}
+
+/// The engine is settled per node, as on a single server: of three
+/// primaries, one refusing FCALL (an ACL on that node alone) is sent
+/// EVALSHA; one refusing FUNCTION but holding the library (loaded by an
+/// operator), which the first call meets, and one allowing both are sent
+/// FCALL. Every request is decided right, alone on each primary or
+/// spanning all three.
+#[tokio::test]
+async fn each_primary_gets_the_engine_it_allows() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    let lone = on_different_primaries(&cluster, &backend, FixedWindow, "lone-", &[2, 2, 2]).await;
+    let spanning =
+        on_different_primaries(&cluster, &backend, FixedWindow, "span-", &[2, 2, 2]).await;
+    let no_function = primary_of(&cluster, &backend, &lone[0]).await;
+    let no_fcall = primary_of(&cluster, &backend, &lone[1]).await;
+    support::redis::load_library(&mut cluster.node(no_function).connection().await).await;
+    deny_on(&cluster, no_function, "-function").await;
+    deny_on(&cluster, no_fcall, "-fcall").await;
+    cluster.reset_stats().await;
+    for check in &lone {
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let verdict = backend.decide(std::slice::from_ref(check)).await;
+            answers.push(verdict.expect("decided").allowed);
+        }
+        assert_eq!(answers, [true, true, false], "{:?}", check.key);
+    }
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(backend.decide(&spanning).await.expect("decided").allowed);
+    }
+    assert_eq!(answers, [true, true, false], "spanning");
+    for idx in cluster.current_primaries().await {
+        let calls = (
+            calls_on(&cluster, idx, "fcall").await,
+            calls_on(&cluster, idx, "evalsha").await,
+        );
+        // 3 alone and 3 spanning on each, and the call that met no code:
+        // on the node refusing FCALL an EVALSHA (NOSCRIPT), on the one
+        // allowing both an FCALL (no library yet).
+        let expected = match idx {
+            _ if idx == no_fcall => (0, 7),
+            _ if idx == no_function => (6, 0),
+            _ => (7, 0),
+        };
+        assert_eq!(
+            calls, expected,
+            "node {idx} (refusing FUNCTION: {no_function}, FCALL: {no_fcall})"
+        );
+    }
 }
