@@ -655,7 +655,7 @@ async fn string_states_past_two_to_the_53_or_negative_out_of_place_are_refused()
             .unwrap_err();
         assert!(
             err.to_string()
-                .contains(&format!("stored layout refused at state-key: not ")),
+                .contains("stored layout refused at state-key: not "),
             "{algorithm:?} {value}: {err}"
         );
         let held: String = query(&mut conn, "GET", "state-key").await;
@@ -695,9 +695,7 @@ async fn a_token_bucket_in_debt_is_read_and_debt_past_one_capacity_forgiven() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let reply = call(&mut conn, &["t"], Some(T0), &[limit.clone()])
-        .await
-        .unwrap();
+    let reply = call(&mut conn, &["t"], Some(T0), &[limit]).await.unwrap();
     assert_eq!(reply[..2], [0, 0], "denied: {reply:?}");
     let held: String = query(&mut conn, "GET", "t").await;
     assert_eq!(level(&held), -6 * scale, "{held}");
