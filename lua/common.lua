@@ -48,11 +48,13 @@ local function refuse_layout(key, what)
 end
 
 -- The states of two and three integers (every layout there is) as one
--- match each, in place of a split into a table. The first of three may be
--- negative: a token bucket in debt. Not refused for the other algorithms
--- of three: a key that changed algorithm holds a bucket's state, which
--- they read as an old one (a start or arrival time long past).
-local STATE_PATTERNS = { [2] = '^(%d+):(%d+)$', [3] = '^(-?%d+):(%d+):(%d+)$' }
+-- match each, in place of a split into a table. Only a token bucket's
+-- level (the first of its fields, `fields.signed`) may be negative: in
+-- debt. Every key names its algorithm (src/backends/keys.rs), so no other
+-- algorithm meets a bucket's state but by a foreign write.
+local STATE_PATTERNS = {
+  [2] = '^(%d+):(%d+)$', [3] = '^(%d+):(%d+):(%d+)$', signed = '^(-?%d+):(%d+):(%d+)$',
+}
 
 -- A field read back exactly: every version writes integers of magnitude
 -- below 2^53, and a longer one would come back rounded.
@@ -68,7 +70,7 @@ local function load_fields(key, fields)
     return nil
   end
   local n = #fields
-  local pattern = STATE_PATTERNS[n]
+  local pattern = fields.signed and STATE_PATTERNS.signed or STATE_PATTERNS[n]
   if pattern then
     local a, b, c = match(raw, pattern)
     a, b, c = tonumber(a), tonumber(b), tonumber(c)

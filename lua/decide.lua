@@ -497,7 +497,8 @@ local function bucket_full(c)
   return c.capacity * c.scale
 end
 
-bucket.fields = { 'scaled', 'last_us', 'scale' }
+-- The level may be below 0: a debt (see load_fields).
+bucket.fields = { 'scaled', 'last_us', 'scale', signed = true }
 
 function bucket.fresh(c, now)
   return { scaled = bucket_full(c), last_us = now, scale = c.scale }

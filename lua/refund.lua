@@ -146,7 +146,7 @@ local function refund_less_refill(r, until_us)
   return r.units - elapsed * r.per_us
 end
 
-local bucket = { fields = { 'scaled', 'last_us', 'scale' } }
+local bucket = { fields = { 'scaled', 'last_us', 'scale', signed = true } }
 
 function bucket.refund(r, key, now)
   local s = load_fields(key, bucket.fields)

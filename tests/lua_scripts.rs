@@ -5,7 +5,7 @@ mod support;
 
 use redis::aio::MultiplexedConnection;
 use support::redis::{RedisServer, members};
-use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
+use throttlegate::algorithms::{Algorithm, Charge, Check, LimitParams, Mode};
 use throttlegate::backends::redis::DECIDE_LUA;
 use throttlegate::backends::redis::script::{Arg, HeaderArgs, LimitArgs, ReplyIntegers, argv};
 
@@ -622,45 +622,94 @@ async fn a_layout_0_member_between_two_of_layout_1_counts_and_never_fails_the_re
 }
 
 /// A string state whose integers a double cannot hold exactly (2^53 or
-/// more, or -2^53 or less) is refused before any write, never read
-/// rounded.
+/// more, or -2^53 or less), or with a negative field where only a token
+/// bucket's level may be negative, is refused before any write, never read
+/// rounded, with the key shown.
 #[tokio::test]
-async fn string_states_past_two_to_the_53_are_refused() {
+async fn string_states_past_two_to_the_53_or_negative_out_of_place_are_refused() {
     let server = RedisServer::start();
     let mut conn = server.connection().await;
     let cases = [
         (Algorithm::SlidingWindowCounter, "99999999999999999999:0:1"),
         (Algorithm::FixedWindow, "9007199254740992:1"),
         (Algorithm::TokenBucket, "-99999999999999999999:0:1"),
+        (Algorithm::Gcra, "-5:0:1"),
+        (Algorithm::Gcra, &format!("-1:{T0}:0")),
+        (Algorithm::SlidingWindowCounter, "-5:0:0"),
+        (
+            Algorithm::SlidingWindowCounter,
+            &format!("-60000000:{T0}:0"),
+        ),
+        (Algorithm::FixedWindow, "-5:0"),
     ];
     for (algorithm, value) in cases {
         let _: () = redis::cmd("SET")
-            .arg("s")
+            .arg("state-key")
             .arg(value)
             .query_async(&mut conn)
             .await
             .unwrap();
         let limit = limit_of(algorithm, 10, 1, "enforce");
-        let err = call(&mut conn, &["s"], Some(T0), &[limit])
+        let err = call(&mut conn, &["state-key"], Some(T0), &[limit])
             .await
             .unwrap_err();
         assert!(
-            err.to_string().contains("stored layout refused"),
-            "{value}: {err}"
+            err.to_string()
+                .contains("stored layout refused at state-key: not "),
+            "{algorithm:?} {value}: {err}"
         );
-        let held: String = query(&mut conn, "GET", "s").await;
-        assert_eq!(held, value);
+        let held: String = query(&mut conn, "GET", "state-key").await;
+        assert_eq!(held, value, "{algorithm:?}");
     }
-    // A token bucket in debt is read.
+}
+
+/// A token bucket's level may be negative: in debt (charged always), read
+/// as such; a debt past what the limit now carries (one capacity charged
+/// always, none otherwise: a reload may lower the limit) is read and
+/// forgiven down to it, never refused.
+#[tokio::test]
+async fn a_token_bucket_in_debt_is_read_and_debt_past_one_capacity_forgiven() {
+    let server = RedisServer::start();
+    let mut conn = server.connection().await;
+    let always = |limit| {
+        let params = LimitParams::new(Algorithm::TokenBucket, limit, 60_000_000, None)
+            .and_then(|it| it.with_charge(Charge::Always))
+            .unwrap();
+        let scale = params.rate().scale;
+        (
+            LimitArgs::of(&Check {
+                params,
+                cost: 1,
+                mode: Mode::Enforce,
+            }),
+            scale,
+        )
+    };
+    let level = |held: &str| -> i64 { held.split(':').next().unwrap().parse().unwrap() };
+    // 5 units of debt, then 1 more charged: 6.
+    let (limit, scale) = always(10);
+    let scale = scale as i64;
     let _: () = redis::cmd("SET")
         .arg("t")
-        .arg(format!("-5:{T0}:1"))
+        .arg(format!("{}:{T0}:{scale}", -5 * scale))
         .query_async(&mut conn)
         .await
         .unwrap();
-    let limit = limit_of(Algorithm::TokenBucket, 10, 1, "enforce");
     let reply = call(&mut conn, &["t"], Some(T0), &[limit]).await.unwrap();
-    assert_eq!(reply[..3], [0, 0, 0]);
+    assert_eq!(reply[..2], [0, 0], "denied: {reply:?}");
+    let held: String = query(&mut conn, "GET", "t").await;
+    assert_eq!(level(&held), -6 * scale, "{held}");
+    // 50 units of debt on a limit of 10: forgiven to 10.
+    let _: () = redis::cmd("SET")
+        .arg("t")
+        .arg(format!("{}:{T0}:{scale}", -50 * scale))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let reply = call(&mut conn, &["t"], Some(T0), &[limit]).await.unwrap();
+    assert_eq!(reply[..2], [0, 0], "denied: {reply:?}");
+    let held: String = query(&mut conn, "GET", "t").await;
+    assert_eq!(level(&held), -10 * scale, "{held}");
 }
 
 /// What a refused state holds is shown with bytes outside printable

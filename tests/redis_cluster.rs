@@ -13,7 +13,7 @@ use support::keys::{check, check_on, counter_key};
 use support::process::{Serve, command};
 use support::redis::{RedisServer, backend, backend_with, hammer};
 use support::request::{descriptor, request};
-use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog, TokenBucket};
+use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
 use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
@@ -1210,6 +1210,13 @@ async fn refunds_never_leave_a_counter_denied_from_the_cache_and_denials_report_
         assert_eq!(answer.overall_code, ok, "{left} should be left: {answer:?}");
         assert_eq!(answer.statuses[0].limit_remaining, left);
     }
+    // The cache is off: `global`, full, asked twice more is asked of Redis
+    // each time, where with a domain tag the second is a cache hit (the
+    // next test, the same sequence).
+    for _ in 0..2 {
+        assert_eq!(ask(vec![global()]).await.overall_code, over);
+    }
+    assert!(backend.local_clock().is_none());
     assert_eq!(cache_hits(&service).await, 0.0);
 
     // 10 a minute with 8 left: the denial says 8, not 7.
@@ -1228,7 +1235,8 @@ async fn refunds_never_leave_a_counter_denied_from_the_cache_and_denials_report_
 }
 
 /// Where no request spans slots (the domain hash tag) nothing is ever
-/// refunded, and the cache answers for counters known full.
+/// refunded, and the cache answers for counters known full: the same
+/// sequence on `global` that the cache never answers without a tag.
 #[tokio::test]
 async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
     use support::service::{call, default_options, start_with_config};
@@ -1236,6 +1244,7 @@ async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
     let cluster = Cluster::start(3, 0).await;
     let backend = cluster_backend(&cluster, HashTag::Domain);
     assert!(backend.never_refunds());
+    assert!(backend.local_clock().is_some());
     let service = start_with_config(CACHE_CONFIG, backend, default_options()).await;
     let (ok, over) = (Code::Ok as i32, Code::OverLimit as i32);
     let global = || request("cache", vec![descriptor(&[("global", "all")])]);
@@ -1244,4 +1253,79 @@ async fn with_a_domain_tag_the_over_limit_cache_answers_for_a_full_counter() {
     assert_eq!(cache_hits(&service).await, 0.0);
     assert_eq!(call(&service, global()).await.overall_code, over);
     assert_eq!(cache_hits(&service).await, 1.0);
+}
+
+/// `cmdstat_<name>` calls on `nodes[idx]`.
+async fn calls_on(cluster: &Cluster, idx: usize, name: &str) -> u64 {
+    let mut conn = cluster.node(idx).connection().await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats");
+    support::cluster::calls_in(&info, name)
+}
+
+/// `ACL SETUSER default <rule>` on `nodes[idx]` alone.
+async fn deny_on(cluster: &Cluster, idx: usize, rule: &str) {
+    let mut admin = cluster.node(idx).connection().await;
+    let () = redis::cmd("ACL")
+        .arg("SETUSER")
+        .arg("default")
+        .arg(rule)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+}
+
+/// The engine is settled per node, as on a single server: of three
+/// primaries, one refusing FCALL (an ACL on that node alone) is sent
+/// EVALSHA; one refusing FUNCTION but holding the library (loaded by an
+/// operator), which the first call meets, and one allowing both are sent
+/// FCALL. Every request is decided right, alone on each primary or
+/// spanning all three.
+#[tokio::test]
+async fn each_primary_gets_the_engine_it_allows() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = cluster_backend(&cluster, HashTag::None);
+    let lone = on_different_primaries(&cluster, &backend, FixedWindow, "lone-", &[2, 2, 2]).await;
+    let spanning =
+        on_different_primaries(&cluster, &backend, FixedWindow, "span-", &[2, 2, 2]).await;
+    let no_function = primary_of(&cluster, &backend, &lone[0]).await;
+    let no_fcall = primary_of(&cluster, &backend, &lone[1]).await;
+    support::redis::load_library(&mut cluster.node(no_function).connection().await).await;
+    deny_on(&cluster, no_function, "-function").await;
+    deny_on(&cluster, no_fcall, "-fcall").await;
+    cluster.reset_stats().await;
+    for check in &lone {
+        let mut answers = Vec::new();
+        for _ in 0..3 {
+            let verdict = backend.decide(std::slice::from_ref(check)).await;
+            answers.push(verdict.expect("decided").allowed);
+        }
+        assert_eq!(answers, [true, true, false], "{:?}", check.key);
+    }
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(backend.decide(&spanning).await.expect("decided").allowed);
+    }
+    assert_eq!(answers, [true, true, false], "spanning");
+    for idx in cluster.current_primaries().await {
+        let calls = (
+            calls_on(&cluster, idx, "fcall").await,
+            calls_on(&cluster, idx, "evalsha").await,
+        );
+        // 3 alone and 3 spanning on each, and the call that met no code:
+        // on the node refusing FCALL an EVALSHA (NOSCRIPT), on the one
+        // allowing both an FCALL (no library yet).
+        let expected = match idx {
+            _ if idx == no_fcall => (0, 7),
+            _ if idx == no_function => (6, 0),
+            _ => (7, 0),
+        };
+        assert_eq!(
+            calls, expected,
+            "node {idx} (refusing FUNCTION: {no_function}, FCALL: {no_fcall})"
+        );
+    }
 }

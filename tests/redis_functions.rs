@@ -390,8 +390,14 @@ fn trace_requests(seed: u64, len: usize) -> Vec<TraceRequest> {
         {
             let (algorithm, limit, window_s) = rng.pick(&slots[slot]);
             // A limit charged always carries debt from request to request
-            // of a batch as it does between calls.
-            let charge = rng.pick(&[Charge::IfAllowed, Charge::IfAllowed, Charge::Always]);
+            // of a batch as it does between calls. Not the bucket of the key
+            // changing algorithm: a level in debt is a bucket's alone, and
+            // the others refuse it (keys name their algorithm, so only a
+            // foreign write leaves them one).
+            let mut charge = rng.pick(&[Charge::IfAllowed, Charge::IfAllowed, Charge::Always]);
+            if slot == 0 && algorithm == TokenBucket {
+                charge = Charge::IfAllowed;
+            }
             let params = LimitParams::new(algorithm, limit, window_s * 1_000_000, None)
                 .and_then(|it| it.with_charge(charge))
                 .unwrap();

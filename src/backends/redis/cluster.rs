@@ -86,9 +86,12 @@ pub struct ClusterBackend {
     /// when the probe finds the client's slot map stale (see `probe`).
     connections: Vec<Mutex<Option<ClusterConnection>>>,
     next: AtomicUsize,
-    /// FCALL or EVALSHA, found at the first call (see `engine`): a cluster
-    /// runs one Redis version.
+    /// FCALL or EVALSHA, found at the first call (see `engine`): what
+    /// every node is first sent.
     engine: OnceCell<Engine>,
+    /// The slots whose node refused the function library (see
+    /// `ClusterBackend::call`): their calls go as EVALSHA.
+    scripts_only: ScriptsOnly,
     /// Set by the first `warm_up` that succeeds: the cluster has no
     /// per-thread connections, so the serving threads' warm-ups find it
     /// done (or wait for the one under way).
@@ -271,6 +274,7 @@ impl ClusterBackend {
             connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
             engine: OnceCell::new(),
+            scripts_only: ScriptsOnly::default(),
             warmed: OnceCell::new(),
             refund_failures: AtomicU64::new(0),
             refund_log: LogGate::new(),
@@ -295,15 +299,20 @@ impl ClusterBackend {
         redis::Script::new(super::DECIDE_LUA).get_hash().to_owned()
     }
 
-    /// How the cluster's nodes run our code: found once, by loading the
-    /// library on the primary of `slot`.
+    /// How the primary of `slot` runs our code: the cluster's engine,
+    /// found once by loading the library on the first slot's primary,
+    /// unless that slot's node has since refused the library.
     async fn engine(&self, conn: &mut ClusterConnection, slot: Slot) -> Result<Engine, Error> {
         let detect = async {
             let routing = single(Route::with_slot(slot, SlotAddr::Master));
             let res = conn.route_command(engine::library_load(), routing).await;
-            Engine::from_load(res).map_err(|err| classify(&err, self.timeout_ms))
+            engine::from_load_on_cluster(res).map_err(|err| classify(&err, self.timeout_ms))
         };
-        self.engine.get_or_try_init(|| detect).await.copied()
+        let engine = self.engine.get_or_try_init(|| detect).await.copied()?;
+        if self.scripts_only.has(slot) {
+            return Ok(Engine::Scripts);
+        }
+        Ok(engine)
     }
 
     /// A cluster connection, made now if this slot of the pool has none.
@@ -554,36 +563,60 @@ impl ClusterBackend {
     /// at most [`MAX_REDIRECTS`] redirects or loads in a row without a pause.
     /// With `write_by`, no attempt (the first, or one after a redirect, a
     /// load or a pause) is written once its moment has passed.
+    ///
+    /// The engine is settled per node, as on a single server: an FCALL the
+    /// node refuses (unknown, renamed away, or not allowed), or one that
+    /// finds no library where FUNCTION LOAD is refused, is sent again as
+    /// EVALSHA, and the slot keeps to scripts.
     async fn call(
         &self,
         conn: &mut ClusterConnection,
-        code: (Engine, Entry),
+        (mut engine, entry): (Engine, Entry),
         cmd: &Cmd,
         slot: Slot,
         write_by: Option<&WriteBy>,
     ) -> Result<Value, Error> {
         let mut target = Target::Slot(slot);
         let mut redirects = 0;
+        let mut as_script = None;
         loop {
             if let Some(write_by) = write_by
                 && Instant::now() >= write_by.at
             {
                 return Err(write_by.late.clone());
             }
-            let err = match attempt(conn, cmd, &target).await {
+            let sent = as_script.as_ref().unwrap_or(cmd);
+            let err = match attempt(conn, sent, &target).await {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
             };
-            let step = next_step(&err);
-            if matches!(step, Next::Load | Next::Go(_)) {
+            let mut step = next_step(&err);
+            if engine == Engine::Functions && engine::lacks_functions(&err) {
+                step = Next::Scripts;
+            }
+            if matches!(step, Next::Load | Next::Scripts | Next::Go(_)) {
                 redirects += 1;
                 if redirects > MAX_REDIRECTS {
                     return Err(classify(&err, self.timeout_ms));
                 }
             }
             target = match step {
-                Next::Load => {
-                    self.load(conn, code, &target).await?;
+                Next::Load => match self.load(conn, (engine, entry), &target).await {
+                    Err(err) if engine == Engine::Functions && engine::lacks_functions(&err) => {
+                        self.keep_to_scripts(slot, &err);
+                        engine = Engine::Scripts;
+                        as_script = Some(engine::as_script(cmd, entry));
+                        target
+                    }
+                    res => {
+                        res.map_err(|err| classify(&err, self.timeout_ms))?;
+                        target
+                    }
+                },
+                Next::Scripts => {
+                    self.keep_to_scripts(slot, &err);
+                    engine = Engine::Scripts;
+                    as_script = Some(engine::as_script(cmd, entry));
                     target
                 }
                 Next::Go(next) => next,
@@ -603,14 +636,50 @@ impl ClusterBackend {
         conn: &mut ClusterConnection,
         (engine, entry): (Engine, Entry),
         target: &Target,
-    ) -> Result<(), Error> {
+    ) -> RedisResult<()> {
         let cmd = engine.load_command(entry);
         let routing = match target {
             Target::Slot(slot) => single(Route::with_slot(*slot, SlotAddr::Master)),
             Target::Moved(host, port) | Target::Ask(host, port) => by_address(host, *port),
         };
         Engine::loaded(conn.route_command(cmd, routing).await)
-            .map_err(|err| classify(&err, self.timeout_ms))
+    }
+
+    /// Remembers that `slot`'s node refused the function library.
+    fn keep_to_scripts(&self, slot: Slot, refused: &RedisError) {
+        if self.scripts_only.set(slot) {
+            tracing::info!(
+                "redis cluster: a node cannot run the function library ({refused}): its slots \
+                 are decided with EVALSHA (logged once)"
+            );
+        }
+    }
+}
+
+/// The slots that keep to scripts; `any` spares the lock while none does.
+#[derive(Default)]
+struct ScriptsOnly {
+    any: std::sync::atomic::AtomicBool,
+    slots: Mutex<HashSet<Slot>>,
+}
+
+impl ScriptsOnly {
+    fn has(&self, slot: Slot) -> bool {
+        self.any.load(Ordering::Relaxed)
+            && self
+                .slots
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains(&slot)
+    }
+
+    /// Adds `slot`; whether it is the first.
+    fn set(&self, slot: Slot) -> bool {
+        self.slots
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(slot);
+        !self.any.swap(true, Ordering::Relaxed)
     }
 }
 
@@ -624,6 +693,8 @@ enum Next {
     /// NOSCRIPT or a missing function: load the code on that node, then
     /// the same target again.
     Load,
+    /// FCALL refused by the node: the same call as EVALSHA, same target.
+    Scripts,
     /// MOVED or ASK: the node named.
     Go(Target),
     /// The script did not run and the slot's owner may be changing.
@@ -882,12 +953,19 @@ impl Backend for ClusterBackend {
                 let mut conn = conn.clone();
                 async move {
                     let routing = single(Route::new(slot, SlotAddr::Master));
-                    Engine::from_load(conn.route_command(engine::library_load(), routing).await)
+                    engine::from_load_on_cluster(
+                        conn.route_command(engine::library_load(), routing).await,
+                    )
                 }
             });
+            let mut engines = Vec::new();
             for engine in join_all(loads).await {
-                // A cluster runs one Redis version: any answer is the engine.
-                let _ = self.engine.set(engine.map_err(fail)?);
+                engines.push(engine.map_err(fail)?);
+            }
+            // Functions if any primary has them: a node that refuses them
+            // has its slots settled on scripts by its first call (`call`).
+            if let Some(&engine) = engines.iter().max_by_key(|it| **it == Engine::Functions) {
+                let _ = self.engine.set(engine);
             }
             Ok::<_, Error>(())
         };

@@ -6,13 +6,13 @@
 //! Which of the two a server speaks is found once per connection (or per
 //! cluster), by loading the library: FUNCTION LOAD answered (or "already
 //! exists") means functions; an unknown command (Redis 6, or FUNCTION
-//! renamed away) or a refusal by ACL means scripts on a cluster. On a
-//! single server ([`run_adapting`]) the engine is then settled per
-//! command: with FUNCTION refused, FCALL is still tried (the library may
-//! be there already, loaded by an operator or replicated), and a server
-//! that refuses FCALL (unknown, renamed away, or refused by ACL), or lacks
-//! the library and refuses to load it, gets the same call as EVALSHA;
-//! the connection then keeps to scripts.
+//! renamed away) means scripts on a cluster. The engine is then settled
+//! per command, on a single server ([`run_adapting`]) as on each node of a
+//! cluster (`cluster.rs`): with FUNCTION refused, FCALL is still tried (the
+//! library may be there already, loaded by an operator or replicated), and
+//! a server that refuses FCALL (unknown, renamed away, or refused by ACL),
+//! or lacks the library and refuses to load it, gets the same call as
+//! EVALSHA; the connection (or the cluster slot) then keeps to scripts.
 //!
 //! A missing function (`ERR Function not found`: after a restart, FLUSHALL
 //! or FUNCTION FLUSH, a failover to a node that never saw it) and a
@@ -194,6 +194,20 @@ pub fn from_load_on_server(res: RedisResult<Value>) -> RedisResult<Engine> {
     }
 }
 
+/// The engine a Cluster's calls start with from a primary's answer to
+/// FUNCTION LOAD: a refusal by ACL still means functions (the library may
+/// be loaded, as on a single server), an unknown command (before Redis 7,
+/// or renamed away) scripts. Either way a node refusing what it is sent
+/// gets EVALSHA for its slots (`cluster.rs`, `ClusterBackend::call`).
+pub fn from_load_on_cluster(res: RedisResult<Value>) -> RedisResult<Engine> {
+    match Engine::loaded(res) {
+        Ok(()) => Ok(Engine::Functions),
+        Err(err) if err.code() == Some("NOPERM") => Ok(Engine::Functions),
+        Err(err) if lacks_functions(&err) => Ok(Engine::Scripts),
+        Err(err) => Err(err),
+    }
+}
+
 /// [`run`] on a single server whose engine is `learnt`: `cmd` (made by
 /// `engine.command(entry, ..)`) is sent as it is; when the server refuses
 /// FCALL itself (unknown or not allowed) or lacks the library and cannot
@@ -240,7 +254,7 @@ pub async fn run_adapting(
 
 /// `cmd`, an FCALL of `entry`, as the EVALSHA of the same code with the
 /// same keys and arguments.
-fn as_script(cmd: &Cmd, entry: Entry) -> Cmd {
+pub fn as_script(cmd: &Cmd, entry: Entry) -> Cmd {
     let mut script = Cmd::with_capacity(cmd.args_iter().len(), 64);
     script.arg("EVALSHA").arg(entry.script().get_hash());
     for arg in cmd.args_iter().skip(2) {
@@ -325,7 +339,7 @@ fn already_exists(err: &RedisError) -> bool {
 
 /// The server has no FUNCTION command (before Redis 7, or renamed away),
 /// or this user may not use it.
-fn lacks_functions(err: &RedisError) -> bool {
+pub fn lacks_functions(err: &RedisError) -> bool {
     let unknown = err.code() == Some("ERR")
         && err
             .detail()
