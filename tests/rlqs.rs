@@ -386,3 +386,46 @@ async fn health_knows_the_quota_service() {
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
 }
+
+/// `path` nested under `tenant`, then `name`: sorted by key the bucket
+/// would be `[name, path, tenant]` and match nothing.
+const ORDERED: &str = "
+domain: ordered
+bucket_key_order: [tenant, path]
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        value: /blocked
+        descriptors:
+          - key: name
+            rate_limit: {unit: minute, requests_per_unit: 0}
+";
+
+#[tokio::test]
+async fn bucket_key_order_orders_a_bucket_and_a_reload_applies_it() {
+    let (backend, _clock) = memory_backend();
+    let service = start_with_config(ORDERED, backend, default_options()).await;
+    let mut proxy = open(&service).await;
+    let id = bucket(&[("name", "b"), ("path", "/blocked"), ("tenant", "acme")]);
+    proxy.send(report("ordered", &[(id.clone(), 1, 0)])).await;
+    let deny = Strategy::BlanketRule(BlanketRule::DenyAll as i32);
+    let allow = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
+    assert_eq!(proxy.next().await["b"], deny);
+    // A reload without the order: the same bucket, sorted, matches no
+    // rule at its next report.
+    let sorted = ORDERED.replace("bucket_key_order: [tenant, path]\n", "");
+    service
+        .limiter
+        .rules()
+        .store(std::sync::Arc::new(support::service::rules_from(&sorted)));
+    proxy.send(report("ordered", &[(id.clone(), 1, 0)])).await;
+    assert_eq!(proxy.next().await["b"], allow);
+    // And back.
+    service
+        .limiter
+        .rules()
+        .store(std::sync::Arc::new(support::service::rules_from(ORDERED)));
+    proxy.send(report("ordered", &[(id, 1, 0)])).await;
+    assert_eq!(proxy.next().await["b"], deny);
+}

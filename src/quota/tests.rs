@@ -232,6 +232,70 @@ fn a_bucket_is_its_entries_sorted_by_key_then_matched_as_a_descriptor() {
     );
 }
 
+/// `path` nested under `tenant`: sorted, `path` would come first and
+/// match nothing.
+const ORDERED: &str = "
+domain: rlqs
+bucket_key_order: [tenant, path]
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        descriptors:
+          - key: method
+            rate_limit: {unit: minute, requests_per_unit: 300}
+      - key: path
+        value: /free
+        rate_limit: {unlimited: true}
+";
+
+#[test]
+fn bucket_key_order_puts_its_keys_first_then_the_others_sorted() {
+    let keys = ["tenant".into(), "path".into()];
+    assert_eq!(
+        super::mapping::ordered(
+            &keys,
+            &[("a", "1"), ("path", "/x"), ("tenant", "t"), ("z", "2")]
+        ),
+        [("tenant", "t"), ("path", "/x"), ("a", "1"), ("z", "2")]
+    );
+    // A listed key the bucket lacks is skipped.
+    assert_eq!(
+        super::mapping::ordered(&keys, &[("method", "GET"), ("path", "/x")]),
+        [("path", "/x"), ("method", "GET")]
+    );
+    // Listed keys first (tenant, path), then method: matches, whatever
+    // order the bucket gave.
+    let a = resolved(
+        ORDERED,
+        &[("method", "GET"), ("path", "/x"), ("tenant", "acme")],
+    );
+    let b = resolved(
+        ORDERED,
+        &[("tenant", "acme"), ("method", "GET"), ("path", "/x")],
+    );
+    let Resolution::Shared { pool, budget, .. } = &a else {
+        panic!("{a:?}");
+    };
+    assert_eq!(*budget, BUDGET);
+    assert_eq!(a, b);
+    assert_eq!(
+        pool.as_str(),
+        "rlqs|tenant.path.method|tenant=acme|path=/x|method=GET"
+    );
+    assert!(matches!(
+        resolved(ORDERED, &[("path", "/free"), ("tenant", "acme")]),
+        Resolution::Unlimited { .. }
+    ));
+    // The same rules without the order: sorted, `path` comes first and
+    // nothing matches.
+    let sorted = ORDERED.replace("bucket_key_order: [tenant, path]\n", "");
+    assert_eq!(
+        resolved(&sorted, &[("path", "/free"), ("tenant", "acme")]),
+        Resolution::Unmatched
+    );
+}
+
 #[test]
 fn the_most_restrictive_limit_is_the_budget() {
     let yaml = "
