@@ -401,7 +401,7 @@ fn example_config_loads_with_every_algorithm() {
     }
     let summary = config::summary(&loaded.rules);
     for line in [
-        "domain api (default algorithm sliding_window_log)",
+        "domain api (default algorithm sliding_window_log, bucket_key_order tenant, path)",
         "  remote_address  10/second sliding_window_log",
         "  api_key  100/5 minutes token_bucket burst=20",
         "  path_/files/*  100/hour gcra burst=10  [share_threshold]",
@@ -780,5 +780,67 @@ fn charge_per_limit_and_default_charge_per_file() {
     assert!(
         message.starts_with("c.yaml: descriptor 'd.a': charge: always on token_bucket"),
         "{message}"
+    );
+}
+
+/// `bucket_key_order` (the order of an RLQS bucket's keys as a
+/// descriptor): read and shown by the summary; an empty key, a key named
+/// twice and a value that is not a list refused with their messages;
+/// merged files must agree on it.
+#[test]
+fn bucket_key_order_is_checked() {
+    let yaml = "domain: d\nbucket_key_order: [tenant, path]\n";
+    let loaded = config::parse_str("d.yaml", yaml, &options()).expect("valid");
+    let domain = loaded.rules.domain("d").expect("domain");
+    let keys: Vec<&str> = domain.bucket_key_order().iter().map(|it| &**it).collect();
+    assert_eq!(keys, ["tenant", "path"]);
+    assert!(
+        config::summary(&loaded.rules).starts_with(
+            "domain d (default algorithm sliding_window_log, bucket_key_order tenant, path)\n"
+        ),
+        "{}",
+        config::summary(&loaded.rules)
+    );
+    for (yaml, message) in [
+        (
+            "domain: d\nbucket_key_order: [tenant, \"\"]\n",
+            "d.yaml: bucket_key_order has an empty key",
+        ),
+        (
+            "domain: d\nbucket_key_order: [tenant, path, tenant]\n",
+            "d.yaml: bucket_key_order names 'tenant' twice",
+        ),
+        (
+            "domain: d\nbucket_key_order: tenant\n",
+            "d.yaml: config error, 'bucket_key_order' must be a list",
+        ),
+    ] {
+        let err = config::parse_str("d.yaml", yaml, &options()).expect_err(yaml);
+        assert_eq!(err.to_string(), message);
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("a.yaml"),
+        "domain: d\nbucket_key_order: [a]\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("b.yaml"),
+        "domain: d\nbucket_key_order: [b, a]\n",
+    )
+    .expect("write");
+    let merge = LoadOptions {
+        merge_domains: true,
+        ..options()
+    };
+    let err = config::load(dir.path(), &merge).expect_err("conflict");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: bucket_key_order [b, a] conflicts with [a] set for domain 'd' in {}",
+            dir.path().join("b.yaml").display(),
+            dir.path().join("a.yaml").display()
+        )
     );
 }

@@ -120,6 +120,11 @@ fn failover_cluster(primary: SocketAddr, standby: SocketAddr) -> String {
 }
 
 fn start_envoy_with(bin: &Path, cluster: String) -> Envoy {
+    start_envoy_matching(bin, cluster, matcher("x-allow-first", "ALLOW_ALL"))
+}
+
+/// [`start_envoy_with`], `allow` in place of the `x-allow-first` matcher.
+fn start_envoy_matching(bin: &Path, cluster: String, allow: String) -> Envoy {
     Envoy::config(EDGE)
         .var("UPSTREAM_LISTENER", upstream_listener(&[]))
         .var(
@@ -128,7 +133,7 @@ fn start_envoy_with(bin: &Path, cluster: String) -> Envoy {
         )
         .var("RLQS_CLUSTER", cluster)
         .var("MATCHER_DENY", matcher("x-deny-first", "DENY_ALL"))
-        .var("MATCHER_ALLOW", matcher("x-allow-first", "ALLOW_ALL"))
+        .var("MATCHER_ALLOW", allow)
         .concurrency(1)
         .start(bin)
 }
@@ -338,14 +343,23 @@ async fn a_reload_lowering_the_limit_takes_effect_within_a_report_cycle() {
 /// Sends requests with `header: bucket` until one is answered `status`
 /// (for at most 20 s), then ten more, all of which must be.
 async fn settles_on(addr: SocketAddr, header: &str, bucket: &str, status: u16) -> usize {
+    settles_with(addr, &[(header, bucket)], status).await
+}
+
+/// [`settles_on`] with requests carrying `headers`.
+async fn settles_with(addr: SocketAddr, headers: &[(&str, &str)], status: u16) -> usize {
+    let request = || {
+        headers
+            .iter()
+            .fold(HttpRequest::get("/"), |it, (name, value)| {
+                it.header(name, value)
+            })
+    };
+    let bucket = format!("{headers:?}");
     let deadline = Instant::now() + Duration::from_secs(20);
     let mut before = 0;
     loop {
-        let got = HttpRequest::get("/")
-            .header(header, bucket)
-            .send(addr)
-            .await
-            .status;
+        let got = request().send(addr).await.status;
         if got == status {
             break;
         }
@@ -357,11 +371,7 @@ async fn settles_on(addr: SocketAddr, header: &str, bucket: &str, status: u16) -
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for _ in 0..10 {
-        let got = HttpRequest::get("/")
-            .header(header, bucket)
-            .send(addr)
-            .await
-            .status;
+        let got = request().send(addr).await.status;
         assert_eq!(got, status, "bucket {bucket}");
     }
     before
@@ -543,4 +553,57 @@ async fn two_instances_on_one_redis_share_the_budget_and_survive_a_stop() {
         "{total} admitted, bound {total_bound}"
     );
     assert!(after.iter().all(|(admitted, _)| *admitted > 0), "{after:?}");
+}
+
+/// A matcher putting requests with `x-tenant` in bucket `{tenant: <its
+/// value>, path: <x-path's>}`, let through until assigned.
+fn tenant_path_matcher() -> String {
+    let input = |header: &str| {
+        format!(
+            "{{name: {header}, typed_config: {{\"@type\": type.googleapis.com/envoy.type.matcher.v3.HttpRequestHeaderMatchInput, header_name: {header}}}}}"
+        )
+    };
+    let (tenant, path) = (input("x-tenant"), input("x-path"));
+    format!(
+        "{{predicate: {{single_predicate: {{input: {tenant}, value_match: {{safe_regex: {{google_re2: {{}}, regex: \".+\"}}}}}}}}, \
+         on_match: {{action: {{name: rate_limit_quota, typed_config: \
+         {{\"@type\": type.googleapis.com/envoy.extensions.filters.http.rate_limit_quota.v3.RateLimitQuotaBucketSettings, \
+         bucket_id_builder: {{bucket_id_builder: {{tenant: {{custom_value: {tenant}}}, path: {{custom_value: {path}}}}}}}, \
+         reporting_interval: 5s, deny_response_settings: {{http_status: {{code: 429}}}}, \
+         no_assignment_behavior: {{fallback_rate_limit: {{blanket_rule: ALLOW_ALL}}}}}}}}}}}}"
+    )
+}
+
+/// A rule nesting `path` under `tenant`: Envoy's bucket `{tenant, path}`
+/// sorted by key would be `[path, tenant]` and match nothing (ALLOW_ALL);
+/// with `bucket_key_order: [tenant, path]` it reaches the limit of 0.
+#[tokio::test]
+async fn bucket_key_order_matches_a_nested_rule_under_envoy() {
+    let Some(bin) = envoy_bin("bucket_key_order_matches_a_nested_rule_under_envoy") else {
+        return;
+    };
+    let yaml = "domain: rlqs
+bucket_key_order: [tenant, path]
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        value: /blocked
+        rate_limit: {unit: minute, requests_per_unit: 0}
+";
+    let (service, _dir) = start_service(yaml).await;
+    let cluster = grpc_cluster("throttlegate", &[service.grpc], "");
+    let envoy = start_envoy_matching(&bin, cluster, tenant_path_matcher());
+    let addr = envoy.addr("HTTP");
+    let blocked = [("x-tenant", "acme"), ("x-path", "/blocked")];
+    let before = settles_with(addr, &blocked, 429).await;
+    // Another path of the tenant: no rule, ALLOW_ALL.
+    settles_with(addr, &[("x-tenant", "acme"), ("x-path", "/open")], 200).await;
+    let deny_all = service
+        .metric("throttlegate_rlqs_assignments_total{domain=\"rlqs\",rule=\"tenant.path_/blocked\",kind=\"deny_all\"}")
+        .await;
+    println!(
+        "tenant acme, path /blocked: {before} let through before DENY_ALL arrived; deny_all {deny_all}"
+    );
+    assert!(deny_all >= 1.0);
 }

@@ -386,3 +386,184 @@ async fn health_knows_the_quota_service() {
         tonic_health::pb::health_check_response::ServingStatus::Serving
     );
 }
+
+/// `path` nested under `tenant`, then `name`: sorted by key the bucket
+/// would be `[name, path, tenant]` and match nothing.
+const ORDERED: &str = "
+domain: ordered
+bucket_key_order: [tenant, path]
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        value: /blocked
+        descriptors:
+          - key: name
+            rate_limit: {unit: minute, requests_per_unit: 0}
+";
+
+#[tokio::test]
+async fn bucket_key_order_orders_a_bucket_and_a_reload_applies_it() {
+    let (backend, _clock) = memory_backend();
+    let service = start_with_config(ORDERED, backend, default_options()).await;
+    let mut proxy = open(&service).await;
+    let id = bucket(&[("name", "b"), ("path", "/blocked"), ("tenant", "acme")]);
+    proxy.send(report("ordered", &[(id.clone(), 1, 0)])).await;
+    let deny = Strategy::BlanketRule(BlanketRule::DenyAll as i32);
+    let allow = Strategy::BlanketRule(BlanketRule::AllowAll as i32);
+    assert_eq!(proxy.next().await["b"], deny);
+    // A reload without the order: the same bucket, sorted, matches no
+    // rule at its next report.
+    let sorted = ORDERED.replace("bucket_key_order: [tenant, path]\n", "");
+    service
+        .limiter
+        .rules()
+        .store(std::sync::Arc::new(support::service::rules_from(&sorted)));
+    proxy.send(report("ordered", &[(id.clone(), 1, 0)])).await;
+    assert_eq!(proxy.next().await["b"], allow);
+    // And back.
+    service
+        .limiter
+        .rules()
+        .store(std::sync::Arc::new(support::service::rules_from(ORDERED)));
+    proxy.send(report("ordered", &[(id, 1, 0)])).await;
+    assert_eq!(proxy.next().await["b"], deny);
+}
+
+#[tokio::test]
+async fn a_graceful_stop_ends_every_quota_stream_with_unavailable() {
+    let service = start().await;
+    let shared = bucket(&[("name", "shared")]);
+    let mut proxies = Vec::new();
+    for _ in 0..2 {
+        // Each proxy on its own connection, as Envoys are.
+        let channel = support::service::connect(service.addr).await;
+        let (send, reports) = mpsc::channel(16);
+        let answers = RateLimitQuotaServiceClient::new(channel)
+            .stream_rate_limit_quotas(ReceiverStream::new(reports))
+            .await
+            .expect("stream opened")
+            .into_inner();
+        let mut proxy = Proxy { send, answers };
+        proxy.send(report("quota", &[(shared.clone(), 1, 0)])).await;
+        proxy.next().await;
+        proxies.push(proxy);
+    }
+    // The stop waits for the streams: they must end on their own.
+    let stop = tokio::spawn(service.stop());
+    for proxy in &mut proxies {
+        let status = proxy.end().await;
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+        assert!(status.message().contains("shutting down"), "{status:?}");
+    }
+    tokio::time::timeout(ANSWER, stop)
+        .await
+        .expect("the server stopped in time")
+        .expect("the stop task")
+        .expect("a clean stop");
+}
+
+/// A proxy that never reads its answers: once its flow-control window is
+/// full they wait in the server, and after 15 s unread (the quota clock
+/// moved on) the stream is ended, its buckets given up; a proxy on
+/// another connection is answered throughout.
+#[tokio::test]
+async fn a_proxy_that_never_reads_is_ended_and_others_go_on() {
+    let clock = throttlegate::clock::ManualClock::new(support::service::T0);
+    let service = support::service::start_with_quota_clock(CONFIG, clock.clone()).await;
+    let shared = bucket(&[("name", "shared")]);
+    let mut good = open(&service).await;
+    good.send(report("quota", &[(shared.clone(), 1, 0)])).await;
+    good.next().await;
+
+    // A connection of its own, as each Envoy has.
+    let channel = support::service::connect(service.addr).await;
+    let (lazy_send, reports) = mpsc::channel(64);
+    let mut lazy_answers = RateLimitQuotaServiceClient::new(channel)
+        .stream_rate_limit_quotas(ReceiverStream::new(reports))
+        .await
+        .expect("stream opened")
+        .into_inner();
+    let per_message = 500;
+    let messages = 8;
+    let lazy_bucket =
+        |message: u32, n: u32| (bucket(&[("name", &format!("lazy-{message}-{n}"))]), 1, 0);
+    let metric = |name: &str| support::service::sample(&service.http.metrics.encode(), name);
+    let reported = |count: u32| async move {
+        let deadline = std::time::Instant::now() + ANSWER;
+        while metric(
+            "throttlegate_rlqs_reported_requests_total{domain=\"quota\",rule=\"_unmatched\",kind=\"allowed\"}",
+        ) != Some(f64::from(count))
+        {
+            assert!(std::time::Instant::now() < deadline, "reports not read");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    for message in 0..messages {
+        let buckets: Vec<_> = (0..per_message).map(|n| lazy_bucket(message, n)).collect();
+        lazy_send
+            .send(report("quota", &buckets))
+            .await
+            .expect("stream open");
+    }
+    reported(per_message * messages).await;
+    // Each round of reports is answered with about 135 KB: 30 rounds are
+    // well over the client's flow-control window (2 MiB) and what the
+    // server buffers past it, so the last answers wait in the server.
+    for round in 0..30 {
+        for message in 0..messages {
+            let buckets: Vec<_> = (0..per_message).map(|n| lazy_bucket(message, n)).collect();
+            lazy_send
+                .send(report("quota", &buckets))
+                .await
+                .expect("stream open");
+        }
+        reported(per_message * messages * (round + 2)).await;
+    }
+    // Well within the bound: the stream stays.
+    clock.advance(10_000_000);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    good.send(report("quota", &[(shared.clone(), 1, 0)])).await;
+    good.next().await;
+    assert_eq!(
+        metric("throttlegate_rlqs_buckets"),
+        Some(1.0 + f64::from(per_message * messages))
+    );
+    // Past it: the stream is ended and gives up its buckets, unread.
+    clock.advance(6_000_000);
+    let deadline = std::time::Instant::now() + ANSWER;
+    while metric("throttlegate_rlqs_buckets") != Some(1.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lazy stream is still read"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    good.send(report("quota", &[(shared.clone(), 1, 0)])).await;
+    assert!(matches!(
+        good.next().await["shared"],
+        Strategy::TokenBucket(_)
+    ));
+    // What the lazy proxy finds when it reads at last: some answers, then
+    // the reason.
+    let mut answers = 0;
+    let status = loop {
+        match tokio::time::timeout(ANSWER, lazy_answers.next()).await {
+            Ok(Some(Ok(_))) => answers += 1,
+            Ok(Some(Err(status))) => break status,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(answers >= 1, "{answers}");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("unread for 15 s"), "{status:?}");
+    drop(lazy_answers);
+    let deadline = std::time::Instant::now() + ANSWER;
+    while metric("throttlegate_rlqs_streams") != Some(1.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lazy stream still counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -161,6 +161,7 @@ struct FileRules {
     /// Where `domain` is written, for a duplicate-domain message.
     domain_location: Option<Location>,
     default_algorithm: Option<Algorithm>,
+    bucket_key_order: Option<Vec<Arc<str>>>,
     nodes: Vec<Node>,
 }
 
@@ -183,6 +184,7 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
             None => {
                 let domain = DomainRules {
                     default_algorithm: file.default_algorithm,
+                    bucket_key_order: file.bucket_key_order,
                     first_file: file.file,
                     seen: file.nodes.iter().map(top_segment).collect(),
                     nodes: file.nodes,
@@ -217,6 +219,7 @@ fn assemble(files: Vec<FileRules>, options: &LoadOptions, problems: &mut Vec<Pro
             .default_algorithm
             .unwrap_or(options.default_algorithm);
         Domain::new(name, default_algorithm, domain.nodes)
+            .with_bucket_key_order(domain.bucket_key_order.unwrap_or_default())
     });
     RuleSet::new(domains, options.max_log_entries)
 }
@@ -240,6 +243,8 @@ fn top_segment(node: &Node) -> (String, u8, String) {
 struct DomainRules {
     /// As named by a file; the first file that names one sets it.
     default_algorithm: Option<Algorithm>,
+    /// As named by a file; the first file that names one sets it.
+    bucket_key_order: Option<Vec<Arc<str>>>,
     /// The file that first named the domain, for messages.
     first_file: String,
     /// The composite keys of `nodes`, so merging a file costs no pass
@@ -264,6 +269,23 @@ impl DomainRules {
                 )
             }),
             (None, Some(now)) => self.default_algorithm = Some(now),
+            _ => {}
+        }
+        match (&self.bucket_key_order, file.bucket_key_order) {
+            (Some(before), Some(now)) if *before != now => problems.push(Problem {
+                path: "bucket_key_order".to_owned(),
+                ..file_problem(
+                    &file.file,
+                    format!(
+                        "bucket_key_order [{}] conflicts with [{}] set for domain '{}' in {}",
+                        now.join(", "),
+                        before.join(", "),
+                        file.domain,
+                        self.first_file
+                    ),
+                )
+            }),
+            (None, Some(now)) => self.bucket_key_order = Some(now),
             _ => {}
         }
         for node in file.nodes {
@@ -312,6 +334,7 @@ fn parse_file(
         domain_location: position::locate(text, "domain"),
         domain: walked.domain.into(),
         default_algorithm: walked.default_algorithm,
+        bucket_key_order: walked.bucket_key_order,
         nodes: walked.nodes,
     })
 }

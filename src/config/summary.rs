@@ -10,7 +10,7 @@ use crate::rules::{Domain, Node, NodeLimits, RuleSet};
 /// name) with each rule path in config order, its limits and flags, e.g.
 ///
 /// ```text
-/// domain api (default algorithm sliding_window_log)
+/// domain api (default algorithm sliding_window_log, bucket_key_order tenant, path)
 ///   remote_address  10/second sliding_window_log
 ///   tenant.path_/expensive  10/minute sliding_window_log name=x replaces=premium  [shadow]
 ///   api_key  1000/minute fixed_window charge=always
@@ -24,12 +24,20 @@ pub fn summary(rules: &RuleSet) -> String {
     let mut domains: Vec<&Domain> = rules.domains().collect();
     domains.sort_by(|a, b| a.name().cmp(b.name()));
     for domain in domains {
-        let _ = writeln!(
+        let _ = write!(
             out,
-            "domain {} (default algorithm {})",
+            "domain {} (default algorithm {}",
             domain.name(),
             domain.default_algorithm()
         );
+        if !domain.bucket_key_order().is_empty() {
+            let _ = write!(
+                out,
+                ", bucket_key_order {}",
+                domain.bucket_key_order().join(", ")
+            );
+        }
+        out.push_str(")\n");
         if domain.children().is_empty() {
             out.push_str("  (no rules)\n");
         }

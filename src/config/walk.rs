@@ -16,6 +16,7 @@ const TOP_KEYS: &[&str] = &[
     "descriptors",
     "default_algorithm",
     "default_charge",
+    "bucket_key_order",
 ];
 const DESCRIPTOR_KEYS: &[&str] = &[
     "key",
@@ -60,6 +61,8 @@ pub(super) struct TopLevel {
     pub(super) domain: String,
     /// The file's `default_algorithm`, if it names one.
     pub(super) default_algorithm: Option<Algorithm>,
+    /// The file's `bucket_key_order`, if it has one.
+    pub(super) bucket_key_order: Option<Vec<Arc<str>>>,
     pub(super) nodes: Vec<Node>,
 }
 
@@ -339,12 +342,46 @@ impl<'a> Walk<'a> {
         if let Some(charge) = self.charge(top, "default_charge", "") {
             self.default_charge = charge;
         }
+        let bucket_key_order = self.bucket_key_order(get(top, "bucket_key_order"));
         let nodes = self.nodes(get(top, "descriptors"), "", "descriptors");
         TopLevel {
             domain,
             default_algorithm,
+            bucket_key_order,
             nodes,
         }
+    }
+
+    /// The `bucket_key_order` list: keys, none empty, none twice.
+    fn bucket_key_order(&mut self, value: Option<&Value>) -> Option<Vec<Arc<str>>> {
+        const KEY: &str = "bucket_key_order";
+        let value = value?;
+        let Value::Sequence(items) = value else {
+            self.problem(KEY, format!("config error, '{KEY}' must be a list"));
+            return None;
+        };
+        let mut keys: Vec<Arc<str>> = Vec::with_capacity(items.len());
+        for (idx, item) in items.iter().enumerate() {
+            let path = format!("{KEY}[{idx}]");
+            let Some(key) = scalar_text(item) else {
+                self.problem(
+                    &path,
+                    format!(
+                        "config error, '{KEY}' must list strings, not {}",
+                        show(item)
+                    ),
+                );
+                continue;
+            };
+            if key.is_empty() {
+                self.problem(&path, format!("{KEY} has an empty key"));
+            } else if keys.iter().any(|it| **it == *key) {
+                self.problem(&path, format!("{KEY} names '{key}' twice"));
+            } else {
+                keys.push(key.into());
+            }
+        }
+        Some(keys)
     }
 
     /// One level of descriptors below the node at `parent` (its rule path).

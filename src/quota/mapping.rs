@@ -1,8 +1,10 @@
 //! From a bucket id to the rule it is governed by.
 //!
 //! A bucket id is a map of strings; the order of its entries carries no
-//! meaning. It becomes a descriptor by one fixed rule: its entries sorted
-//! by key (bytewise), each entry one level, in that order. The descriptor
+//! meaning. It becomes a descriptor by one fixed rule: the keys the
+//! domain's `bucket_key_order` lists first, in that order, then every
+//! other entry sorted by key (bytewise); each entry one level. Without a
+//! `bucket_key_order` that is all entries sorted by key. The descriptor
 //! then matches the domain's tree exactly as an RLS descriptor does
 //! (exact value, else the first matching wildcard, else key-only; depth
 //! must match).
@@ -69,7 +71,8 @@ impl Resolution {
     }
 }
 
-/// The descriptor of a bucket id: its entries sorted by key.
+/// A bucket id's entries sorted by key: what identifies the bucket (the
+/// descriptor of a domain without a `bucket_key_order`).
 pub fn descriptor<'a>(
     bucket: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Vec<(&'a str, &'a str)> {
@@ -81,11 +84,34 @@ pub fn descriptor<'a>(
     entries
 }
 
+/// `entries` (sorted by key) in the order `keys` gives: the entries of
+/// those keys first, in that order, then the others as they were.
+pub fn ordered<'a>(keys: &[Arc<str>], entries: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut out: Vec<(&str, &str)> = keys
+        .iter()
+        .filter_map(|key| entries.iter().find(|(name, _)| *name == &**key).copied())
+        .collect();
+    out.extend(
+        entries
+            .iter()
+            .filter(|(name, _)| !keys.iter().any(|key| **key == **name))
+            .copied(),
+    );
+    out
+}
+
 /// What the rules of `domain` say of the bucket whose sorted entries are
-/// `entries`.
+/// `entries` (ordered by the domain's `bucket_key_order` first).
 pub fn resolve(rules: &RuleSet, domain: &str, entries: &[(&str, &str)]) -> Resolution {
     let Some(domain) = rules.domain(domain) else {
         return Resolution::Unmatched;
+    };
+    let ordered_entries;
+    let entries = if domain.bucket_key_order().is_empty() {
+        entries
+    } else {
+        ordered_entries = ordered(domain.bucket_key_order(), entries);
+        &ordered_entries
     };
     let pairs = entries
         .iter()

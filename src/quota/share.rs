@@ -35,6 +35,11 @@ const MIN_ELAPSED_US: Micros = 1_000_000;
 /// fraction (1/N) above the old one: smaller raises are not worth the
 /// refill a new assignment causes.
 const RAISE_STEP: u64 = 10;
+/// A member's demand is the highest of its last this many reports (15 s
+/// of Envoy's reports): a demand that jitters from report to report does
+/// not move the shares each time, and one that falls frees its share
+/// within this many reports.
+pub const DEMAND_REPORTS: usize = 3;
 
 /// One member of a pool: one stream's report of one bucket.
 pub type MemberId = u64;
@@ -83,8 +88,9 @@ pub struct Change {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Member {
-    /// Requests per window; `None` until a report covered some time.
-    demand: Option<u64>,
+    /// Requests per window of its last [`DEMAND_REPORTS`] reports that
+    /// covered some time, oldest first; empty before the first.
+    demands: Vec<u64>,
     /// The share decided last; `None` before the first.
     share: Option<u64>,
     /// The share last delivered to the proxy (what it may enforce).
@@ -140,7 +146,7 @@ impl Pool {
     pub fn members(&self, now: Micros) -> impl Iterator<Item = MemberView> + '_ {
         self.members.iter().map(move |(id, it)| MemberView {
             member: *id,
-            demand: it.demand,
+            demand: it.demand(),
             share: it.share,
             active: it.is_active(now),
         })
@@ -166,7 +172,7 @@ impl Pool {
         self.forget_expired(now);
         let budget = self.budget;
         let entry = self.members.entry(member).or_insert(Member {
-            demand: None,
+            demands: Vec::new(),
             share: None,
             enforced: None,
             expires_at: now,
@@ -176,7 +182,10 @@ impl Pool {
         entry.live = true;
         entry.last_report = now;
         if let Some(usage) = usage.filter(|it| it.elapsed_us > 0) {
-            entry.demand = Some(usage.demand(budget));
+            if entry.demands.len() >= DEMAND_REPORTS {
+                entry.demands.remove(0);
+            }
+            entry.demands.push(usage.demand(budget));
         }
         self.rebalance(now, Some(member), is_local)
     }
@@ -215,7 +224,9 @@ impl Pool {
                 };
                 member.share = member.share.map(|it| convert(it, true));
                 member.enforced = member.enforced.map(|it| convert(it, true));
-                member.demand = member.demand.map(|it| convert(it, false));
+                for demand in &mut member.demands {
+                    *demand = convert(*demand, false);
+                }
             }
         }
         self.rebalance(now, None, is_local)
@@ -268,7 +279,7 @@ impl Pool {
             .collect();
         let demands: Vec<u64> = active
             .iter()
-            .map(|id| self.members[id].demand.unwrap_or(limit))
+            .map(|id| self.members[id].demand().unwrap_or(limit))
             .collect();
         let targets = max_min(available, &demands);
         let mut next: Vec<u64> = active
@@ -353,6 +364,12 @@ impl Pool {
 }
 
 impl Member {
+    /// Requests per window it wants: the highest of its recent reports;
+    /// `None` until a report covered some time.
+    fn demand(&self) -> Option<u64> {
+        self.demands.iter().copied().max()
+    }
+
     fn is_active(&self, now: Micros) -> bool {
         self.live && now.saturating_sub(self.last_report) <= STALE_AFTER_US
     }
@@ -373,10 +390,18 @@ pub const EPOCH_FIELD: &str = "epoch";
 
 impl Pool {
     /// The pool as hash fields: [`BUDGET_FIELD`] `per_window:window_us`,
-    /// and per member its id (decimal) `demand:share:enforced:expires_at:
-    /// last_report:live`, with `-` for a value not known.
+    /// and per member its id (decimal) `demands:share:enforced:expires_at:
+    /// last_report:live`, with `-` for a value not known (`demands`: its
+    /// recent demands, oldest first, joined by `,`).
     pub fn to_fields(&self) -> Vec<(String, String)> {
         let show = |it: Option<u64>| it.map_or_else(|| "-".to_owned(), |it| it.to_string());
+        let show_all = |it: &[u64]| {
+            if it.is_empty() {
+                "-".to_owned()
+            } else {
+                it.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+            }
+        };
         let mut fields = vec![
             (
                 BUDGET_FIELD.to_owned(),
@@ -389,7 +414,7 @@ impl Pool {
                 id.to_string(),
                 format!(
                     "{}:{}:{}:{}:{}:{}",
-                    show(member.demand),
+                    show_all(&member.demands),
                     show(member.share),
                     show(member.enforced),
                     member.expires_at,
@@ -436,10 +461,21 @@ impl Pool {
             let [demand, share, enforced, expires_at, last_report, live] = parts[..] else {
                 return None;
             };
+            let demands = if demand == "-" {
+                Vec::new()
+            } else {
+                demand
+                    .split(',')
+                    .map(number)
+                    .collect::<Option<Vec<u64>>>()?
+            };
+            if demands.len() > DEMAND_REPORTS {
+                return None;
+            }
             pool.members.insert(
                 id,
                 Member {
-                    demand: maybe(demand)?,
+                    demands,
                     share: maybe(share)?,
                     enforced: maybe(enforced)?,
                     expires_at: number(expires_at)?,

@@ -1,7 +1,9 @@
 use proptest::prelude::*;
 
 use super::mapping::{Resolution, descriptor, resolve};
-use super::share::{ASSIGNMENT_TTL_US, Budget, MemberId, Pool, REPORT_INTERVAL_US, Usage, max_min};
+use super::share::{
+    ASSIGNMENT_TTL_US, Budget, DEMAND_REPORTS, MemberId, Pool, REPORT_INTERVAL_US, Usage, max_min,
+};
 use crate::testing::rules_from;
 
 const MINUTE: u64 = 60_000_000;
@@ -128,6 +130,58 @@ fn steady_demand_changes_no_share() {
     }
 }
 
+/// A report of exactly `per_minute` requests over a minute.
+fn per_minute(per_minute: u64) -> Option<Usage> {
+    Some(Usage {
+        allowed: per_minute,
+        denied: 0,
+        elapsed_us: MINUTE,
+    })
+}
+
+/// Member 1 wants 600 a minute; member 2 alternates between 100 and 130.
+/// Read report by report, member 2's raise to 130 takes from member 1,
+/// and its fall back to 100 gives it back (a raise of at least 10 %): two
+/// new assignments at every report. Its demand being the highest of its
+/// recent reports, the shares settle instead; a lasting fall still frees
+/// the share within [`DEMAND_REPORTS`] reports.
+#[test]
+fn a_jittering_demand_does_not_change_shares_at_every_report() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    let mut changed = Vec::new();
+    for round in 0..12 {
+        let jitter = if round % 2 == 0 { 100 } else { 130 };
+        let mut count = 0;
+        for (member, demand) in [(1, 600), (2, jitter)] {
+            let changes = pool.report(member, per_minute(demand), now);
+            count += changes.iter().filter(|it| it.changed).count();
+            assert!(pool.committed() <= 300);
+        }
+        changed.push(count);
+        now += REPORT_INTERVAL_US;
+    }
+    // Round 0: both assigned; round 1: member 2 raised to 130, member 1
+    // lowered; then nothing.
+    assert_eq!(changed[2..], [0; 10], "{changed:?}");
+    assert_eq!([share(&pool, 1), share(&pool, 2)], [170, 130]);
+    // A fall that lasts: member 1 gets the room back once member 2's
+    // reports of 130 are out of its recent ones.
+    let mut rounds = 0;
+    while share(&pool, 1) != 250 {
+        rounds += 1;
+        assert!(
+            rounds <= DEMAND_REPORTS,
+            "{:?}",
+            pool.members(now).collect::<Vec<_>>()
+        );
+        pool.report(2, per_minute(50), now);
+        pool.report(1, per_minute(600), now);
+        now += REPORT_INTERVAL_US;
+    }
+    assert_eq!(share(&pool, 2), 50);
+}
+
 #[test]
 fn a_proxy_that_stops_reporting_loses_its_share_after_the_ttl() {
     let mut pool = Pool::new(BUDGET);
@@ -228,6 +282,70 @@ fn a_bucket_is_its_entries_sorted_by_key_then_matched_as_a_descriptor() {
     // Depth must match, as in RLS.
     assert_eq!(
         resolved(RULES, &[("name", "tenant-bucket")]),
+        Resolution::Unmatched
+    );
+}
+
+/// `path` nested under `tenant`: sorted, `path` would come first and
+/// match nothing.
+const ORDERED: &str = "
+domain: rlqs
+bucket_key_order: [tenant, path]
+descriptors:
+  - key: tenant
+    descriptors:
+      - key: path
+        descriptors:
+          - key: method
+            rate_limit: {unit: minute, requests_per_unit: 300}
+      - key: path
+        value: /free
+        rate_limit: {unlimited: true}
+";
+
+#[test]
+fn bucket_key_order_puts_its_keys_first_then_the_others_sorted() {
+    let keys = ["tenant".into(), "path".into()];
+    assert_eq!(
+        super::mapping::ordered(
+            &keys,
+            &[("a", "1"), ("path", "/x"), ("tenant", "t"), ("z", "2")]
+        ),
+        [("tenant", "t"), ("path", "/x"), ("a", "1"), ("z", "2")]
+    );
+    // A listed key the bucket lacks is skipped.
+    assert_eq!(
+        super::mapping::ordered(&keys, &[("method", "GET"), ("path", "/x")]),
+        [("path", "/x"), ("method", "GET")]
+    );
+    // Listed keys first (tenant, path), then method: matches, whatever
+    // order the bucket gave.
+    let a = resolved(
+        ORDERED,
+        &[("method", "GET"), ("path", "/x"), ("tenant", "acme")],
+    );
+    let b = resolved(
+        ORDERED,
+        &[("tenant", "acme"), ("method", "GET"), ("path", "/x")],
+    );
+    let Resolution::Shared { pool, budget, .. } = &a else {
+        panic!("{a:?}");
+    };
+    assert_eq!(*budget, BUDGET);
+    assert_eq!(a, b);
+    assert_eq!(
+        pool.as_str(),
+        "rlqs|tenant.path.method|tenant=acme|path=/x|method=GET"
+    );
+    assert!(matches!(
+        resolved(ORDERED, &[("path", "/free"), ("tenant", "acme")]),
+        Resolution::Unlimited { .. }
+    ));
+    // The same rules without the order: sorted, `path` comes first and
+    // nothing matches.
+    let sorted = ORDERED.replace("bucket_key_order: [tenant, path]\n", "");
+    assert_eq!(
+        resolved(&sorted, &[("path", "/free"), ("tenant", "acme")]),
         Resolution::Unmatched
     );
 }

@@ -406,6 +406,9 @@ pub struct Domain {
     name: Arc<str>,
     /// Used by RateLimitOverride where no rule names an algorithm.
     default_algorithm: Algorithm,
+    /// The order of a quota bucket's keys as a descriptor (RLQS): these
+    /// first, in this order, then the others sorted. Empty: all sorted.
+    bucket_key_order: Vec<Arc<str>>,
     children: Vec<Node>,
     /// Lookup index over `children`.
     index: LevelIndex,
@@ -610,9 +613,23 @@ impl Domain {
         Domain {
             name,
             default_algorithm,
+            bucket_key_order: Vec::new(),
             index: LevelIndex::new(&children),
             children,
         }
+    }
+
+    /// The domain with `keys` as its quota bucket key order (no key
+    /// twice, none empty: the config checks).
+    pub fn with_bucket_key_order(mut self, keys: Vec<Arc<str>>) -> Domain {
+        self.bucket_key_order = keys;
+        self
+    }
+
+    /// The keys a quota bucket's entries are ordered by, first; the
+    /// others follow sorted by key.
+    pub fn bucket_key_order(&self) -> &[Arc<str>] {
+        &self.bucket_key_order
     }
 
     /// The nodes of the top level, in config order.

@@ -20,6 +20,7 @@ use throttlegate::decision::{Limiter, Options};
 use throttlegate::metrics::Metrics;
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use throttlegate::quota::QuotaBook;
 use throttlegate::rules::RuleSet;
 use throttlegate::transport::grpc;
 use throttlegate::transport::http;
@@ -102,6 +103,19 @@ pub async fn start_on_memory_threaded(yaml: &str, options: Options, threads: usi
     start_service_on_threads(rules_from(yaml), backend, options, Metrics::new(), threads).await
 }
 
+/// [`start_with_config`] on the memory backend, with the rate-limit
+/// quota shares (RLQS) timed by `clock`, so a test can move their time.
+#[allow(dead_code)]
+pub async fn start_with_quota_clock(yaml: &str, clock: ManualClock) -> TestService {
+    let (backend, _clock) = memory_backend();
+    let quota = Arc::new(QuotaBook::new(Arc::new(clock)));
+    let apps = apps(rules_from(yaml), backend, default_options(), Metrics::new());
+    let (mut app, mut http) = apps;
+    app.quota = quota.clone();
+    http.quota = quota;
+    serve(app, http, 0).await
+}
+
 /// [`start_service_with_metrics`] with gRPC connections served by
 /// `threads` serving threads (0: on the test's runtime).
 pub async fn start_service_on_threads(
@@ -111,14 +125,29 @@ pub async fn start_service_on_threads(
     metrics: Metrics,
     threads: usize,
 ) -> TestService {
-    let (app, http) = throttlegate::app::server_apps(
+    let (app, http) = apps(rules, backend, options, metrics);
+    serve(app, http, threads).await
+}
+
+fn apps(
+    rules: RuleSet,
+    backend: Arc<dyn Backend>,
+    options: Options,
+    metrics: Metrics,
+) -> (grpc::App, http::App) {
+    throttlegate::app::server_apps(
         Arc::new(ArcSwap::from_pointee(rules)),
         Arc::new(ConfigStatus::new(None, SystemTime::now())),
         backend,
         options,
         Arc::new(metrics),
         Duration::from_secs(5),
-    );
+    )
+}
+
+/// Serves `app` (its connections on `threads` serving threads, 0: on the
+/// test's runtime) and connects a client.
+async fn serve(app: grpc::App, http: http::App, threads: usize) -> TestService {
     let limiter = app.limiter.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
