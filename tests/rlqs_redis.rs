@@ -527,3 +527,32 @@ async fn two_instances_share_one_budget_on_redis_over_tls_with_a_client_certific
     let pools = redis.keys("throttlegate:rlqs:*").await;
     assert_eq!(pools.len(), 1, "one pool in redis: {pools:?}");
 }
+
+/// Redis unreachable: a report is not answered (never a share decided by
+/// the instance alone, which would hand out the budget again), and a
+/// warning says so; the proxy keeps its assignment until it expires, then
+/// its fallback. Once Redis is back the next report is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_go_unanswered_while_redis_is_down_and_are_answered_after() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut service = instance(&["--redis-url", &url, "--redis-timeout-ms", "500"]).await;
+    let proxy = StreamProxy::open(&mut service).await;
+    proxy.answered("to a first report").await;
+
+    redis.kill();
+    let before = proxy.answers();
+    for _ in 0..3 {
+        proxy.report().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(proxy.answers(), before, "answered without redis");
+    service
+        .wait_for_log("a quota share could not be decided", ANSWER)
+        .await;
+
+    redis.restart();
+    proxy.answered("once redis is back").await;
+    assert_eq!(proxy.latest(), LIMIT, "the only proxy has the budget");
+}
