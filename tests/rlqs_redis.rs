@@ -17,8 +17,8 @@ use rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use throttlegate::clock::SystemClock;
-use throttlegate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use throttlegate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
+use throttlegate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use throttlegate::quota::redis::RedisPools;
 use throttlegate::quota::share::{Budget, Pool, REPORT_INTERVAL_US};
 use throttlegate::quota::{Grant, Outbox, QuotaBook, Resolution, Usage, descriptor, resolve};
@@ -314,7 +314,10 @@ impl StreamProxy {
         let before = self.answers();
         let deadline = Instant::now() + ANSWER;
         while self.answers() == before {
-            assert!(Instant::now() < deadline, "no answer {what} within {ANSWER:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no answer {what} within {ANSWER:?}"
+            );
             self.report().await;
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -451,12 +454,7 @@ async fn pool_version(server: &RedisServer, key: &str) -> u64 {
 async fn two_instances_share_one_budget_on_a_cluster_and_across_a_slot_move() {
     let cluster = Cluster::start(3, 0).await;
     let seeds = cluster.seeds().join(",");
-    let args = [
-        "--redis-cluster-nodes",
-        &seeds,
-        "--redis-timeout-ms",
-        "500",
-    ];
+    let args = ["--redis-cluster-nodes", &seeds, "--redis-timeout-ms", "500"];
     let mut instances = [instance(&args).await, instance(&args).await];
     let proxies = proxies_on(&mut instances).await;
     assert_one_budget(&proxies, "on a cluster");
@@ -486,7 +484,9 @@ async fn two_instances_share_one_budget_on_a_cluster_and_across_a_slot_move() {
         (stop, task)
     };
     cluster.move_slot(slot, to, Duration::from_millis(50)).await;
-    reporting.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    reporting
+        .0
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     reporting.1.await.unwrap();
     assert_eq!(cluster.owner_of(slot).await, to);
 

@@ -157,7 +157,10 @@ impl RedisPools {
     ) -> Result<R, Error> {
         let name = format!("throttlegate:rlqs:{}", key.as_str());
         let (mut current, kept) = self.current().await?;
-        match self.attempt(&name, key, budget, &change, &mut current).await {
+        match self
+            .attempt(&name, key, budget, &change, &mut current)
+            .await
+        {
             Err(Error::Redis(err)) if kept && is_connection_failure(&err) => {
                 self.forget(current.number);
                 let (mut current, _) = self.current().await?;
@@ -256,7 +259,8 @@ fn is_connection_failure(err: &RedisError) -> bool {
 }
 
 fn lock(slot: &Mutex<Option<Current>>) -> std::sync::MutexGuard<'_, Option<Current>> {
-    slot.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 async fn within<T>(call: impl Future<Output = T>) -> Result<T, Error> {
