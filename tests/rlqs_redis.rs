@@ -556,3 +556,26 @@ async fn reports_go_unanswered_while_redis_is_down_and_are_answered_after() {
     proxy.answered("once redis is back").await;
     assert_eq!(proxy.latest(), LIMIT, "the only proxy has the budget");
 }
+
+/// A cluster that speaks TLS only: the quota's cluster connection takes
+/// the CA of `--redis-tls-ca` to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_budget_on_a_cluster_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("quota cluster ca");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let node = ca.node().write(dir.path(), "node");
+    let cluster = Cluster::start_tls(3, &node.cert, &node.key, &ca_file).await;
+    let seeds = cluster.seeds().join(",");
+    let args = [
+        "--redis-cluster-nodes",
+        &seeds,
+        "--redis-tls-ca",
+        ca_file.to_str().unwrap(),
+    ];
+    let mut instances = [instance(&args).await, instance(&args).await];
+    let proxies = proxies_on(&mut instances).await;
+    assert_one_budget(&proxies, "on a cluster over tls");
+    let pools = cluster.keys("throttlegate:rlqs:*").await;
+    assert_eq!(pools.len(), 1, "one pool in the cluster: {pools:?}");
+}

@@ -19,7 +19,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -101,7 +102,7 @@ pub struct RedisPools {
     connection: Mutex<Option<Current>>,
     /// Numbers the connections opened, so that a failure forgets only the
     /// connection it happened on.
-    opened: std::sync::atomic::AtomicU64,
+    opened: AtomicU64,
     read: redis::Script,
     write: redis::Script,
 }
@@ -132,7 +133,7 @@ impl RedisPools {
         RedisPools {
             connector,
             connection: Mutex::new(None),
-            opened: std::sync::atomic::AtomicU64::new(0),
+            opened: AtomicU64::new(0),
             read: redis::Script::new(READ),
             write: redis::Script::new(WRITE),
         }
@@ -220,9 +221,7 @@ impl RedisPools {
         // rather than queue behind a connect that may take its whole
         // timeout; the first one opened is kept.
         let connection = self.connector.connect().await?;
-        let number = self
-            .opened
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let number = self.opened.fetch_add(1, Ordering::Relaxed);
         let mut kept = lock(&self.connection);
         let current = kept.get_or_insert(Current { number, connection });
         Ok((current.clone(), false))
@@ -258,9 +257,8 @@ fn is_connection_failure(err: &RedisError) -> bool {
         || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
 }
 
-fn lock(slot: &Mutex<Option<Current>>) -> std::sync::MutexGuard<'_, Option<Current>> {
-    slot.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+fn lock(slot: &Mutex<Option<Current>>) -> MutexGuard<'_, Option<Current>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 async fn within<T>(call: impl Future<Output = T>) -> Result<T, Error> {
