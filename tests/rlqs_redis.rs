@@ -2,7 +2,8 @@
 //! one budget, exactly, while their members report concurrently; and two
 //! `serve` processes share one through every Redis deployment the flags
 //! name (Sentinel, across a failover; a cluster, across a slot move; TLS
-//! with a client certificate).
+//! with a client certificate, and to a cluster). Redis down: reports go
+//! unanswered, never decided by one instance alone.
 
 mod support;
 
