@@ -28,14 +28,15 @@ use crate::backends::memory::{MemoryBackend, SweeperGuard};
 use crate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use crate::backends::redis::{
     BatchSettings, ClockSource, RedisBackend, RedisSettings, RedisTls, SentinelSettings,
+    ServerConnector,
 };
 use crate::clock::SystemClock;
 use crate::config::reload::{ReloadGuard, Reloader};
 use crate::config::{self, ConfigStatus, LoadOptions};
 use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
 use crate::metrics::Metrics;
-use crate::quota::QuotaBook;
 use crate::quota::redis::RedisPools;
+use crate::quota::{self, QuotaBook};
 use crate::rules::RuleSet;
 use crate::transport::grpc::{self, GrpcLimits};
 use crate::transport::health::Health;
@@ -540,24 +541,42 @@ async fn backend(
     }
 }
 
-/// With a single Redis server (`--redis-url` alone), rate-limit quota
-/// budgets are kept there and shared with every instance on it; otherwise
-/// (no Redis, Sentinel, Cluster) each instance shares them among its own
+/// With Redis (a server, Sentinel or a cluster, with the `--redis-tls-*`
+/// settings), rate-limit quota budgets are kept there and shared with
+/// every instance on it; without, each instance shares them among its own
 /// streams. `None`: the in-memory book `server_apps` made stays.
-fn quota_book(redis: &RedisFlags) -> Result<Option<Arc<QuotaBook>>, Aborted> {
-    let Some(url) = &redis.url else {
-        return Ok(None);
-    };
-    if !redis.sentinel_nodes.is_empty() || !redis.cluster_nodes.is_empty() {
-        tracing::warn!("rate-limit quota budgets are per instance with Sentinel or Cluster");
-        return Ok(None);
-    }
-    match RedisPools::new(url) {
-        Ok(pools) => Ok(Some(Arc::new(QuotaBook::with_redis(
-            Arc::new(SystemClock),
-            pools,
-        )))),
-        Err(err) => Err(Aborted::Failed(format!("redis for quotas: {err}"))),
+fn quota_book(flags: &RedisFlags) -> Result<Option<Arc<QuotaBook>>, Aborted> {
+    let failed = |err: crate::backends::Error| Aborted::Failed(format!("redis for quotas: {err}"));
+    let connector: Box<dyn quota::redis::Connect> =
+        match redis_settings(flags).map_err(Aborted::Failed)? {
+            None => return Ok(None),
+            Some(RedisTarget::Single(settings)) => {
+                Box::new(QuotaServer(settings.connector().map_err(failed)?))
+            }
+            Some(RedisTarget::Cluster(settings)) => Box::new(
+                settings
+                    .redirecting_client(QUOTA_CLUSTER_RETRIES)
+                    .map_err(failed)?,
+            ),
+        };
+    Ok(Some(Arc::new(QuotaBook::with_redis(
+        Arc::new(SystemClock),
+        RedisPools::on(connector),
+    ))))
+}
+
+/// How often one quota call on a cluster is sent again (after MOVED, ASK,
+/// TRYAGAIN, a lost connection): both scripts may run twice (a pool's
+/// write checks its version).
+const QUOTA_CLUSTER_RETRIES: u32 = 8;
+
+/// The quota pools' connections to the backend's server (or Sentinel's
+/// master).
+struct QuotaServer(ServerConnector);
+
+impl quota::redis::Connect for QuotaServer {
+    fn connect(&self) -> quota::redis::Connecting<'_> {
+        Box::pin(async move { self.0.connect().await.map(quota::redis::Connection::Server) })
     }
 }
 

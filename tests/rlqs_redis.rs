@@ -1,17 +1,34 @@
 //! Rate-limit quota budgets kept in Redis: instances on one Redis share
-//! one budget, exactly, while their members report concurrently.
+//! one budget, exactly, while their members report concurrently; and two
+//! `serve` processes share one through every Redis deployment the flags
+//! name (Sentinel, across a failover; a cluster, across a slot move; TLS
+//! with a client certificate, and to a cluster). Redis down: reports go
+//! unanswered, never decided by one instance alone.
 
 mod support;
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+
+use rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
+use rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
+use rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use throttlegate::clock::SystemClock;
+use throttlegate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
+use throttlegate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use throttlegate::quota::redis::RedisPools;
 use throttlegate::quota::share::{Budget, Pool, REPORT_INTERVAL_US};
 use throttlegate::quota::{Grant, Outbox, QuotaBook, Resolution, Usage, descriptor, resolve};
 
+use support::certs::Ca;
+use support::cluster::Cluster;
+use support::process::{Serve, ServiceProcess};
 use support::redis::RedisServer;
+use support::sentinel::{MASTER_NAME, SentinelSetup};
 use support::service::rules_from;
 
 const LIMIT: u64 = 300;
@@ -199,4 +216,367 @@ async fn without_redis_each_instance_hands_out_the_whole_budget() {
     let held: u64 = shares.iter().sum();
     println!("six proxies on two instances without Redis: {shares:?} (sum {held})");
     assert!(held > LIMIT, "{shares:?}");
+}
+
+// === two `serve` processes ===
+
+/// How long a report's answer may take (a failover, a slot move included).
+const ANSWER: Duration = Duration::from_secs(20);
+
+/// Proxies on each instance.
+const PROXIES: usize = 3;
+
+/// A proxy's report: 20 requests allowed in 5 s, 240 a minute. Three of
+/// them on one instance ask 720 of the 300: each instance sharing the
+/// budget alone hands out all of it (100 each, 600 over both), sharing it
+/// through Redis hands out 50 each.
+fn report_240_a_minute() -> rlqs::RateLimitQuotaUsageReports {
+    rlqs::RateLimitQuotaUsageReports {
+        domain: "quota".to_owned(),
+        bucket_quota_usages: vec![BucketQuotaUsage {
+            bucket_id: Some(rlqs::BucketId {
+                bucket: [("name".to_owned(), "shared".to_owned())].into(),
+            }),
+            time_elapsed: Some(prost_types::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+            num_requests_allowed: 20,
+            num_requests_denied: 0,
+            last_report: None,
+        }],
+    }
+}
+
+/// A token bucket (DENY_ALL: a share of 0) as requests a minute.
+fn strategy_per_minute(strategy: &Strategy) -> u64 {
+    match strategy {
+        Strategy::TokenBucket(bucket) => {
+            let interval = bucket.fill_interval.unwrap();
+            let interval_ms = interval.seconds as u64 * 1000 + interval.nanos as u64 / 1_000_000;
+            u64::from(bucket.max_tokens)
+                + u64::from(bucket.tokens_per_fill.unwrap_or(1)) * 60_000 / interval_ms
+        }
+        // A share of 0.
+        Strategy::BlanketRule(rule) if *rule == BlanketRule::DenyAll as i32 => 0,
+        other => panic!("neither a token bucket nor DENY_ALL: {other:?}"),
+    }
+}
+
+/// One proxy's stream: what it sends, and (read on a task of its own, as
+/// answers and pushes come) how many assignments it was sent and the
+/// latest, per minute.
+struct StreamProxy {
+    send: mpsc::Sender<rlqs::RateLimitQuotaUsageReports>,
+    seen: Arc<Mutex<(usize, u64)>>,
+}
+
+impl StreamProxy {
+    async fn open(service: &mut ServiceProcess) -> StreamProxy {
+        let (send, reports) = mpsc::channel(64);
+        let mut answers = RateLimitQuotaServiceClient::new(service.connect().await)
+            .stream_rate_limit_quotas(ReceiverStream::new(reports))
+            .await
+            .expect("stream opened")
+            .into_inner();
+        let seen = Arc::new(Mutex::new((0, 0)));
+        let sink = seen.clone();
+        tokio::spawn(async move {
+            while let Some(Ok(answer)) = answers.next().await {
+                for action in answer.bucket_action {
+                    if let Some(Action::QuotaAssignmentAction(it)) = action.bucket_action {
+                        let strategy = it.rate_limit_strategy.unwrap().strategy.unwrap();
+                        let mut seen = sink.lock().unwrap();
+                        *seen = (seen.0 + 1, strategy_per_minute(&strategy));
+                    }
+                }
+            }
+        });
+        StreamProxy { send, seen }
+    }
+
+    async fn report(&self) {
+        self.send
+            .send(report_240_a_minute())
+            .await
+            .expect("stream open");
+    }
+
+    fn answers(&self) -> usize {
+        self.seen.lock().unwrap().0
+    }
+
+    fn latest(&self) -> u64 {
+        self.seen.lock().unwrap().1
+    }
+
+    /// Reports until an assignment newer than those seen arrives.
+    async fn answered(&self, what: &str) {
+        let before = self.answers();
+        let deadline = Instant::now() + ANSWER;
+        while self.answers() == before {
+            assert!(
+                Instant::now() < deadline,
+                "no answer {what} within {ANSWER:?}"
+            );
+            self.report().await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+/// `serve` of the quota rules with `args`, its gRPC port accepting.
+async fn instance(args: &[&str]) -> ServiceProcess {
+    let mut service = Serve::yaml(RULES).args(args).spawn();
+    service.connect().await;
+    service
+}
+
+/// [`PROXIES`] proxies on each instance, each answered once, then a few
+/// report rounds more: every proxy holds a share.
+async fn proxies_on(instances: &mut [ServiceProcess; 2]) -> Vec<StreamProxy> {
+    let mut proxies = Vec::new();
+    for service in instances.iter_mut() {
+        for _ in 0..PROXIES {
+            proxies.push(StreamProxy::open(service).await);
+        }
+    }
+    for proxy in &proxies {
+        proxy.answered("to a first report").await;
+    }
+    report_rounds(&proxies, 6).await;
+    proxies
+}
+
+/// Every proxy reports, `rounds` times, then what was pushed arrives.
+async fn report_rounds(proxies: &[StreamProxy], rounds: usize) {
+    for _ in 0..rounds {
+        for proxy in proxies {
+            proxy.report().await;
+        }
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// The latest share each proxy was sent, per minute: within the budget
+/// over both instances, each proxy has some, and most of it is used.
+fn assert_one_budget(proxies: &[StreamProxy], what: &str) {
+    let shares: Vec<u64> = proxies.iter().map(StreamProxy::latest).collect();
+    let held: u64 = shares.iter().sum();
+    println!("{what}: latest shares {shares:?} (sum {held}, limit {LIMIT})");
+    assert!(held <= LIMIT, "{what}: {shares:?} over {LIMIT}");
+    assert!(shares.iter().all(|it| *it > 0), "{what}: {shares:?}");
+    assert!(held >= LIMIT * 8 / 10, "{what}: {shares:?}");
+}
+
+/// Through Sentinel, then across a failover Sentinel is asked for (the
+/// old master stays up as a replica and answers writes with READONLY):
+/// each instance finds the promoted master and the budget stays shared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_budget_through_sentinel_and_across_a_failover() {
+    let setup = SentinelSetup::start().await;
+    let nodes = setup.nodes().join(",");
+    let args = [
+        "--redis-sentinel-nodes",
+        &nodes,
+        "--redis-sentinel-master",
+        MASTER_NAME,
+        "--redis-timeout-ms",
+        "500",
+    ];
+    let mut instances = [instance(&args).await, instance(&args).await];
+    let proxies = proxies_on(&mut instances).await;
+    assert_one_budget(&proxies, "through sentinel");
+    let pools = setup.master.keys("throttlegate:rlqs:*").await;
+    assert_eq!(pools.len(), 1, "one pool on the master: {pools:?}");
+
+    setup.wait_for_replication().await;
+    let version = pool_version(&setup.replica, &pools[0]).await;
+    let sentinel = &setup.nodes()[0];
+    let mut conn = redis::Client::open(format!("redis://{sentinel}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let () = redis::cmd("SENTINEL")
+        .arg("FAILOVER")
+        .arg(MASTER_NAME)
+        .query_async(&mut conn)
+        .await
+        .expect("SENTINEL FAILOVER");
+    setup.wait_for_master(setup.replica.port(), ANSWER).await;
+    // Until Sentinel demotes it, the old master takes writes (and loses
+    // them when it becomes a replica): READONLY is what moves a client.
+    let deadline = Instant::now() + ANSWER;
+    while role(&setup.master).await != "slave" {
+        assert!(Instant::now() < deadline, "the old master was not demoted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    for proxy in &proxies {
+        proxy.answered("after the failover").await;
+    }
+    report_rounds(&proxies, 4).await;
+    assert_one_budget(&proxies, "after the failover");
+    let promoted = pool_version(&setup.replica, &pools[0]).await;
+    assert!(
+        promoted > version,
+        "written on the promoted replica: version {version} then {promoted}"
+    );
+}
+
+/// What ROLE `server` says it is.
+async fn role(server: &RedisServer) -> String {
+    let mut conn = server.connection().await;
+    let role: Vec<redis::Value> = redis::cmd("ROLE")
+        .query_async(&mut conn)
+        .await
+        .expect("ROLE");
+    redis::FromRedisValue::from_redis_value(role.into_iter().next().expect("a role"))
+        .expect("a role name")
+}
+
+/// The pool's version field on `server`.
+async fn pool_version(server: &RedisServer, key: &str) -> u64 {
+    let mut conn = server.connection().await;
+    let version: Option<String> = redis::cmd("HGET")
+        .arg(key)
+        .arg("v")
+        .query_async(&mut conn)
+        .await
+        .expect("HGET");
+    version.map_or(0, |it| it.parse().expect("a number"))
+}
+
+/// On a three-primary cluster, then while the pool's slot moves to
+/// another primary (MOVED, and ASK while it is half moved).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_budget_on_a_cluster_and_across_a_slot_move() {
+    let cluster = Cluster::start(3, 0).await;
+    let seeds = cluster.seeds().join(",");
+    let args = ["--redis-cluster-nodes", &seeds, "--redis-timeout-ms", "500"];
+    let mut instances = [instance(&args).await, instance(&args).await];
+    let proxies = proxies_on(&mut instances).await;
+    assert_one_budget(&proxies, "on a cluster");
+    let pools = cluster.keys("throttlegate:rlqs:*").await;
+    assert_eq!(pools.len(), 1, "one pool in the cluster: {pools:?}");
+
+    let mut conn = cluster.any_connection().await;
+    let slot: u16 = redis::cmd("CLUSTER")
+        .arg("KEYSLOT")
+        .arg(&pools[0])
+        .query_async(&mut conn)
+        .await
+        .expect("CLUSTER KEYSLOT");
+    let to = (cluster.owner_of(slot).await + 1) % cluster.primaries();
+    let reporting = {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let senders: Vec<_> = proxies.iter().map(|it| it.send.clone()).collect();
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                for send in &senders {
+                    let _ = send.send(report_240_a_minute()).await;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        (stop, task)
+    };
+    cluster.move_slot(slot, to, Duration::from_millis(50)).await;
+    reporting
+        .0
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    reporting.1.await.unwrap();
+    assert_eq!(cluster.owner_of(slot).await, to);
+
+    for proxy in &proxies {
+        proxy.answered("after the slot moved").await;
+    }
+    report_rounds(&proxies, 4).await;
+    assert_one_budget(&proxies, "after the slot moved");
+    let moved = cluster.node(to).keys("throttlegate:rlqs:*").await;
+    assert_eq!(moved, pools, "the pool lives on its slot's new primary");
+}
+
+/// A Redis that speaks TLS only and asks for client certificates: the
+/// quota connection trusts the CA of `--redis-tls-ca` and presents the
+/// certificate of `--redis-tls-cert`/`--redis-tls-key`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_budget_on_redis_over_tls_with_a_client_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("quota redis ca");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let server = ca.server().write(dir.path(), "server");
+    let client = ca.client("throttlegate").write(dir.path(), "client");
+    let redis = RedisServer::start_tls_with(&server.cert, &server.key, &ca_file, true);
+    let url = redis.tls_url();
+    let args = [
+        "--redis-url",
+        &url,
+        "--redis-tls-ca",
+        ca_file.to_str().unwrap(),
+        "--redis-tls-cert",
+        client.cert.to_str().unwrap(),
+        "--redis-tls-key",
+        client.key.to_str().unwrap(),
+    ];
+    let mut instances = [instance(&args).await, instance(&args).await];
+    let proxies = proxies_on(&mut instances).await;
+    assert_one_budget(&proxies, "over tls");
+    let pools = redis.keys("throttlegate:rlqs:*").await;
+    assert_eq!(pools.len(), 1, "one pool in redis: {pools:?}");
+}
+
+/// Redis unreachable: a report is not answered (never a share decided by
+/// the instance alone, which would hand out the budget again), and a
+/// warning says so; the proxy keeps its assignment until it expires, then
+/// its fallback. Once Redis is back the next report is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reports_go_unanswered_while_redis_is_down_and_are_answered_after() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let mut service = instance(&["--redis-url", &url, "--redis-timeout-ms", "500"]).await;
+    let proxy = StreamProxy::open(&mut service).await;
+    proxy.answered("to a first report").await;
+
+    redis.kill();
+    let before = proxy.answers();
+    for _ in 0..3 {
+        proxy.report().await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(proxy.answers(), before, "answered without redis");
+    service
+        .wait_for_log("a quota share could not be decided", ANSWER)
+        .await;
+
+    redis.restart();
+    proxy.answered("once redis is back").await;
+    assert_eq!(proxy.latest(), LIMIT, "the only proxy has the budget");
+}
+
+/// A cluster that speaks TLS only: the quota's cluster connection takes
+/// the CA of `--redis-tls-ca` to every node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_one_budget_on_a_cluster_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("quota cluster ca");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let node = ca.node().write(dir.path(), "node");
+    let cluster = Cluster::start_tls(3, &node.cert, &node.key, &ca_file).await;
+    let seeds = cluster.seeds().join(",");
+    let args = [
+        "--redis-cluster-nodes",
+        &seeds,
+        "--redis-tls-ca",
+        ca_file.to_str().unwrap(),
+    ];
+    let mut instances = [instance(&args).await, instance(&args).await];
+    let proxies = proxies_on(&mut instances).await;
+    assert_one_budget(&proxies, "on a cluster over tls");
+    let pools = cluster.keys("throttlegate:rlqs:*").await;
+    assert_eq!(pools.len(), 1, "one pool in the cluster: {pools:?}");
 }

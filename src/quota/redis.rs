@@ -10,10 +10,23 @@
 //! concurrent writer makes it read again and retry, so every change is
 //! decided on the latest state (exact under concurrency). The hash
 //! expires a few assignment lifetimes after its last write.
+//!
+//! Any deployment works: one server, the master Sentinel names (asked
+//! again whenever a connection is opened, so after a failover too), or a
+//! cluster (a pool is one key, so both scripts run on its slot's node).
+//! How connections are opened is given ([`Connect`]): `app` gives the
+//! backend's settings, TLS included.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use crate::clock::Micros;
 
@@ -59,14 +72,46 @@ pub enum Error {
     Contended(String),
 }
 
-/// The pools of every instance on one Redis.
+/// A connection being opened.
+pub type Connecting<'a> = Pin<Box<dyn Future<Output = Result<Connection, RedisError>> + Send + 'a>>;
+
+/// How the pools' connections are opened: to the Redis deployment the
+/// flags name (one server, the master Sentinel names now, or a cluster),
+/// with its TLS settings. `app` gives the backend's settings; a
+/// [`redis::Client`] (one server, by URL) and a [`ClusterClient`] open
+/// connections as they are.
+pub trait Connect: Send + Sync {
+    fn connect(&self) -> Connecting<'_>;
+}
+
+/// A connection to one server, or to a cluster (each pool is one key, so
+/// both scripts of a pool run on the node serving its slot; the cluster
+/// client routes them, and follows MOVED and ASK).
+#[derive(Clone)]
+pub enum Connection {
+    Server(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+/// The pools of every instance on one Redis deployment.
 pub struct RedisPools {
-    client: redis::Client,
-    /// Made at the first use (start-up never waits for Redis), then
-    /// reconnecting on its own.
-    connection: tokio::sync::OnceCell<ConnectionManager>,
+    connector: Box<dyn Connect>,
+    /// Opened at the first use (start-up never waits for Redis), then
+    /// kept until a call on it fails: the next call opens another, which
+    /// through Sentinel reaches the master named then (after a failover).
+    connection: Mutex<Option<Current>>,
+    /// Numbers the connections opened, so that a failure forgets only the
+    /// connection it happened on.
+    opened: AtomicU64,
     read: redis::Script,
     write: redis::Script,
+}
+
+/// The connection calls are sent on, and its number.
+#[derive(Clone)]
+struct Current {
+    number: u64,
+    connection: Connection,
 }
 
 impl std::fmt::Debug for RedisPools {
@@ -76,22 +121,35 @@ impl std::fmt::Debug for RedisPools {
 }
 
 impl RedisPools {
-    /// Pools on the Redis of `url` (a single server), connected at the
-    /// first use.
+    /// Pools on the single Redis server of `url` (no TLS files, no
+    /// Sentinel), connected at the first use.
     pub fn new(url: &str) -> Result<RedisPools, Error> {
-        let client = redis::Client::open(url)?;
-        Ok(RedisPools {
-            client,
-            connection: tokio::sync::OnceCell::new(),
+        Ok(RedisPools::on(Box::new(redis::Client::open(url)?)))
+    }
+
+    /// Pools on the deployment `connector` reaches, connected at the first
+    /// use.
+    pub fn on(connector: Box<dyn Connect>) -> RedisPools {
+        RedisPools {
+            connector,
+            connection: Mutex::new(None),
+            opened: AtomicU64::new(0),
             read: redis::Script::new(READ),
             write: redis::Script::new(WRITE),
-        })
+        }
     }
 
     /// Applies `change` to the stored pool `key` (a new one of `budget`
     /// when none is stored) at Redis's time, and stores the result; what
     /// `change` returned. `change` may run more than once (when another
     /// instance wrote in between), each time on the latest state.
+    ///
+    /// A call that fails on a connection opened before this call (Redis
+    /// restarted, a failover made its node a replica: READONLY) is made
+    /// once more on a new connection. A write whose answer was lost may
+    /// have been stored: the version check then sends `change` to the
+    /// state that holds it, where it counts the same report again (a
+    /// demand set twice, not added).
     pub async fn update<R>(
         &self,
         key: &PoolKey,
@@ -99,18 +157,36 @@ impl RedisPools {
         change: impl Fn(&mut Pool, Micros) -> R,
     ) -> Result<R, Error> {
         let name = format!("throttlegate:rlqs:{}", key.as_str());
-        let mut connection = self
-            .connection
-            .get_or_try_init(|| async {
-                within(ConnectionManager::new(self.client.clone()))
-                    .await?
-                    .map_err(Error::from)
-            })
-            .await?
-            .clone();
+        let (mut current, kept) = self.current().await?;
+        match self
+            .attempt(&name, key, budget, &change, &mut current)
+            .await
+        {
+            Err(Error::Redis(err)) if kept && is_connection_failure(&err) => {
+                self.forget(current.number);
+                let (mut current, _) = self.current().await?;
+                self.attempt(&name, key, budget, &change, &mut current)
+                    .await
+                    .inspect_err(|err| self.forget_after(err, current.number))
+            }
+            outcome => outcome.inspect_err(|err| self.forget_after(err, current.number)),
+        }
+    }
+
+    /// Reads, applies `change` and writes until a write finds the version
+    /// it read.
+    async fn attempt<R>(
+        &self,
+        name: &str,
+        key: &PoolKey,
+        budget: Budget,
+        change: &impl Fn(&mut Pool, Micros) -> R,
+        current: &mut Current,
+    ) -> Result<R, Error> {
+        let connection = &mut current.connection;
         for _ in 0..MAX_ATTEMPTS {
             let (seconds, micros, fields): (u64, u64, Vec<(String, String)>) =
-                within(self.read.key(&name).invoke_async(&mut connection)).await??;
+                within(self.read.key(name).invoke_async(connection)).await??;
             let now = seconds * 1_000_000 + micros;
             let version = fields
                 .iter()
@@ -121,24 +197,123 @@ impl RedisPools {
                 .ok_or_else(|| Error::Malformed(key.as_str().to_owned()))?;
             let out = change(&mut pool, now);
             pool.forget_expired(now);
-            let mut invocation = self.write.key(&name);
+            let mut invocation = self.write.key(name);
             invocation.arg(&version).arg(POOL_TTL_MS);
             if !pool.is_empty() {
                 for (field, value) in pool.to_fields() {
                     invocation.arg(field).arg(value);
                 }
             }
-            let written: i64 = within(invocation.invoke_async(&mut connection)).await??;
+            let written: i64 = within(invocation.invoke_async(connection)).await??;
             if written == 1 {
                 return Ok(out);
             }
         }
         Err(Error::Contended(key.as_str().to_owned()))
     }
+
+    /// The connection kept, or a new one; whether it was kept.
+    async fn current(&self) -> Result<(Current, bool), Error> {
+        if let Some(current) = lock(&self.connection).clone() {
+            return Ok((current, true));
+        }
+        // Opened without holding the lock: calls meanwhile open their own
+        // rather than queue behind a connect that may take its whole
+        // timeout; the first one opened is kept.
+        let connection = self.connector.connect().await?;
+        let number = self.opened.fetch_add(1, Ordering::Relaxed);
+        let mut kept = lock(&self.connection);
+        let current = kept.get_or_insert(Current { number, connection });
+        Ok((current.clone(), false))
+    }
+
+    /// Drops connection `number` if it is still the one kept.
+    fn forget(&self, number: u64) {
+        let mut kept = lock(&self.connection);
+        if kept.as_ref().is_some_and(|it| it.number == number) {
+            *kept = None;
+        }
+    }
+
+    /// After a failed call: a connection that timed out or failed may lead
+    /// to a node that is gone, stuck or no longer master, so the next
+    /// call opens another; a malformed or contended pool says nothing
+    /// about the connection.
+    fn forget_after(&self, err: &Error, number: u64) {
+        if matches!(err, Error::Redis(_) | Error::Timeout(_)) {
+            self.forget(number);
+        }
+    }
+}
+
+/// Whether `err` says the connection (or its node) cannot serve the call,
+/// which a new connection may: lost, refused, or a node that is a replica
+/// now (READONLY, after a failover).
+fn is_connection_failure(err: &RedisError) -> bool {
+    err.is_io_error()
+        || err.is_connection_dropped()
+        || err.is_connection_refusal()
+        || err.is_unrecoverable_error()
+        || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
+}
+
+fn lock(slot: &Mutex<Option<Current>>) -> MutexGuard<'_, Option<Current>> {
+    slot.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 async fn within<T>(call: impl Future<Output = T>) -> Result<T, Error> {
     tokio::time::timeout(CALL_TIMEOUT, call)
         .await
         .map_err(|_| Error::Timeout(CALL_TIMEOUT))
+}
+
+// === impl Connect ===
+
+impl Connect for redis::Client {
+    fn connect(&self) -> Connecting<'_> {
+        let config = redis::AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CALL_TIMEOUT))
+            .set_response_timeout(None);
+        Box::pin(async move {
+            self.get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map(Connection::Server)
+        })
+    }
+}
+
+impl Connect for ClusterClient {
+    fn connect(&self) -> Connecting<'_> {
+        Box::pin(async move { self.get_async_connection().await.map(Connection::Cluster) })
+    }
+}
+
+// === impl Connection ===
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Connection::Server(it) => it.req_packed_command(cmd),
+            Connection::Cluster(it) => it.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Connection::Server(it) => it.req_packed_commands(pipeline, offset, count),
+            Connection::Cluster(it) => it.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Connection::Server(it) => it.get_db(),
+            Connection::Cluster(it) => it.get_db(),
+        }
+    }
 }

@@ -156,6 +156,30 @@ impl ClusterSettings {
     /// The client; nothing is connected yet. No retries (see the module
     /// doc); connect and response bounded by the timeout.
     fn client(&self) -> Result<ClusterClient, Error> {
+        self.build(self.builder()?.retries(0))
+    }
+
+    /// A client for calls that may be sent again (they are safe to run
+    /// twice): the client itself follows MOVED and ASK, and tries again
+    /// after TRYAGAIN, CLUSTERDOWN, READONLY or a lost connection, at most
+    /// `retries` times; same seeds, TLS and bounds as the backend's.
+    pub fn redirecting_client(&self, retries: u32) -> Result<ClusterClient, Error> {
+        self.validate()?;
+        self.build(self.builder()?.retries(retries))
+    }
+
+    fn build(&self, builder: ClusterClientBuilder) -> Result<ClusterClient, Error> {
+        builder.build().map_err(|err| {
+            Error::Protocol(format!(
+                "invalid redis cluster nodes {}: {err}",
+                redact_nodes(&self.nodes)
+            ))
+        })
+    }
+
+    /// The seeds as URLs, with the TLS settings; connect and response
+    /// bounded by the timeout.
+    fn builder(&self) -> Result<ClusterClientBuilder, Error> {
         // rustls needs a process-wide crypto provider for `rediss://`.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let timeout = Duration::from_millis(self.timeout_ms);
@@ -174,7 +198,6 @@ impl ClusterSettings {
             seed_urls(&self.nodes)
         };
         let mut builder = ClusterClientBuilder::new(nodes.clone())
-            .retries(0)
             .connection_timeout(timeout)
             .response_timeout(timeout);
         if self.tls.is_set() {
@@ -194,12 +217,7 @@ impl ClusterSettings {
                 builder = builder.danger_accept_invalid_hostnames(true);
             }
         }
-        builder.build().map_err(|err| {
-            Error::Protocol(format!(
-                "invalid redis cluster nodes {}: {err}",
-                redact_nodes(&self.nodes)
-            ))
-        })
+        Ok(builder)
     }
 }
 

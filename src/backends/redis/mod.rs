@@ -340,6 +340,56 @@ impl RedisSettings {
         })?;
         Ok((Target::Direct(Box::new(client)), redact(&self.url)))
     }
+
+    /// Connections beside the backend's to the same server; nothing is
+    /// connected yet.
+    pub fn connector(&self) -> Result<ServerConnector, Error> {
+        self.validate()?;
+        let (target, _) = self.target()?;
+        let timeout = Duration::from_millis(self.timeout_ms);
+        Ok(ServerConnector {
+            target,
+            config: redis::AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(timeout))
+                .set_response_timeout(None),
+            timeout,
+        })
+    }
+}
+
+/// Opens single connections to the server [`RedisSettings`] name, for
+/// Redis users besides the decision backend (the rate-limit quota pools):
+/// the same URL and TLS settings, and through Sentinel the node the
+/// sentinels name master at each connect.
+pub struct ServerConnector {
+    target: Target,
+    config: redis::AsyncConnectionConfig,
+    timeout: Duration,
+}
+
+impl ServerConnector {
+    /// A fresh multiplexed connection to the node that takes writes now
+    /// (a replica is refused with READONLY), within the settings' timeout
+    /// for each step (each sentinel asked, then the node). Its calls have
+    /// no timeout of their own: the caller bounds them.
+    pub async fn connect(&self) -> Result<redis::aio::MultiplexedConnection, RedisError> {
+        let bound = self.target.bound(self.timeout);
+        match tokio::time::timeout(bound, self.target.connect(&self.config)).await {
+            Ok(connected) => connected,
+            Err(_) => Err(RedisError::from(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no redis connection within {} ms", bound.as_millis()),
+            ))),
+        }
+    }
+}
+
+impl fmt::Debug for ServerConnector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ServerConnector")
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl fmt::Debug for RedisSettings {

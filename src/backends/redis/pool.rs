@@ -470,7 +470,7 @@ impl Target {
     /// Sentinel, to the node named master now. A replica (`ROLE` says
     /// so) is refused with a READONLY error, as every call would be: the
     /// failed connect opens the circuit, and nothing (no library) is sent.
-    async fn connect(
+    pub(super) async fn connect(
         &self,
         config: &AsyncConnectionConfig,
     ) -> Result<MultiplexedConnection, RedisError> {
@@ -490,7 +490,7 @@ impl Target {
     /// whole `timeout`: through Sentinel, each sentinel in turn, then the
     /// master. A dead first sentinel then delays a reconnect without
     /// preventing it.
-    fn bound(&self, timeout: Duration) -> Duration {
+    pub(super) fn bound(&self, timeout: Duration) -> Duration {
         match self {
             Target::Direct(_) => timeout,
             Target::Sentinel(sentinel) => timeout * (sentinel.nodes() + 1),
