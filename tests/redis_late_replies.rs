@@ -175,3 +175,72 @@ async fn late_replies_are_counted_without_batching() {
 async fn late_replies_are_counted_with_batching() {
     late_replies_are_counted("on").await;
 }
+
+/// In a batch each request keeps its own timeout: one whose timeout ends
+/// before the batch's reply comes is answered Timeout, and its decision is
+/// handed over as late when the reply comes; the batch's other request,
+/// still in time, gets its verdict as usual and is not handed over. The
+/// call ahead of the batch, timed out during the stall, is handed over
+/// too. Driven on the backend, one connection, Redis asleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_member_out_of_time_has_its_late_decision_handed_over() {
+    use std::sync::{Arc, Mutex};
+    use support::keys::{check, counter_key};
+    use support::redis::backend_with;
+    use throttlegate::algorithms::Algorithm;
+    use throttlegate::backends::redis::{BatchSettings, ClockSource};
+    use throttlegate::backends::{Backend, CallContext, Error, LateVerdict, Progress, Stage};
+
+    let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
+    let backend = backend_with(&server, ClockSource::Redis, |it| {
+        it.pool_size = 1;
+        it.timeout_ms = 1_000;
+        it.batch = Some(BatchSettings {
+            max_requests: 64,
+            max_keys: 512,
+        });
+    })
+    .await;
+    let backend = Arc::new(backend);
+    let checks = |user: &str| {
+        vec![check(
+            counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
+            1_000_000,
+            1,
+        )]
+    };
+    backend.decide(&checks("warm")).await.expect("decided");
+    let handed: Arc<Mutex<Vec<&'static str>>> = Arc::default();
+    let ask = |user: &'static str| {
+        let handed = handed.clone();
+        let call = CallContext {
+            send_by: None,
+            progress: Progress::new(Stage::Decide),
+            late: Some(LateVerdict::new(move |verdict| {
+                assert!(verdict.allowed);
+                handed.lock().expect("lock").push(user);
+            })),
+        };
+        let backend = backend.clone();
+        let checks = checks(user);
+        tokio::spawn(async move { backend.decide_within(&checks, &call).await })
+    };
+    // Timeline (ms from the sleep): `ahead` alone, due at 1,000; `early`
+    // (due 1,300) and `in_time` (due 1,600) queued, written together when
+    // `ahead` times out; Redis wakes at about 1,450.
+    let sleep = server.put_to_sleep(1.45).await;
+    let ahead = ask("ahead");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let early = ask("early");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let in_time = ask("in_time");
+    assert!(matches!(ahead.await.expect("task"), Err(Error::Timeout(_))));
+    assert!(matches!(early.await.expect("task"), Err(Error::Timeout(_))));
+    sleep.await.expect("sleep task").expect("DEBUG SLEEP");
+    let verdict = in_time.await.expect("task").expect("decided in time");
+    assert!(verdict.allowed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut handed = handed.lock().expect("lock").clone();
+    handed.sort_unstable();
+    assert_eq!(handed, ["ahead", "early"]);
+}
