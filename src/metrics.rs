@@ -386,6 +386,7 @@ pub struct Metrics {
     config_loaded_at: Gauge<i64, AtomicI64>,
     stored_counters: Gauge<i64, AtomicI64>,
     over_limit_cache_hits: Counter,
+    late_replies: Counter,
     over_limit_cache_entries: Gauge<i64, AtomicI64>,
     open_connections: Family<ListenerLabels, Gauge>,
     accept_errors: Family<AcceptErrorLabels, Counter>,
@@ -558,6 +559,12 @@ impl Metrics {
             "Requests answered OVER_LIMIT from the over-limit cache, without a backend call",
             over_limit_cache_hits.clone(),
         );
+        let late_replies = Counter::default();
+        registry.register(
+            "late_replies",
+            "Decisions whose reply came after the backend's timeout (the request was answered through the failure mode) and that were still counted in decisions and hits",
+            late_replies.clone(),
+        );
         let over_limit_cache_entries = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "over_limit_cache_entries",
@@ -604,6 +611,7 @@ impl Metrics {
             config_loaded_at,
             stored_counters: Gauge::default(),
             over_limit_cache_hits,
+            late_replies,
             over_limit_cache_entries,
             open_connections,
             accept_errors,
@@ -796,6 +804,12 @@ impl Metrics {
     pub fn set_over_limit_cache_entries(&self, entries: usize) {
         self.over_limit_cache_entries
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one decision whose reply came after the backend's timeout,
+    /// counted all the same.
+    pub fn record_late_reply(&self) {
+        self.late_replies.inc();
     }
 
     /// Counts one call of `method` that got no decision in its caller's

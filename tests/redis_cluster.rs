@@ -1107,6 +1107,7 @@ async fn a_cluster_call_is_never_written_after_its_callers_send_by() {
     let within = |send_by: Instant| CallContext {
         send_by: Some(send_by),
         progress: Progress::new(Stage::Decide),
+        late: None,
     };
 
     // No time left: refused at once, nothing written.

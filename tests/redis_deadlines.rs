@@ -231,6 +231,7 @@ async fn a_batch_member_whose_deadline_passed_is_never_written() {
     let late_call = CallContext {
         send_by: Some(Instant::now() + Duration::from_millis(100)),
         progress: Progress::new(Stage::Decide),
+        late: None,
     };
     let late = tokio::spawn({
         let backend = backend.clone();

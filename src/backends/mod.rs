@@ -325,7 +325,8 @@ fn stage_of(n: u8) -> Stage {
 }
 
 /// What a backend knows of its caller: when the call must be written by,
-/// and where to report how far it has got.
+/// where to report how far it has got, and where a decision that comes
+/// too late for it goes.
 #[derive(Debug, Clone)]
 pub struct CallContext {
     /// The last moment the call may be sent, from the caller's deadline
@@ -335,6 +336,33 @@ pub struct CallContext {
     /// backend's own timeout, so that what it consumed is counted.
     pub send_by: Option<Instant>,
     pub progress: Progress,
+    /// Hears the verdict of a call written in time whose reply came after
+    /// the backend's own timeout (the call failed with [`Error::Timeout`]
+    /// and its caller was answered without it): the backend keeps
+    /// awaiting such a reply for a bounded grace, so that what it consumed
+    /// is still counted. `None`: a late reply is discarded.
+    pub late: Option<LateVerdict>,
+}
+
+/// Where the verdict of a call that outlived its timeout is counted.
+#[derive(Clone)]
+pub struct LateVerdict(Arc<dyn Fn(Verdict) + Send + Sync>);
+
+impl LateVerdict {
+    pub fn new(count: impl Fn(Verdict) + Send + Sync + 'static) -> LateVerdict {
+        LateVerdict(Arc::new(count))
+    }
+
+    /// Hands `verdict`, decided after its call's timeout, to be counted.
+    pub fn deliver(&self, verdict: Verdict) {
+        (self.0)(verdict);
+    }
+}
+
+impl std::fmt::Debug for LateVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LateVerdict")
+    }
 }
 
 impl CallContext {
@@ -343,6 +371,15 @@ impl CallContext {
         CallContext {
             send_by: None,
             progress: Progress::new(Stage::Decide),
+            late: None,
+        }
+    }
+
+    /// Hands `verdict`, whose reply came after the call's timeout, to
+    /// [`CallContext::late`], if any.
+    pub fn deliver_late(&self, verdict: Verdict) {
+        if let Some(late) = &self.late {
+            late.deliver(verdict);
         }
     }
 }

@@ -235,7 +235,11 @@ impl Limiter {
     /// A decision the backend makes is counted (decisions, hits) whether
     /// or not anyone reads it: a call written to the backend when its
     /// caller leaves (a cancelled call, a passed deadline) is finished in
-    /// a task of its own. A call not yet written is dropped unsent.
+    /// a task of its own; one whose reply comes after the backend's own
+    /// timeout (answered through the failure mode) is counted when the
+    /// backend hands it over ([`CallContext::late`],
+    /// `throttlegate_late_replies_total`). A call not yet written is
+    /// dropped unsent.
     pub async fn decide_within(
         &self,
         request: &Request,
@@ -273,13 +277,15 @@ impl Limiter {
                 .record_abandoned(caller.method, backends::Stage::Deadline);
             return shared.failure_answer(&plan, backends::Error::Deadline);
         }
-        let call = CallContext {
-            send_by,
-            progress: backends::Progress::new(backends::Stage::Decide),
-        };
         let plan = Arc::new(plan);
-        let mut pending =
-            Pending::start(shared, caller.method, rules, &request.domain, &plan, call);
+        let mut pending = Pending::start(
+            shared,
+            caller.method,
+            rules,
+            &request.domain,
+            &plan,
+            send_by,
+        );
         let finished = match answer_by {
             None => Some((&mut pending).await),
             Some(answer_by) => tokio::time::timeout_at(answer_by.into(), &mut pending)
@@ -357,12 +363,24 @@ impl Pending {
         rules: Arc<RuleSet>,
         domain: &str,
         plan: &Arc<Plan>,
-        call: CallContext,
+        send_by: Option<Instant>,
     ) -> Pending {
-        let progress = call.progress.clone();
+        let progress = backends::Progress::new(backends::Stage::Decide);
         let shared_ = shared.clone();
         let plan = plan.clone();
         let domain = domain.to_owned();
+        let late = {
+            let (shared, rules, plan, domain) =
+                (shared.clone(), rules.clone(), plan.clone(), domain.clone());
+            backends::LateVerdict::new(move |verdict| {
+                shared.count_late(&rules, &domain, &plan, &verdict);
+            })
+        };
+        let call = CallContext {
+            send_by,
+            progress: progress.clone(),
+            late: Some(late),
+        };
         let finish: Finish = Box::pin(async move {
             let shared = shared_;
             let verdict = match shared.call_backend(&rules, &plan, Some(&call)).await {
@@ -503,6 +521,19 @@ impl Shared {
             self.metrics.set_over_limit_cache_entries(cache.len());
         }
         Ok(verdict)
+    }
+
+    /// Counts (decisions, hits) the verdict of a call whose reply came
+    /// after the backend's own timeout: its caller was answered through
+    /// the failure mode, but Redis consumed what it decided.
+    fn count_late(&self, rules: &RuleSet, domain: &str, plan: &Plan, verdict: &Verdict) {
+        if verdict.outcomes.len() != plan.checks.len() {
+            return;
+        }
+        if let Some(domain) = rules.domain(domain) {
+            self.metrics.record_late_reply();
+            let _ = self.answer(domain, plan, Some(verdict));
+        }
     }
 
     fn on_backend_error(&self, plan: &Plan, error: backends::Error) -> Result<Decision, Error> {

@@ -28,7 +28,7 @@
 //! their verdicts.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
@@ -230,28 +230,29 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
             it.call.progress.set(stage);
         }
     };
-    // Which requests the call wrote, settled as it was written.
+    // Which requests the call wrote, settled as it was written; shared
+    // with the counting of a reply that comes after the call's timeout.
+    let wrote_late = Arc::new(OnceLock::new());
+    let late = LateBatch::of(&batch, entry, &wrote_late);
     let mut written = vec![false; batch.len()];
     let reply = core
-        .call(deadline, send_by, report, entry, |engine| {
-            written = to_write(&batch, &bounds, Instant::now());
-            compose(engine, entry, &batch, &written)
-        })
+        .call(
+            deadline,
+            send_by,
+            report,
+            entry,
+            |engine| {
+                written = to_write(&batch, &bounds, Instant::now());
+                let _ = wrote_late.set(written.clone());
+                compose(engine, entry, &batch, &written)
+            },
+            late.map(|it| move |reply: Vec<i64>| it.deliver(&reply)),
+        )
         .await;
-    let sizes: Vec<usize> = batch
-        .iter()
-        .zip(&written)
-        .filter(|(_, wrote)| **wrote)
-        .map(|(it, _)| it.request.keys.len())
-        .collect();
-    let mut answers = match reply {
-        Ok(reply) => match entry {
-            Entry::DecideBatch => script::parse_batch_reply(&reply, &sizes),
-            _ => script::parse_reply(&reply, sizes.iter().sum()).map(|it| vec![Ok(it)]),
-        },
-        Err(err) => Err(err),
-    }
-    .map(Vec::into_iter);
+    let sizes = written_sizes(batch.iter().map(|it| it.request.keys.len()), &written);
+    let mut answers = reply
+        .and_then(|reply| parse_answers(&reply, entry, &sizes))
+        .map(Vec::into_iter);
     let now = Instant::now();
     for ((it, (at, late)), wrote) in batch.into_iter().zip(bounds).zip(written) {
         let answer = match (&mut answers, wrote) {
@@ -264,7 +265,83 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
             (Err(err), false) => Err(err.clone()),
             (Ok(_), false) => Err(Error::Deadline),
         };
-        let _ = it.answer.send(answer);
+        if let Err(Ok(verdict)) = it.answer.send(answer) {
+            // Its own timeout ended before the batch's reply came: it was
+            // answered without this decision, which is counted here.
+            it.call.deliver_late(verdict);
+        }
+    }
+}
+
+/// The key counts of the requests marked `written`, in order.
+fn written_sizes(sizes: impl Iterator<Item = usize>, written: &[bool]) -> Vec<usize> {
+    sizes
+        .zip(written)
+        .filter(|(_, wrote)| **wrote)
+        .map(|(size, _)| size)
+        .collect()
+}
+
+/// The answers of the written requests (of `sizes` keys each) in the reply
+/// of a call of `entry`.
+fn parse_answers(
+    reply: &[i64],
+    entry: Entry,
+    sizes: &[usize],
+) -> Result<Vec<Result<Verdict, Error>>, Error> {
+    match entry {
+        Entry::DecideBatch => script::parse_batch_reply(reply, sizes),
+        _ => script::parse_reply(reply, sizes.iter().sum()).map(|it| vec![Ok(it)]),
+    }
+}
+
+/// Where the verdicts of a batch whose reply came after its timeout go:
+/// each written request's [`CallContext::late`].
+struct LateBatch {
+    entry: Entry,
+    /// Each request's key count and where its late verdict goes.
+    members: Vec<(usize, CallContext)>,
+    written: Arc<OnceLock<Vec<bool>>>,
+}
+
+impl LateBatch {
+    /// `None` when no request of `batch` has anywhere to count a late verdict.
+    fn of(
+        batch: &[Waiting],
+        entry: Entry,
+        written: &Arc<OnceLock<Vec<bool>>>,
+    ) -> Option<LateBatch> {
+        batch
+            .iter()
+            .any(|it| it.call.late.is_some())
+            .then(|| LateBatch {
+                entry,
+                members: batch
+                    .iter()
+                    .map(|it| (it.request.keys.len(), it.call.clone()))
+                    .collect(),
+                written: written.clone(),
+            })
+    }
+
+    fn deliver(&self, reply: &[i64]) {
+        let Some(written) = self.written.get() else {
+            return;
+        };
+        let sizes = written_sizes(self.members.iter().map(|(size, _)| *size), written);
+        let Ok(answers) = parse_answers(reply, self.entry, &sizes) else {
+            return;
+        };
+        let calls = self
+            .members
+            .iter()
+            .zip(written)
+            .filter(|(_, wrote)| **wrote);
+        for (((_, call), _), answer) in calls.zip(answers) {
+            if let Ok(verdict) = answer {
+                call.deliver_late(verdict);
+            }
+        }
     }
 }
 
@@ -335,6 +412,7 @@ mod tests {
         let call = CallContext {
             send_by: send_by.map(Instant::into_std),
             progress: Progress::new(Stage::Queue),
+            late: None,
         };
         let request = Encoded {
             keys: vec!["k".to_owned()],

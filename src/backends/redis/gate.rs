@@ -231,22 +231,43 @@ impl<T: Send + 'static> Future for Written<T> {
     }
 }
 
+impl<T: Send + 'static> Written<T> {
+    /// The rest of the wait for a call whose caller stopped waiting, to be
+    /// driven in a task of its own: its reply, if it comes within
+    /// `unanswered_after` from now, else `None` (the connection is marked
+    /// lost); the permit is held until then. `None` as well when the call
+    /// already ended.
+    pub(super) fn outlive(mut self) -> impl Future<Output = Option<T>> + Send + 'static {
+        let parts = self.reply.take().zip(self.permit.take());
+        let (lost, unanswered_after) = (self.lost.clone(), self.unanswered_after);
+        async move {
+            let (reply, permit) = parts?;
+            let reply = tokio::time::timeout(unanswered_after, reply).await.ok();
+            if reply.is_none() {
+                lost.store(true, Ordering::SeqCst);
+            }
+            drop(permit);
+            reply
+        }
+    }
+}
+
 impl<T: Send + 'static> Drop for Written<T> {
     fn drop(&mut self) {
-        let (Some(reply), Some(permit)) = (self.reply.take(), self.permit.take()) else {
+        if self.reply.is_none() || self.permit.is_none() {
             return;
-        };
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime left: nothing can be sent or awaited any more.
             return;
         };
-        let (lost, unanswered_after) = (self.lost.clone(), self.unanswered_after);
-        runtime.spawn(async move {
-            if tokio::time::timeout(unanswered_after, reply).await.is_err() {
-                lost.store(true, Ordering::SeqCst);
-            }
-            drop(permit);
-        });
+        let rest = Written {
+            reply: self.reply.take(),
+            permit: self.permit.take(),
+            lost: self.lost.clone(),
+            unanswered_after: self.unanswered_after,
+        };
+        runtime.spawn(rest.outlive());
     }
 }
 
@@ -353,6 +374,34 @@ mod tests {
         tokio::time::sleep(within * 2).await;
         assert_eq!(gate.permits.available_permits(), 1);
         assert!(lost.load(Ordering::SeqCst));
+    }
+
+    /// The rest of a call whose caller stopped waiting yields its reply
+    /// when it comes within `unanswered_after` (a late reply, counted),
+    /// and nothing past it: a reply later than that grace is never seen.
+    #[tokio::test]
+    async fn a_late_reply_is_handed_over_within_the_grace_only() {
+        let gate = Gate::new(2, 0);
+        let within = Duration::from_millis(200);
+        let lost = Arc::new(AtomicBool::new(false));
+        let (reply, replied) = tokio::sync::oneshot::channel::<u32>();
+        let permit = gate.enter(Instant::now()).await.expect("a free permit");
+        let in_time = Written::new(permit, replied, lost.clone(), within).outlive();
+        let in_time = tokio::spawn(in_time);
+        tokio::time::sleep(within / 4).await;
+        assert_eq!(gate.permits.available_permits(), 1, "its place is kept");
+        reply.send(7).expect("awaited");
+        assert_eq!(in_time.await.expect("task").map(Result::ok), Some(Some(7)));
+        assert_eq!(gate.permits.available_permits(), 2);
+
+        let (reply, replied) = tokio::sync::oneshot::channel::<u32>();
+        let permit = gate.enter(Instant::now()).await.expect("a free permit");
+        let too_late = tokio::spawn(Written::new(permit, replied, lost.clone(), within).outlive());
+        tokio::time::sleep(within * 2).await;
+        let _ = reply.send(8);
+        assert_eq!(too_late.await.expect("task").map(Result::ok), None);
+        assert!(lost.load(Ordering::SeqCst), "the connection is retired");
+        assert_eq!(gate.permits.available_permits(), 2);
     }
 
     #[test]

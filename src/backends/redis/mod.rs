@@ -519,6 +519,27 @@ fn sending_bound(
     }
 }
 
+/// Awaits, in a task of its own, the reply to `written`, a call whose
+/// timeout has passed, and hands its integers to `late` if it comes within
+/// the call's remaining place in the gate ([`gate::Written::outlive`]).
+fn await_late<T>(
+    written: gate::Written<Result<redis::Value, T>>,
+    late: impl FnOnce(Vec<i64>) + Send + 'static,
+) where
+    T: Send + 'static,
+{
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
+        if let Some(Ok(value)) = written.outlive().await
+            && let Ok(reply) = script::reply_integers(value)
+        {
+            late(reply);
+        }
+    });
+}
+
 /// A timeout in whole milliseconds, as errors report it.
 fn timeout_ms(timeout: Duration) -> u64 {
     u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX)
@@ -550,14 +571,23 @@ impl Core {
     /// `deadline`, whoever still waits for it, so that what it consumed is
     /// counted. `report` hears the stages before the call is written;
     /// `compose` reports [`Stage::Backend`] for what it writes.
-    async fn call(
+    ///
+    /// A written call still unanswered at `deadline` fails at once with
+    /// [`Error::Timeout`]; with an `on_late`, its reply is then awaited in a
+    /// task of its own, within the place it holds in the gate (at most
+    /// [`gate::UNANSWERED_AFTER`] more), and handed to `on_late` if it comes.
+    async fn call<L>(
         &self,
         deadline: Instant,
         caller_send_by: Option<Instant>,
         report: impl Fn(Stage),
         entry: Entry,
         compose: impl FnOnce(Engine) -> Result<redis::Cmd, Error>,
-    ) -> Result<Vec<i64>, Error> {
+        on_late: Option<L>,
+    ) -> Result<Vec<i64>, Error>
+    where
+        L: FnOnce(Vec<i64>) + Send + 'static,
+    {
         let (send_by, late) = sending_bound(deadline, self.timeout, caller_send_by);
         report(Stage::Queue);
         let permit = match self.gate.admit(send_by, self.timeout_ms).await {
@@ -594,9 +624,14 @@ impl Core {
         let reply = async move {
             engine::run_adapting(&mut multiplexed, &learnt, engine, entry, &cmd).await
         };
-        let value = gate::Written::new(permit, reply, conn.lost_flag(), gate::UNANSWERED_AFTER);
-        let value = match timeout_at(deadline, value).await {
-            Err(_) => return Err(Error::Timeout(self.timeout_ms)),
+        let mut value = gate::Written::new(permit, reply, conn.lost_flag(), gate::UNANSWERED_AFTER);
+        let value = match timeout_at(deadline, &mut value).await {
+            Err(_) => {
+                if let Some(on_late) = on_late {
+                    await_late(value, on_late);
+                }
+                return Err(Error::Timeout(self.timeout_ms));
+            }
             Ok(Err(err)) => return Err(self.pool.fail(&conn, &err)),
             Ok(Ok(value)) => value,
         };
@@ -642,17 +677,26 @@ impl Core {
     ) -> Result<Verdict, Error> {
         let send_by = call.send_by.map(Instant::from_std);
         let report = |stage| call.progress.set(stage);
-        let reply = self
-            .call(deadline, send_by, report, Entry::Decide, |engine| {
-                if !call.progress.enter_backend() {
-                    // Its caller has gone: nobody would read the answer.
-                    return Err(Error::Deadline);
+        let n_keys = request.keys.len();
+        let late = call.late.clone().map(|late| {
+            move |reply: Vec<i64>| {
+                if let Ok(verdict) = script::parse_reply(&reply, n_keys) {
+                    late.deliver(verdict);
                 }
-                let mut cmd = engine.command(Entry::Decide, request.keys.len());
-                cmd.arg(&request.keys);
-                script::write_request(&mut cmd, &request.header, &request.limits);
-                Ok(cmd)
-            })
+            }
+        });
+        let compose = |engine: Engine| {
+            if !call.progress.enter_backend() {
+                // Its caller has gone: nobody would read the answer.
+                return Err(Error::Deadline);
+            }
+            let mut cmd = engine.command(Entry::Decide, n_keys);
+            cmd.arg(&request.keys);
+            script::write_request(&mut cmd, &request.header, &request.limits);
+            Ok(cmd)
+        };
+        let reply = self
+            .call(deadline, send_by, report, Entry::Decide, compose, late)
             .await?;
         script::parse_reply(&reply, request.keys.len())
     }
