@@ -3,10 +3,15 @@
 //! Calls in flight are limited to one per pooled connection. A request
 //! that finds a free slot is sent at once, alone: an idle service adds no
 //! wait. A request that finds every slot taken waits in a queue; when a
-//! call returns, its slot takes the queue's oldest requests (at most
-//! [`BatchSettings::max_requests`] and [`BatchSettings::max_keys`]) into
-//! one call of `decide_batch`, which decides them one after the other, in
-//! arrival order, each all-or-nothing with its own answer. A wait is
+//! call returns, its slot takes the queue's oldest requests that can
+//! still be written (at most [`BatchSettings::max_requests`] and
+//! [`BatchSettings::max_keys`], and with the calls in flight at most the
+//! gate's bound on calls, `max_requests_in_flight`) into one call of
+//! `decide_batch`, which decides them one after the other, in arrival
+//! order, each all-or-nothing with its own answer. The bound on requests
+//! keeps Redis's replies within the time a written request has left: eight
+//! batches of 32 requests of 16 keys took a loaded Redis 120 ms to answer,
+//! so most of their members were answered after their deadline. A wait is
 //! bounded by the request's own timeout. Each request keeps its own
 //! deadline in a batch: when the batch is formed and again at the moment
 //! its call is written, a request whose caller has gone is left out
@@ -43,12 +48,19 @@ pub(super) struct Batcher {
     settings: BatchSettings,
     max_in_flight: usize,
     max_waiting: usize,
+    /// Most requests in the calls in flight together: the gate's bound on
+    /// calls, so that batching puts no more work ahead of a new call in
+    /// Redis than one request per call does.
+    max_requests_in_flight: usize,
     /// A std Mutex: held only to push, pop and count, never across `.await`.
     state: Mutex<State>,
 }
 
 struct State {
+    /// Calls in flight (slots taken).
     in_flight: usize,
+    /// Requests in the calls in flight.
+    requests_in_flight: usize,
     waiting: VecDeque<Waiting>,
 }
 
@@ -57,6 +69,9 @@ struct Waiting {
     request: Encoded,
     /// When its caller gives up.
     deadline: Instant,
+    /// The last moment it may be written, and its answer when that passes
+    /// unwritten ([`sending_bound`]).
+    bound: (Instant, Error),
     /// Its caller's deadline for sending, and its stage.
     call: CallContext,
     answer: oneshot::Sender<Result<Verdict, Error>>,
@@ -64,20 +79,27 @@ struct Waiting {
 
 /// A call slot: handed on to the queue when dropped, however the call
 /// ended (answered, failed, or its caller gone).
-struct Slot(Arc<Core>);
+struct Slot {
+    core: Arc<Core>,
+    /// The requests its call carries.
+    requests: usize,
+}
 
 impl Batcher {
     pub(super) fn new(
         settings: BatchSettings,
         max_in_flight: usize,
+        max_requests_in_flight: usize,
         max_waiting: usize,
     ) -> Batcher {
         Batcher {
             settings,
             max_in_flight: max_in_flight.max(1),
+            max_requests_in_flight: max_requests_in_flight.max(1),
             max_waiting,
             state: Mutex::new(State {
                 in_flight: 0,
+                requests_in_flight: 0,
                 waiting: VecDeque::new(),
             }),
         }
@@ -91,14 +113,22 @@ impl Batcher {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The oldest waiting requests within the bounds (at least one, when
-    /// any waits); those whose callers gave up are dropped unsent, and
-    /// those whose callers' `send_by` has passed are answered
-    /// [`Error::Deadline`] unsent. Empty when none waits: the slot is then
-    /// given back.
-    fn next_batch(&self) -> Vec<Waiting> {
-        let now = std::time::Instant::now();
+    /// The next batch: the oldest waiting requests that can still be
+    /// written, within [`BatchSettings`] and within what the calls in
+    /// flight leave of `max_requests_in_flight` (at least one, when any
+    /// waits). Those met on the way whose callers gave up are dropped, and
+    /// those whose own moment to be written has passed ([`sending_bound`])
+    /// answered, unsent. Empty when none waits: the slot is then given
+    /// back. `done` requests of the call that just ended are no longer in
+    /// flight.
+    fn next_batch(&self, done: usize) -> Vec<Waiting> {
+        let now = Instant::now();
         let mut state = self.lock();
+        state.requests_in_flight = state.requests_in_flight.saturating_sub(done);
+        let room = self
+            .max_requests_in_flight
+            .saturating_sub(state.requests_in_flight)
+            .clamp(1, self.settings.max_requests);
         let mut batch = Vec::new();
         let mut n_keys = 0;
         while let Some(next) = state.waiting.front() {
@@ -106,14 +136,14 @@ impl Batcher {
                 state.waiting.pop_front();
                 continue;
             }
-            if next.call.send_by.is_some_and(|it| it <= now) {
+            if next.bound.0 <= now {
                 if let Some(late) = state.waiting.pop_front() {
-                    let _ = late.answer.send(Err(Error::Deadline));
+                    let _ = late.answer.send(Err(late.bound.1));
                 }
                 continue;
             }
             let keys = next.request.keys.len();
-            let full = batch.len() >= self.settings.max_requests
+            let full = batch.len() >= room
                 || (!batch.is_empty() && n_keys + keys > self.settings.max_keys);
             if full {
                 break;
@@ -124,6 +154,7 @@ impl Batcher {
         if batch.is_empty() {
             state.in_flight -= 1;
         }
+        state.requests_in_flight += batch.len();
         batch
     }
 }
@@ -143,15 +174,18 @@ pub(super) async fn decide(
         let mut state = batcher.lock();
         if state.in_flight < batcher.max_in_flight {
             state.in_flight += 1;
+            state.requests_in_flight += 1;
             Err(request)
         } else if state.waiting.len() >= batcher.max_waiting {
             return Err(Error::Shed(batcher.max_waiting));
         } else {
             let (answer, receiver) = oneshot::channel();
             call.progress.set(Stage::Queue);
+            let bound = sending_bound(deadline, core.timeout, call.send_by.map(Instant::from_std));
             state.waiting.push_back(Waiting {
                 request,
                 deadline,
+                bound,
                 call: call.clone(),
                 answer,
             });
@@ -161,7 +195,10 @@ pub(super) async fn decide(
     let receiver = match receiver {
         Ok(receiver) => receiver,
         Err(request) => {
-            let _slot = Slot(core.clone());
+            let _slot = Slot {
+                core: core.clone(),
+                requests: 1,
+            };
             return core.decide_one_by(deadline, &request, call).await;
         }
     };
@@ -174,23 +211,26 @@ pub(super) async fn decide(
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let Some(batcher) = &self.0.batcher else {
+        let Some(batcher) = &self.core.batcher else {
             return;
         };
-        let batch = batcher.next_batch();
+        let batch = batcher.next_batch(self.requests);
         if batch.is_empty() {
             return;
         }
         // The slot goes with the batch: a new task, so the call that just
         // ended answers its own caller without waiting for the next one.
-        let core = self.0.clone();
+        let core = self.core.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime left to send it: the waiters are answered by the
             // dropped senders.
             return;
         };
         runtime.spawn(async move {
-            let _slot = Slot(core.clone());
+            let _slot = Slot {
+                core: core.clone(),
+                requests: batch.len(),
+            };
             send(&core, batch).await;
         });
     }
@@ -235,6 +275,8 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
     let wrote_late = Arc::new(OnceLock::new());
     let late = LateBatch::of(&batch, entry, &wrote_late);
     let mut written = vec![false; batch.len()];
+    let taken = Instant::now();
+    let mut written_at = None;
     let reply = core
         .call(
             deadline,
@@ -242,13 +284,37 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
             report,
             entry,
             |engine| {
-                written = to_write(&batch, &bounds, Instant::now());
+                let now = Instant::now();
+                written_at = Some(now);
+                written = to_write(&batch, &bounds, now);
                 let _ = wrote_late.set(written.clone());
                 compose(engine, entry, &batch, &written)
             },
             late.map(|it| move |reply: Vec<i64>| it.deliver(&reply)),
         )
         .await;
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let ages: Vec<u128> = batch
+            .iter()
+            .map(|it| (taken + core.timeout - it.deadline).as_millis())
+            .collect();
+        let late = batch
+            .iter()
+            .zip(&bounds)
+            .filter(|(_, (at, _))| written_at.is_some_and(|w| w >= *at))
+            .count();
+        tracing::debug!(
+            taken = batch.len(),
+            written = written.iter().filter(|it| **it).count(),
+            late_at_write = late,
+            oldest_ms = ages.iter().max().copied().unwrap_or(0),
+            newest_ms = ages.iter().min().copied().unwrap_or(0),
+            to_write_ms = written_at.map(|w| (w - taken).as_millis()),
+            reply_ms = written_at.map(|w| w.elapsed().as_millis()),
+            ok = reply.is_ok(),
+            "redis batch"
+        );
+    }
     let sizes = written_sizes(batch.iter().map(|it| it.request.keys.len()), &written);
     let mut answers = reply
         .and_then(|reply| parse_answers(&reply, entry, &sizes))
@@ -407,7 +473,14 @@ mod tests {
     use crate::backends::Progress;
     use crate::backends::redis::script::HeaderArgs;
 
-    fn waiting(send_by: Option<Instant>) -> (Waiting, oneshot::Receiver<Result<Verdict, Error>>) {
+    type Answer = oneshot::Receiver<Result<Verdict, Error>>;
+
+    fn waiting(send_by: Option<Instant>) -> (Waiting, Answer) {
+        queued("k", Duration::ZERO, send_by)
+    }
+
+    /// A request for `key` that has waited `age` of its 1 s timeout.
+    fn queued(key: &str, age: Duration, send_by: Option<Instant>) -> (Waiting, Answer) {
         let (answer, receiver) = oneshot::channel();
         let call = CallContext {
             send_by: send_by.map(Instant::into_std),
@@ -415,7 +488,7 @@ mod tests {
             late: None,
         };
         let request = Encoded {
-            keys: vec!["k".to_owned()],
+            keys: vec![key.to_owned()],
             header: HeaderArgs {
                 now_us: None,
                 grace_ms: 0,
@@ -423,9 +496,10 @@ mod tests {
             },
             limits: Vec::new(),
         };
-        let deadline = Instant::now() + Duration::from_secs(1);
+        let deadline = Instant::now() + Duration::from_secs(1) - age;
         let it = Waiting {
             request,
+            bound: sending_bound(deadline, Duration::from_secs(1), send_by),
             deadline,
             call,
             answer,
@@ -475,5 +549,76 @@ mod tests {
         // Nothing to write: nothing is composed.
         let none = compose(Engine::Functions, Entry::DecideBatch, &batch, &[false; 5]);
         assert!(matches!(none, Err(Error::Deadline)));
+    }
+
+    fn keys(batch: &[Waiting]) -> Vec<&str> {
+        batch.iter().map(|it| it.request.keys[0].as_str()).collect()
+    }
+
+    /// A batch takes the oldest requests that can still be written, and
+    /// answers those whose moment to be written has passed at once,
+    /// unsent, instead of carrying them to the write only to leave them
+    /// out there (under overload, a whole batch of them).
+    #[tokio::test]
+    async fn a_batch_takes_the_oldest_requests_with_time_left_and_answers_the_others() {
+        let settings = BatchSettings {
+            max_requests: 2,
+            max_keys: 512,
+        };
+        let batcher = Batcher::new(settings, 1, 64, 16);
+        let mut receivers = Vec::new();
+        {
+            let mut state = batcher.lock();
+            // The call whose end forms the batch.
+            state.in_flight = 1;
+            state.requests_in_flight = 1;
+            for (key, age) in [("expired", 900), ("old", 500), ("mid", 100), ("new", 0)] {
+                let (it, receiver) = queued(key, Duration::from_millis(age), None);
+                state.waiting.push_back(it);
+                receivers.push(receiver);
+            }
+        }
+        let batch = batcher.next_batch(1);
+        assert_eq!(keys(&batch), ["old", "mid"]);
+        assert!(matches!(
+            receivers[0].try_recv(),
+            Ok(Err(Error::Timeout(1000)))
+        ));
+        let mut state = batcher.lock();
+        assert_eq!(keys(state.waiting.make_contiguous()), ["new"]);
+        assert_eq!((state.in_flight, state.requests_in_flight), (1, 2));
+    }
+
+    /// The requests in the calls in flight together stay within the
+    /// gate's bound on calls: a batch takes only what the others leave
+    /// (at least one), so a batched Redis has no more work ahead of a new
+    /// call than one request per call would give it.
+    #[tokio::test]
+    async fn batches_in_flight_carry_at_most_the_gates_bound_of_requests() {
+        let settings = BatchSettings {
+            max_requests: 64,
+            max_keys: 512,
+        };
+        let batcher = Batcher::new(settings, 4, 4, 16);
+        let mut receivers = Vec::new();
+        {
+            let mut state = batcher.lock();
+            state.in_flight = 4;
+            state.requests_in_flight = 4;
+            for key in ["a", "b", "c", "d", "e", "f"] {
+                let (it, receiver) = queued(key, Duration::ZERO, None);
+                state.waiting.push_back(it);
+                receivers.push(receiver);
+            }
+        }
+        // Three requests still in flight: room for one.
+        assert_eq!(keys(&batcher.next_batch(1)), ["a"]);
+        assert_eq!(keys(&batcher.next_batch(1)), ["b"]);
+        // The others' calls end: room for four, and four wait.
+        assert_eq!(batcher.lock().requests_in_flight, 4);
+        assert_eq!(keys(&batcher.next_batch(4)).len(), 4);
+        // One more call ends and none waits: its slot is given back.
+        assert!(batcher.next_batch(1).is_empty());
+        assert_eq!(batcher.lock().in_flight, 3);
     }
 }
