@@ -87,7 +87,7 @@ pub struct ClusterBackend {
 }
 
 /// The backend's state, shared with the tasks that await a group's reply
-/// after its request's timeout (see `ClusterBackend::decide_groups`).
+/// after its request's timeout (see `Shared::decide_groups`).
 struct Shared {
     client: ClusterClient,
     /// Made on first use, so an unreachable cluster at start-up is not an
@@ -353,7 +353,8 @@ impl ClusterBackend {
     }
 
     /// Whether every request is one call on one slot, so that no refund is
-    /// ever made (see `Shared::never_refunds`).
+    /// ever made: the domain hash tag, or a prefix carrying a hash tag of
+    /// its own (the first `{...}` of every key).
     pub fn never_refunds(&self) -> bool {
         self.shared.never_refunds()
     }
@@ -411,9 +412,7 @@ impl Shared {
         HeaderArgs::now(&self.clock, self.expiry_grace_ms, receipts)
     }
 
-    /// Whether every request is one call on one slot, so that no refund is
-    /// ever made: the domain hash tag, or a prefix carrying a hash tag of
-    /// its own (the first `{...}` of every key).
+    /// As [`ClusterBackend::never_refunds`].
     fn never_refunds(&self) -> bool {
         let prefix = &self.keys.prefix;
         let prefix_tagged = prefix
@@ -693,9 +692,10 @@ impl Shared {
     /// Runs the script command, following only the answers that prove it
     /// did not run (see the module doc). Bounded by the caller's deadline;
     /// at most [`MAX_REDIRECTS`] redirects or loads in a row without a pause.
-    /// With `write_by`, no attempt (the first, or one after a redirect, a
-    /// load or a pause) is written once its moment has passed, and each
-    /// attempt is kept in its `InFlight` while it waits for its reply.
+    /// With a `bound` (a decision's), no attempt (the first, or one after a
+    /// redirect, a load or a pause) is written once its moment has passed,
+    /// and each attempt is kept in its `InFlight` while it waits for its
+    /// reply.
     ///
     /// The engine is settled per node, as on a single server: an FCALL the
     /// node refuses (unknown, renamed away, or not allowed), or one that
