@@ -6,6 +6,7 @@
 mod support;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use support::cluster::Cluster;
@@ -17,7 +18,7 @@ use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, T
 use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::ClockSource;
 use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
-use throttlegate::backends::{Backend, Error, KeyedCheck};
+use throttlegate::backends::{Backend, CallContext, Error, KeyedCheck, LateVerdict};
 use throttlegate::clock::{Clock, ManualClock, SystemClock};
 use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
 
@@ -1329,4 +1330,161 @@ async fn each_primary_gets_the_engine_it_allows() {
             "node {idx} (refusing FUNCTION: {no_function}, FCALL: {no_fcall})"
         );
     }
+}
+
+// === decisions that come after the timeout ===
+
+/// `--redis-timeout-ms` of the late-reply tests: far shorter than the stall.
+const LATE_TIMEOUT_MS: u64 = 200;
+
+/// How long a node sleeps: past every request's timeout, well within the
+/// grace a late reply is awaited for (10 s), and shorter than the
+/// cluster's node timeout (1 s), so that the others do not fail it.
+const STALL_S: f64 = 0.8;
+
+/// A backend on `cluster` whose calls time out after [`LATE_TIMEOUT_MS`],
+/// every pooled connection made ahead (one made during a stall would wait
+/// for the sleeping node).
+async fn late_backend(cluster: &Cluster) -> ClusterBackend {
+    let backend = ClusterBackend::connect(ClusterSettings {
+        timeout_ms: LATE_TIMEOUT_MS,
+        ..cluster_settings(cluster, HashTag::None)
+    })
+    .unwrap();
+    backend.warm_up().await;
+    backend
+}
+
+/// A call context whose late verdicts add what they consumed to `hits`,
+/// as the service counts them.
+fn counting_late(hits: &Arc<AtomicU64>) -> CallContext {
+    let hits = hits.clone();
+    CallContext {
+        late: Some(LateVerdict::new(move |verdict| {
+            let consumed = verdict.outcomes.iter().filter(|it| it.consumed).count();
+            hits.fetch_add(consumed as u64, Ordering::SeqCst);
+        })),
+        ..CallContext::unbounded()
+    }
+}
+
+/// The count of `check`'s fixed window as its node holds it
+/// (`window_start:count`; 0 when there is none).
+async fn held_count(cluster: &Cluster, backend: &ClusterBackend, check: &KeyedCheck) -> u64 {
+    let node = primary_of(cluster, backend, check).await;
+    let mut conn = cluster.node(node).connection().await;
+    let value: Option<String> = redis::cmd("GET")
+        .arg(backend.key_of(&check.key))
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    value.map_or(0, |it| {
+        let count = it.rsplit(':').next().expect("a fixed window's state");
+        count.parse().expect("a fixed window's count")
+    })
+}
+
+/// Requests on one slot sent while its node sleeps past their timeout
+/// fail at their timeout (the failure mode answers them); once the node
+/// has woken, their decisions are handed over late and counted, so the
+/// hits equal what the node holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_slot_decision_that_comes_late_is_counted() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = Arc::new(late_backend(&cluster).await);
+    let check = slow_check(FixedWindow, "late-alone");
+    assert!(
+        backend
+            .decide(std::slice::from_ref(&check))
+            .await
+            .unwrap()
+            .allowed
+    );
+    let hits = Arc::new(AtomicU64::new(1));
+    let node = primary_of(&cluster, &backend, &check).await;
+    let sleep = cluster.node(node).put_to_sleep(STALL_S).await;
+    let mut asked = Vec::new();
+    for _ in 0..3 {
+        let (backend, check, call) = (backend.clone(), check.clone(), counting_late(&hits));
+        asked.push(tokio::spawn(async move {
+            let started = Instant::now();
+            let res = backend.decide_within(&[check], &call).await;
+            (res, started.elapsed())
+        }));
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for task in asked {
+        let (res, took) = task.await.expect("task");
+        assert!(matches!(res, Err(Error::Timeout(_))), "{res:?}");
+        assert!(
+            took < Duration::from_millis(600),
+            "answered at its timeout, not the stall's end: {took:?}"
+        );
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        1,
+        "nothing counted before the reply"
+    );
+    sleep.await.expect("task").expect("DEBUG SLEEP");
+    let by = Instant::now() + Duration::from_secs(5);
+    while hits.load(Ordering::SeqCst) < 4 && Instant::now() < by {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        4,
+        "each late decision counted once"
+    );
+    assert_eq!(
+        held_count(&cluster, &backend, &check).await,
+        4,
+        "the hits are what the node holds"
+    );
+}
+
+/// A request over two primaries, one of them asleep past its timeout:
+/// the request fails at its timeout, the group that allowed in time is
+/// refunded, and so is the late group once its node wakes and allows, so
+/// the failed request consumes nothing and nothing of it is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_group_of_a_request_over_two_slots_is_refunded_when_it_comes() {
+    let cluster = Cluster::start(3, 0).await;
+    let backend = late_backend(&cluster).await;
+    let checks =
+        on_different_primaries(&cluster, &backend, FixedWindow, "late-pair", &[50, 50]).await;
+    // Both nodes have the library and the client its connections.
+    for check in &checks {
+        assert_eq!(remaining_after_one(&backend, check).await, 49);
+    }
+    let hits = Arc::new(AtomicU64::new(0));
+    let stalled = primary_of(&cluster, &backend, &checks[1]).await;
+    let sleep = cluster.node(stalled).put_to_sleep(STALL_S).await;
+    let res = backend.decide_within(&checks, &counting_late(&hits)).await;
+    assert!(matches!(res, Err(Error::Timeout(_))), "{res:?}");
+    assert_eq!(
+        held_count(&cluster, &backend, &checks[0]).await,
+        1,
+        "refunded in time"
+    );
+    sleep.await.expect("task").expect("DEBUG SLEEP");
+    // The late group decides as the node wakes, then is refunded.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let by = Instant::now() + Duration::from_secs(5);
+    while held_count(&cluster, &backend, &checks[1]).await != 1 && Instant::now() < by {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for check in &checks {
+        assert_eq!(
+            held_count(&cluster, &backend, check).await,
+            1,
+            "only the first request's"
+        );
+    }
+    assert_eq!(
+        hits.load(Ordering::SeqCst),
+        0,
+        "the failed request counts nothing"
+    );
+    assert_eq!(backend.refund_failures(), 0);
 }

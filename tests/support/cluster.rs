@@ -66,6 +66,9 @@ impl Cluster {
                     // so they can be promoted as soon as the test starts.
                     "--repl-diskless-sync-delay",
                     "0",
+                    // Tests stall a node with DEBUG SLEEP.
+                    "--enable-debug-command",
+                    "local",
                 ];
                 args.extend(&auth);
                 match tls {

@@ -25,8 +25,11 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use futures_util::future::join_all;
@@ -37,16 +40,16 @@ use redis::cluster_routing::{
     SlotAddr,
 };
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, TlsMode, Value};
-use tokio::sync::OnceCell;
+use tokio::sync::{OnceCell, OwnedSemaphorePermit};
 use tokio::time::{Instant, sleep, timeout_at};
 
 use super::engine::{self, Engine, Entry};
-use super::gate::Gate;
+use super::gate::{self, Gate};
 use super::script::{self, HeaderArgs, LimitArgs, Receipt, RefundArgs, RefundHeader};
 use super::{ClockSource, RedisTls, classify, redact, sending_bound};
 use crate::algorithms::{Algorithm, Outcome, Verdict};
 use crate::backends::keys::{HashTag, KeyFormat};
-use crate::backends::{Backend, CallContext, Error, KeyedCheck, Stage};
+use crate::backends::{Backend, CallContext, Error, KeyedCheck, LateVerdict, Stage};
 use crate::clock::Clock;
 use crate::log_gate::LogGate;
 
@@ -80,6 +83,12 @@ pub struct ClusterSettings {
 
 /// Counters in a Redis Cluster, shared by every replica pointed at it.
 pub struct ClusterBackend {
+    shared: Arc<Shared>,
+}
+
+/// The backend's state, shared with the tasks that await a group's reply
+/// after its request's timeout (see `Shared::decide_groups`).
+struct Shared {
     client: ClusterClient,
     /// Made on first use, so an unreachable cluster at start-up is not an
     /// error; a failed attempt is tried again by the next call. Emptied
@@ -128,7 +137,25 @@ struct WriteBy {
     late: Error,
 }
 
+/// When a request's calls must be written and answered by, and the place
+/// it holds in the gate (kept by a call still unanswered at `deadline`).
+struct Bounds {
+    deadline: Instant,
+    write_by: WriteBy,
+    permit: OwnedSemaphorePermit,
+}
+
+/// The attempt of a group's call on its way to Redis, if one is: kept here,
+/// outside the call, so that it can still be awaited once its request's
+/// timeout has dropped the call (see `Shared::decide_groups`).
+#[derive(Default)]
+struct InFlight(Mutex<Option<Reply>>);
+
+/// One attempt's reply, owning all it needs.
+type Reply = Pin<Box<dyn Future<Output = RedisResult<Value>> + Send>>;
+
 /// The checks of one slot, by their positions in the request.
+#[derive(Clone)]
 struct Group {
     slot: Slot,
     positions: Vec<usize>,
@@ -154,9 +181,14 @@ impl ClusterSettings {
     }
 
     /// The client; nothing is connected yet. No retries (see the module
-    /// doc); connect and response bounded by the timeout.
+    /// doc); connect bounded by the timeout, a reply awaited for
+    /// [`gate::UNANSWERED_AFTER`] beyond it: every call is bounded by its
+    /// caller's deadline (`timeout_at`), and a decision that comes after it
+    /// is still read (`Shared::await_late`).
     fn client(&self) -> Result<ClusterClient, Error> {
-        self.build(self.builder()?.retries(0))
+        let timeout = Duration::from_millis(self.timeout_ms);
+        let builder = self.builder()?.retries(0);
+        self.build(builder.response_timeout(timeout.saturating_add(gate::UNANSWERED_AFTER)))
     }
 
     /// A client for calls that may be sent again (they are safe to run
@@ -287,7 +319,7 @@ impl ClusterBackend {
         settings.validate()?;
         let client = settings.client()?;
         let pool_size = usize::try_from(settings.pool_size).unwrap_or(1);
-        Ok(ClusterBackend {
+        let shared = Shared {
             client,
             connections: (0..pool_size).map(|_| Mutex::new(None)).collect(),
             next: AtomicUsize::new(0),
@@ -303,12 +335,15 @@ impl ClusterBackend {
             expiry_grace_ms: settings.expiry_grace_ms,
             redacted_nodes: redact_nodes(&settings.nodes),
             gate: Gate::for_pool(settings.pool_size),
+        };
+        Ok(ClusterBackend {
+            shared: Arc::new(shared),
         })
     }
 
     /// The Redis key of a counter, as the script reads and writes it.
     pub fn key_of(&self, key: &super::super::CounterKey) -> String {
-        self.keys.encode(key)
+        self.shared.keys.encode(key)
     }
 
     /// The SHA1 the decision script is invoked by where the servers have
@@ -317,6 +352,20 @@ impl ClusterBackend {
         redis::Script::new(super::DECIDE_LUA).get_hash().to_owned()
     }
 
+    /// Whether every request is one call on one slot, so that no refund is
+    /// ever made: the domain hash tag, or a prefix carrying a hash tag of
+    /// its own (the first `{...}` of every key).
+    pub fn never_refunds(&self) -> bool {
+        self.shared.never_refunds()
+    }
+
+    /// Refunds that failed (timed out, or an error) since start-up.
+    pub fn refund_failures(&self) -> u64 {
+        self.shared.refund_failures.load(Ordering::Relaxed)
+    }
+}
+
+impl Shared {
     /// How the primary of `slot` runs our code: the cluster's engine,
     /// found once by loading the library on the first slot's primary,
     /// unless that slot's node has since refused the library.
@@ -363,21 +412,14 @@ impl ClusterBackend {
         HeaderArgs::now(&self.clock, self.expiry_grace_ms, receipts)
     }
 
-    /// Whether every request is one call on one slot, so that no refund is
-    /// ever made: the domain hash tag, or a prefix carrying a hash tag of
-    /// its own (the first `{...}` of every key).
-    pub fn never_refunds(&self) -> bool {
+    /// As [`ClusterBackend::never_refunds`].
+    fn never_refunds(&self) -> bool {
         let prefix = &self.keys.prefix;
         let prefix_tagged = prefix
             .find('{')
             .and_then(|open| prefix[open + 1..].find('}'))
             .is_some_and(|len| len > 0);
         prefix_tagged || self.keys.hash_tag == HashTag::Domain
-    }
-
-    /// Refunds that failed (timed out, or an error) since start-up.
-    pub fn refund_failures(&self) -> u64 {
-        self.refund_failures.load(Ordering::Relaxed)
     }
 
     /// The checks grouped by slot, groups in the order of their first check.
@@ -435,6 +477,7 @@ impl ClusterBackend {
         group: &Group,
         checks: &[KeyedCheck],
         write_by: &WriteBy,
+        in_flight: &InFlight,
     ) -> Result<(Verdict, Vec<Receipt>), Error> {
         let engine = self.engine(&mut conn, group.slot).await?;
         let cmd = Self::decide_cmd(engine, header, group, checks);
@@ -444,7 +487,7 @@ impl ClusterBackend {
                 (engine, Entry::Decide),
                 &cmd,
                 group.slot,
-                Some(write_by),
+                Some((write_by, in_flight)),
             )
             .await?;
         let reply = script::reply_integers(value)?;
@@ -538,24 +581,48 @@ impl ClusterBackend {
     /// Each group's call ends by `deadline` (NEVER retried after a timeout:
     /// its script may have run); refunds have deadlines of their own, so a
     /// group that times out never keeps the others from being refunded.
+    ///
+    /// A group whose call was on its way to Redis at `deadline` fails the
+    /// request (the failure mode answers it), and its reply is then awaited
+    /// in a task of its own (`await_late`), holding the request's place in
+    /// the gate, for at most [`gate::UNANSWERED_AFTER`] more: all or nothing
+    /// still, so the request that failed consumes nothing.
     async fn decide_groups(
-        &self,
+        self: &Arc<Self>,
         conn: ClusterConnection,
         groups: &[Group],
         checks: &[KeyedCheck],
-        deadline: Instant,
-        write_by: &WriteBy,
+        bounds: Bounds,
+        context: &CallContext,
     ) -> Result<Verdict, Error> {
         let header = self.header(groups.len() > 1);
-        let calls = groups.iter().map(|group| {
-            let call = self.decide_group(conn.clone(), &header, group, checks, write_by);
+        let in_flight: Vec<InFlight> = groups.iter().map(|_| InFlight::default()).collect();
+        let calls = groups.iter().zip(&in_flight).map(|(group, in_flight)| {
+            let call = self.decide_group(
+                conn.clone(),
+                &header,
+                group,
+                checks,
+                &bounds.write_by,
+                in_flight,
+            );
             async move {
-                timeout_at(deadline, call)
+                timeout_at(bounds.deadline, call)
                     .await
                     .unwrap_or(Err(Error::Timeout(self.timeout_ms)))
             }
         });
         let results = join_all(calls).await;
+        let permit = Arc::new(bounds.permit);
+        for (group, in_flight) in groups.iter().zip(&in_flight) {
+            if let Some(reply) = in_flight.take() {
+                let late = match groups.len() {
+                    1 => Late::Count(context.late.clone()),
+                    _ => Late::Refund(conn.clone(), checks.to_vec()),
+                };
+                self.await_late(reply, group.clone(), late, permit.clone());
+            }
+        }
         let all_allowed = results
             .iter()
             .all(|it| matches!(it, Ok((verdict, _)) if verdict.allowed));
@@ -576,11 +643,59 @@ impl ClusterBackend {
         merge(checks, groups, verdicts, &given_back)
     }
 
+    /// Awaits `reply`, the decision of `group` on its way at its request's
+    /// timeout, in a task of its own holding `permit` (the request's place
+    /// in the gate), for at most [`gate::UNANSWERED_AFTER`]. If it comes, the
+    /// request's only call hands its verdict to be counted; a group of a
+    /// request over several slots (which failed whole) is refunded if it
+    /// allowed, and nothing is counted.
+    fn await_late(
+        self: &Arc<Self>,
+        reply: Reply,
+        group: Group,
+        late: Late,
+        permit: Arc<OwnedSemaphorePermit>,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let this = Arc::clone(self);
+        runtime.spawn(async move {
+            let answered = tokio::time::timeout(gate::UNANSWERED_AFTER, reply).await;
+            drop(permit);
+            let Ok(Ok(value)) = answered else {
+                return;
+            };
+            let Ok(reply) = script::reply_integers(value) else {
+                return;
+            };
+            let n_keys = group.keys.len();
+            match late {
+                Late::Count(Some(late)) => {
+                    if let Ok(verdict) = script::parse_reply(&reply, n_keys) {
+                        late.deliver(verdict);
+                    }
+                }
+                Late::Count(None) => {}
+                Late::Refund(conn, checks) => {
+                    if let Ok((verdict, receipts)) =
+                        script::decode_reply_with_receipts(&reply, n_keys)
+                        && verdict.allowed
+                    {
+                        this.refund_group(conn, &group, &checks, &receipts).await;
+                    }
+                }
+            }
+        });
+    }
+
     /// Runs the script command, following only the answers that prove it
     /// did not run (see the module doc). Bounded by the caller's deadline;
     /// at most [`MAX_REDIRECTS`] redirects or loads in a row without a pause.
-    /// With `write_by`, no attempt (the first, or one after a redirect, a
-    /// load or a pause) is written once its moment has passed.
+    /// With a `bound` (a decision's), no attempt (the first, or one after a
+    /// redirect, a load or a pause) is written once its moment has passed,
+    /// and each attempt is kept in its `InFlight` while it waits for its
+    /// reply.
     ///
     /// The engine is settled per node, as on a single server: an FCALL the
     /// node refuses (unknown, renamed away, or not allowed), or one that
@@ -592,19 +707,27 @@ impl ClusterBackend {
         (mut engine, entry): (Engine, Entry),
         cmd: &Cmd,
         slot: Slot,
-        write_by: Option<&WriteBy>,
+        bound: Option<(&WriteBy, &InFlight)>,
     ) -> Result<Value, Error> {
         let mut target = Target::Slot(slot);
         let mut redirects = 0;
         let mut as_script = None;
         loop {
-            if let Some(write_by) = write_by
+            if let Some((write_by, _)) = bound
                 && Instant::now() >= write_by.at
             {
                 return Err(write_by.late.clone());
             }
             let sent = as_script.as_ref().unwrap_or(cmd);
-            let err = match attempt(conn, sent, &target).await {
+            let replied = match bound {
+                Some((_, in_flight)) => {
+                    let (mut conn, sent, target) = (conn.clone(), sent.clone(), target.clone());
+                    let reply = async move { attempt(&mut conn, &sent, &target).await };
+                    in_flight.run(Box::pin(reply)).await
+                }
+                None => attempt(conn, sent, &target).await,
+            };
+            let err = match replied {
                 Ok(value) => return Ok(value),
                 Err(err) => err,
             };
@@ -699,6 +822,42 @@ impl ScriptsOnly {
             .insert(slot);
         !self.any.swap(true, Ordering::Relaxed)
     }
+}
+
+impl InFlight {
+    /// Keeps `reply` here and awaits it; it leaves once answered.
+    async fn run(&self, reply: Reply) -> RedisResult<Value> {
+        *self.lock() = Some(reply);
+        std::future::poll_fn(|cx| {
+            let mut held = self.lock();
+            let Some(reply) = held.as_mut() else {
+                // Taken only once its call has been dropped.
+                return Poll::Pending;
+            };
+            let answer = std::task::ready!(reply.as_mut().poll(cx));
+            *held = None;
+            Poll::Ready(answer)
+        })
+        .await
+    }
+
+    /// The attempt still on its way, if its call was dropped before its reply.
+    fn take(&self) -> Option<Reply> {
+        self.lock().take()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Option<Reply>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// What becomes of a group's decision that came after its request's timeout.
+enum Late {
+    /// The request's only call: its verdict is counted, there if any.
+    Count(Option<LateVerdict>),
+    /// One group of several: refunded if it allowed (on this connection,
+    /// for the request's checks), since the request failed whole.
+    Refund(ClusterConnection, Vec<KeyedCheck>),
 }
 
 /// A pool slot; a panic elsewhere cannot leave an `Option` half-written.
@@ -841,10 +1000,10 @@ fn merge(
 impl fmt::Debug for ClusterBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterBackend")
-            .field("nodes", &self.redacted_nodes)
-            .field("keys", &self.keys)
-            .field("clock", &self.clock)
-            .field("timeout_ms", &self.timeout_ms)
+            .field("nodes", &self.shared.redacted_nodes)
+            .field("keys", &self.shared.keys)
+            .field("clock", &self.shared.clock)
+            .field("timeout_ms", &self.shared.timeout_ms)
             .finish_non_exhaustive()
     }
 }
@@ -865,32 +1024,38 @@ impl Backend for ClusterBackend {
         checks: &[KeyedCheck],
         call: &CallContext,
     ) -> Result<Verdict, Error> {
+        let this = &self.shared;
         if checks.is_empty() {
             return Ok(Verdict {
                 allowed: true,
                 outcomes: Vec::new(),
             });
         }
-        let groups = self.groups(checks)?;
-        let deadline = Instant::now() + self.timeout;
-        let (at, late) = sending_bound(deadline, self.timeout, call.send_by.map(Instant::from_std));
+        let groups = this.groups(checks)?;
+        let deadline = Instant::now() + this.timeout;
+        let (at, late) = sending_bound(deadline, this.timeout, call.send_by.map(Instant::from_std));
         let write_by = WriteBy { at, late };
         // Refunds are not admitted: they must go even when the line is full.
         call.progress.set(Stage::Queue);
-        let _permit = match self.gate.admit(write_by.at, self.timeout_ms).await {
+        let permit = match this.gate.admit(write_by.at, this.timeout_ms).await {
             Err(Error::Timeout(_)) => return Err(write_by.late),
             admitted => admitted?,
         };
         call.progress.set(Stage::Connect);
-        let conn = timeout_at(deadline, self.connection())
+        let conn = timeout_at(deadline, this.connection())
             .await
-            .map_err(|_| Error::Timeout(self.timeout_ms))??;
+            .map_err(|_| Error::Timeout(this.timeout_ms))??;
         if Instant::now() >= write_by.at {
             // Nobody would wait for its answer (see `Core::call`).
             return Err(write_by.late);
         }
         call.progress.set(Stage::Backend);
-        self.decide_groups(conn, &groups, checks, deadline, &write_by)
+        let bounds = Bounds {
+            deadline,
+            write_by,
+            permit,
+        };
+        this.decide_groups(conn, &groups, checks, bounds, call)
             .await
     }
 
@@ -900,10 +1065,11 @@ impl Backend for ClusterBackend {
     /// (the client falls back to another node) or a slot unserved is
     /// unhealthy.
     async fn probe(&self) -> Result<(), Error> {
-        let deadline = Instant::now() + self.timeout;
+        let this = &self.shared;
+        let deadline = Instant::now() + this.timeout;
         let probed = async {
-            let mut conn = self.connection().await?;
-            let fail = |err: RedisError| classify(&err, self.timeout_ms);
+            let mut conn = this.connection().await?;
+            let fail = |err: RedisError| classify(&err, this.timeout_ms);
             // The first primary that answers: a random node may be the dead one.
             let any = RoutingInfo::MultiNode((
                 MultipleNodeRoutingInfo::AllMasters,
@@ -932,7 +1098,7 @@ impl Backend for ClusterBackend {
                 if id != answered {
                     // Down, or failed over while this client's map (which
                     // only a MOVED refreshes) still names it.
-                    self.forget_connections();
+                    this.forget_connections();
                     return Err(Error::Unavailable(format!(
                         "redis cluster primary {id} does not answer for its slots"
                     )));
@@ -942,7 +1108,7 @@ impl Backend for ClusterBackend {
         };
         timeout_at(deadline, probed)
             .await
-            .map_err(|_| Error::Timeout(self.timeout_ms))?
+            .map_err(|_| Error::Timeout(this.timeout_ms))?
     }
 
     /// Every pooled connection made, and the function library loaded on
@@ -951,13 +1117,14 @@ impl Backend for ClusterBackend {
     /// debug level (the calls then connect and load as they do without it)
     /// and the next warm-up tries again.
     async fn warm_up(&self) {
-        let deadline = Instant::now() + self.timeout;
-        let fail = |err: RedisError| classify(&err, self.timeout_ms);
+        let this = &self.shared;
+        let deadline = Instant::now() + this.timeout;
+        let fail = |err: RedisError| classify(&err, this.timeout_ms);
         let warm = async {
-            for _ in 0..self.connections.len() {
-                self.connection().await?;
+            for _ in 0..this.connections.len() {
+                this.connection().await?;
             }
-            let conn = self.connection().await?;
+            let conn = this.connection().await?;
             let any = RoutingInfo::MultiNode((
                 MultipleNodeRoutingInfo::AllMasters,
                 Some(ResponsePolicy::OneSucceeded),
@@ -983,17 +1150,17 @@ impl Backend for ClusterBackend {
             // Functions if any primary has them: a node that refuses them
             // has its slots settled on scripts by its first call (`call`).
             if let Some(&engine) = engines.iter().max_by_key(|it| **it == Engine::Functions) {
-                let _ = self.engine.set(engine);
+                let _ = this.engine.set(engine);
             }
             Ok::<_, Error>(())
         };
         let bounded = async {
             match timeout_at(deadline, warm).await {
                 Ok(res) => res,
-                Err(_) => Err(Error::Timeout(self.timeout_ms)),
+                Err(_) => Err(Error::Timeout(this.timeout_ms)),
             }
         };
-        if let Err(err) = self.warmed.get_or_try_init(|| bounded).await {
+        if let Err(err) = this.warmed.get_or_try_init(|| bounded).await {
             tracing::debug!("redis cluster: could not connect ahead of the first call: {err}");
         }
     }
@@ -1008,7 +1175,8 @@ impl Backend for ClusterBackend {
     /// which holds that only time frees room, would deny wrongly until the
     /// counter's reset.
     fn local_clock(&self) -> Option<Arc<dyn Clock>> {
-        self.never_refunds().then(|| self.clock.local_clock())
+        let this = &self.shared;
+        this.never_refunds().then(|| this.clock.local_clock())
     }
 }
 
