@@ -5,14 +5,15 @@
 //! wait. A request that finds every slot taken waits in a queue; when a
 //! call returns, its slot takes the queue's oldest requests that can
 //! still be written (at most [`BatchSettings::max_requests`] and
-//! [`BatchSettings::max_keys`], and with the calls in flight at most the
-//! gate's bound on calls, `max_requests_in_flight`) into one call of
+//! [`BatchSettings::max_keys`], and with the calls in flight at most
+//! `max_keys_in_flight` keys, eight batches' worth) into one call of
 //! `decide_batch`, which decides them one after the other, in arrival
-//! order, each all-or-nothing with its own answer. The bound on requests
-//! keeps Redis's replies within the time a written request has left: eight
-//! batches of 32 requests of 16 keys took a loaded Redis 120 ms to answer,
-//! so most of their members were answered after their deadline. A wait is
-//! bounded by the request's own timeout. Each request keeps its own
+//! order, each all-or-nothing with its own answer. Requests whose moment
+//! to be written has passed are answered when a batch is formed, never
+//! carried into it: under overload the oldest requests are out of time,
+//! and batches of them kept Redis working for callers already answered.
+//! The bound on keys in flight only caps the work ahead of a new call when
+//! the pool is large. A wait is bounded by the request's own timeout. Each request keeps its own
 //! deadline in a batch: when the batch is formed and again at the moment
 //! its call is written, a request whose caller has gone is left out
 //! unsent, and one whose own moment to be written has passed (its
@@ -48,10 +49,10 @@ pub(super) struct Batcher {
     settings: BatchSettings,
     max_in_flight: usize,
     max_waiting: usize,
-    /// Most requests in the calls in flight together: the gate's bound on
-    /// calls, so that batching puts no more work ahead of a new call in
-    /// Redis than one request per call does.
-    max_requests_in_flight: usize,
+    /// Most keys in the calls in flight together (eight times
+    /// [`BatchSettings::max_keys`]), so that the work ahead of a new call
+    /// in Redis stays a few batches' worth, however many connections.
+    max_keys_in_flight: usize,
     /// A std Mutex: held only to push, pop and count, never across `.await`.
     state: Mutex<State>,
 }
@@ -60,7 +61,7 @@ struct State {
     /// Calls in flight (slots taken).
     in_flight: usize,
     /// Requests in the calls in flight.
-    requests_in_flight: usize,
+    keys_in_flight: usize,
     waiting: VecDeque<Waiting>,
 }
 
@@ -81,25 +82,25 @@ struct Waiting {
 /// ended (answered, failed, or its caller gone).
 struct Slot {
     core: Arc<Core>,
-    /// The requests its call carries.
-    requests: usize,
+    /// The keys its call carries.
+    keys: usize,
 }
 
 impl Batcher {
     pub(super) fn new(
         settings: BatchSettings,
         max_in_flight: usize,
-        max_requests_in_flight: usize,
+        max_keys_in_flight: usize,
         max_waiting: usize,
     ) -> Batcher {
         Batcher {
             settings,
             max_in_flight: max_in_flight.max(1),
-            max_requests_in_flight: max_requests_in_flight.max(1),
+            max_keys_in_flight: max_keys_in_flight.max(1),
             max_waiting,
             state: Mutex::new(State {
                 in_flight: 0,
-                requests_in_flight: 0,
+                keys_in_flight: 0,
                 waiting: VecDeque::new(),
             }),
         }
@@ -114,21 +115,21 @@ impl Batcher {
     }
 
     /// The next batch: the oldest waiting requests that can still be
-    /// written, within [`BatchSettings`] and within what the calls in
-    /// flight leave of `max_requests_in_flight` (at least one, when any
+    /// written, within [`BatchSettings`] and within the keys the calls in
+    /// flight leave of `max_keys_in_flight` (at least one request, when any
     /// waits). Those met on the way whose callers gave up are dropped, and
     /// those whose own moment to be written has passed ([`sending_bound`])
     /// answered, unsent. Empty when none waits: the slot is then given
-    /// back. `done` requests of the call that just ended are no longer in
+    /// back. The call that just ended carried `done` keys, no longer in
     /// flight.
     fn next_batch(&self, done: usize) -> Vec<Waiting> {
         let now = Instant::now();
         let mut state = self.lock();
-        state.requests_in_flight = state.requests_in_flight.saturating_sub(done);
+        state.keys_in_flight = state.keys_in_flight.saturating_sub(done);
         let room = self
-            .max_requests_in_flight
-            .saturating_sub(state.requests_in_flight)
-            .clamp(1, self.settings.max_requests);
+            .max_keys_in_flight
+            .saturating_sub(state.keys_in_flight)
+            .min(self.settings.max_keys);
         let mut batch = Vec::new();
         let mut n_keys = 0;
         while let Some(next) = state.waiting.front() {
@@ -143,8 +144,8 @@ impl Batcher {
                 continue;
             }
             let keys = next.request.keys.len();
-            let full = batch.len() >= room
-                || (!batch.is_empty() && n_keys + keys > self.settings.max_keys);
+            let full = batch.len() >= self.settings.max_requests
+                || (!batch.is_empty() && n_keys + keys > room);
             if full {
                 break;
             }
@@ -154,7 +155,7 @@ impl Batcher {
         if batch.is_empty() {
             state.in_flight -= 1;
         }
-        state.requests_in_flight += batch.len();
+        state.keys_in_flight += n_keys;
         batch
     }
 }
@@ -174,7 +175,7 @@ pub(super) async fn decide(
         let mut state = batcher.lock();
         if state.in_flight < batcher.max_in_flight {
             state.in_flight += 1;
-            state.requests_in_flight += 1;
+            state.keys_in_flight += request.keys.len();
             Err(request)
         } else if state.waiting.len() >= batcher.max_waiting {
             return Err(Error::Shed(batcher.max_waiting));
@@ -197,7 +198,7 @@ pub(super) async fn decide(
         Err(request) => {
             let _slot = Slot {
                 core: core.clone(),
-                requests: 1,
+                keys: request.keys.len(),
             };
             return core.decide_one_by(deadline, &request, call).await;
         }
@@ -214,7 +215,7 @@ impl Drop for Slot {
         let Some(batcher) = &self.core.batcher else {
             return;
         };
-        let batch = batcher.next_batch(self.requests);
+        let batch = batcher.next_batch(self.keys);
         if batch.is_empty() {
             return;
         }
@@ -229,7 +230,7 @@ impl Drop for Slot {
         runtime.spawn(async move {
             let _slot = Slot {
                 core: core.clone(),
-                requests: batch.len(),
+                keys: batch.iter().map(|it| it.request.keys.len()).sum(),
             };
             send(&core, batch).await;
         });
@@ -571,7 +572,7 @@ mod tests {
             let mut state = batcher.lock();
             // The call whose end forms the batch.
             state.in_flight = 1;
-            state.requests_in_flight = 1;
+            state.keys_in_flight = 1;
             for (key, age) in [("expired", 900), ("old", 500), ("mid", 100), ("new", 0)] {
                 let (it, receiver) = queued(key, Duration::from_millis(age), None);
                 state.waiting.push_back(it);
@@ -586,15 +587,15 @@ mod tests {
         ));
         let mut state = batcher.lock();
         assert_eq!(keys(state.waiting.make_contiguous()), ["new"]);
-        assert_eq!((state.in_flight, state.requests_in_flight), (1, 2));
+        assert_eq!((state.in_flight, state.keys_in_flight), (1, 2));
     }
 
-    /// The requests in the calls in flight together stay within the
-    /// gate's bound on calls: a batch takes only what the others leave
-    /// (at least one), so a batched Redis has no more work ahead of a new
-    /// call than one request per call would give it.
+    /// The keys in the calls in flight together stay within
+    /// `max_keys_in_flight`: a batch takes only what the others leave (at
+    /// least one request), so a batched Redis has a bounded amount of work
+    /// ahead of a new call.
     #[tokio::test]
-    async fn batches_in_flight_carry_at_most_the_gates_bound_of_requests() {
+    async fn batches_in_flight_carry_at_most_their_bound_of_keys() {
         let settings = BatchSettings {
             max_requests: 64,
             max_keys: 512,
@@ -604,18 +605,18 @@ mod tests {
         {
             let mut state = batcher.lock();
             state.in_flight = 4;
-            state.requests_in_flight = 4;
+            state.keys_in_flight = 4;
             for key in ["a", "b", "c", "d", "e", "f"] {
                 let (it, receiver) = queued(key, Duration::ZERO, None);
                 state.waiting.push_back(it);
                 receivers.push(receiver);
             }
         }
-        // Three requests still in flight: room for one.
+        // Three keys still in flight (a request of one each): room for one.
         assert_eq!(keys(&batcher.next_batch(1)), ["a"]);
         assert_eq!(keys(&batcher.next_batch(1)), ["b"]);
         // The others' calls end: room for four, and four wait.
-        assert_eq!(batcher.lock().requests_in_flight, 4);
+        assert_eq!(batcher.lock().keys_in_flight, 4);
         assert_eq!(keys(&batcher.next_batch(4)).len(), 4);
         // One more call ends and none waits: its slot is given back.
         assert!(batcher.next_batch(1).is_empty());

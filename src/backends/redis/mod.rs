@@ -260,13 +260,12 @@ impl CoreRecipe {
         let in_flight = usize::try_from(self.pool_size).unwrap_or(1);
         let gate = Gate::for_server();
         let max_waiting = gate.max_waiting();
-        let max_requests_in_flight = gate.max_in_flight();
         Core {
             pool,
             gate,
             batcher: self
                 .batch
-                .map(|it| Batcher::new(it, in_flight, max_requests_in_flight, max_waiting)),
+                .map(|it| Batcher::new(it, in_flight, it.max_keys.saturating_mul(8), max_waiting)),
             timeout: Duration::from_millis(self.timeout_ms),
             timeout_ms: self.timeout_ms,
             redacted_url: self.redacted_url.clone(),
