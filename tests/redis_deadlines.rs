@@ -193,31 +193,13 @@ async fn a_call_without_time_for_redis_is_answered_at_once_and_never_sent() {
 /// late one is answered `Deadline` and never written; the other is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_member_whose_deadline_passed_is_never_written() {
-    use std::sync::Arc;
-    use support::keys::{check, counter_key};
-    use support::redis::{backend_with, reset_stats};
-    use throttlegate::algorithms::Algorithm;
-    use throttlegate::backends::redis::{BatchSettings, ClockSource};
+    use support::keys::hourly_check;
+    use support::redis::{batched_on_one_connection, reset_stats};
     use throttlegate::backends::{Backend, CallContext, Error, Progress, Stage};
 
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let backend = backend_with(&server, ClockSource::Redis, |it| {
-        it.pool_size = 1;
-        it.timeout_ms = 3_000;
-        it.batch = Some(BatchSettings {
-            max_requests: 64,
-            max_keys: 512,
-        });
-    })
-    .await;
-    let backend = Arc::new(backend);
-    let checks = |user: &str| {
-        vec![check(
-            counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
-            1_000_000,
-            1,
-        )]
-    };
+    let backend = batched_on_one_connection(&server, 3_000).await;
+    let checks = hourly_check;
     backend.decide(&checks("warm")).await.expect("decided");
     let mut admin = server.connection().await;
     reset_stats(&mut admin).await;
@@ -275,31 +257,13 @@ async fn a_batch_member_whose_deadline_passed_is_never_written() {
 /// the batch no longer lives by its oldest member's deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_member_out_of_time_is_left_out_and_the_others_are_decided() {
-    use std::sync::Arc;
-    use support::keys::{check, counter_key};
-    use support::redis::{backend_with, reset_stats};
-    use throttlegate::algorithms::Algorithm;
-    use throttlegate::backends::redis::{BatchSettings, ClockSource};
+    use support::keys::hourly_check;
+    use support::redis::{batched_on_one_connection, reset_stats};
     use throttlegate::backends::{Backend, Error};
 
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let backend = backend_with(&server, ClockSource::Redis, |it| {
-        it.pool_size = 1;
-        it.timeout_ms = 4_000;
-        it.batch = Some(BatchSettings {
-            max_requests: 64,
-            max_keys: 512,
-        });
-    })
-    .await;
-    let backend = Arc::new(backend);
-    let checks = |user: &str| {
-        vec![check(
-            counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
-            1_000_000,
-            1,
-        )]
-    };
+    let backend = batched_on_one_connection(&server, 4_000).await;
+    let checks = hourly_check;
     let spawn = |user: String| {
         let backend = backend.clone();
         let checks = checks(&user);

@@ -185,30 +185,13 @@ async fn late_replies_are_counted_with_batching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_member_out_of_time_has_its_late_decision_handed_over() {
     use std::sync::{Arc, Mutex};
-    use support::keys::{check, counter_key};
-    use support::redis::backend_with;
-    use throttlegate::algorithms::Algorithm;
-    use throttlegate::backends::redis::{BatchSettings, ClockSource};
+    use support::keys::hourly_check;
+    use support::redis::batched_on_one_connection;
     use throttlegate::backends::{Backend, CallContext, Error, LateVerdict, Progress, Stage};
 
     let server = RedisServer::start_with(&["--enable-debug-command", "local"]);
-    let backend = backend_with(&server, ClockSource::Redis, |it| {
-        it.pool_size = 1;
-        it.timeout_ms = 1_000;
-        it.batch = Some(BatchSettings {
-            max_requests: 64,
-            max_keys: 512,
-        });
-    })
-    .await;
-    let backend = Arc::new(backend);
-    let checks = |user: &str| {
-        vec![check(
-            counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
-            1_000_000,
-            1,
-        )]
-    };
+    let backend = batched_on_one_connection(&server, 1_000).await;
+    let checks = hourly_check;
     backend.decide(&checks("warm")).await.expect("decided");
     let handed: Arc<Mutex<Vec<&'static str>>> = Arc::default();
     let ask = |user: &'static str| {

@@ -53,3 +53,13 @@ pub fn check_on(
 ) -> KeyedCheck {
     check(counter_key(algorithm, window_s, entries), limit, cost)
 }
+
+/// One check of a fixed window of an hour on `user`, a limit never
+/// reached, cost 1.
+pub fn hourly_check(user: &str) -> Vec<KeyedCheck> {
+    vec![check(
+        counter_key(Algorithm::FixedWindow, 3600, &[("user", user)]),
+        1_000_000,
+        1,
+    )]
+}

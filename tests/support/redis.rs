@@ -500,6 +500,22 @@ pub async fn backend_with(
         .expect("connect the redis backend")
 }
 
+/// A backend on `server` with batching on (64 requests, 512 keys a call)
+/// over one connection, Redis's clock and a timeout of `timeout_ms`: one
+/// call in flight, so what comes during a `DEBUG SLEEP` waits for a batch.
+pub async fn batched_on_one_connection(server: &RedisServer, timeout_ms: u64) -> Arc<RedisBackend> {
+    let backend = backend_with(server, ClockSource::Redis, |it| {
+        it.pool_size = 1;
+        it.timeout_ms = timeout_ms;
+        it.batch = Some(throttlegate::backends::redis::BatchSettings {
+            max_requests: 64,
+            max_keys: 512,
+        });
+    })
+    .await;
+    Arc::new(backend)
+}
+
 /// A gRPC server deciding `yaml` on a backend on `server` that asks Redis
 /// for the time.
 pub async fn service(server: &RedisServer, yaml: &str) -> TestService {
