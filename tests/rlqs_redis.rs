@@ -532,7 +532,8 @@ async fn two_instances_share_one_budget_on_redis_over_tls_with_a_client_certific
 /// Redis unreachable: a report is not answered (never a share decided by
 /// the instance alone, which would hand out the budget again), and a
 /// warning says so; the proxy keeps its assignment until it expires, then
-/// its fallback. Once Redis is back the next report is answered.
+/// its fallback; `throttlegate_rlqs_unanswered_reports_total` counts
+/// them. Once Redis is back the next report is answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reports_go_unanswered_while_redis_is_down_and_are_answered_after() {
     let mut redis = RedisServer::start();
@@ -552,6 +553,13 @@ async fn reports_go_unanswered_while_redis_is_down_and_are_answered_after() {
     service
         .wait_for_log("a quota share could not be decided", ANSWER)
         .await;
+    let unanswered = service
+        .metric("throttlegate_rlqs_unanswered_reports_total{domain=\"quota\",rule=\"name_shared\"}")
+        .await;
+    assert!(
+        unanswered >= 1.0,
+        "unanswered reports counted: {unanswered}"
+    );
 
     redis.restart();
     proxy.answered("once redis is back").await;

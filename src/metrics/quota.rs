@@ -55,6 +55,7 @@ pub struct QuotaMetrics {
     assignments: Family<KindLabels, Counter>,
     reported: Family<KindLabels, Counter>,
     assigned: Family<RuleLabels, Gauge<i64, AtomicI64>>,
+    unanswered: Family<RuleLabels, Counter>,
 }
 
 impl QuotaMetrics {
@@ -65,6 +66,7 @@ impl QuotaMetrics {
             assignments: Family::default(),
             reported: Family::default(),
             assigned: Family::default(),
+            unanswered: Family::default(),
         };
         registry.register(
             "rlqs_streams",
@@ -90,6 +92,11 @@ impl QuotaMetrics {
             "rlqs_assigned_requests_per_window",
             "Shares of the window's budget assigned to proxies, summed, in the pool of the rule reported last",
             metrics.assigned.clone(),
+        );
+        registry.register(
+            "rlqs_unanswered_reports",
+            "RLQS reports left unanswered because the shared budget could not be read or written in Redis, by domain and rule (the proxy keeps its assignment until it expires, then its fallback)",
+            metrics.unanswered.clone(),
         );
         metrics
     }
@@ -124,6 +131,17 @@ impl QuotaMetrics {
                 })
                 .inc_by(count);
         }
+    }
+
+    /// A report of a bucket of `rule` left unanswered: its pool could not
+    /// be read or written.
+    pub fn record_unanswered(&self, domain: &Arc<str>, rule: &Arc<str>) {
+        self.unanswered
+            .get_or_create(&RuleLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+            })
+            .inc();
     }
 
     pub fn set_assigned(&self, domain: &Arc<str>, rule: &Arc<str>, per_window: u64) {

@@ -428,6 +428,7 @@ impl QuotaStream {
                         Err(err) => {
                             // No answer: the proxy keeps what it has until
                             // it expires, then its configured fallback.
+                            metrics.record_unanswered(&domain_label, &rule_label);
                             if let Some(suppressed) = self.service.log.admit() {
                                 tracing::warn!(error = %err, suppressed, "a quota share could not be decided");
                             }
