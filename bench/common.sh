@@ -115,3 +115,24 @@ stop() { # stops process $1, waits for it and forgets it
     for pid in "${PIDS[@]}"; do [[ $pid == "$1" ]] || kept+=("$pid"); done
     PIDS=("${kept[@]}")
 }
+
+# wrk on 127.0.0.1:$1 with $2 connections for $3, each request with the
+# header `x-user: user-12345`, on $WRK_THREADS threads (default 1, at most
+# the connections). Prints one line `result REQUESTS DURATION_US CONNECT
+# READ WRITE STATUS TIMEOUT P50 P90 P99 P99.9` (errors by kind, STATUS =
+# answers other than 2xx/3xx, latencies in µs).
+wrk_load() {
+    local threads=${WRK_THREADS:-1}
+    ((threads > $2)) && threads=$2
+    [[ -f $WORK/wrk.lua ]] || cat >"$WORK/wrk.lua" <<'EOF'
+wrk.headers["x-user"] = "user-12345"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("result %d %d %d %d %d %d %d %.0f %.0f %.0f %.0f\n",
+    summary.requests, summary.duration, e.connect, e.read, e.write, e.status,
+    e.timeout, latency:percentile(50), latency:percentile(90),
+    latency:percentile(99), latency:percentile(99.9)))
+end
+EOF
+    wrk -t "$threads" -c "$2" -d "$3" -s "$WORK/wrk.lua" "http://127.0.0.1:$1/" | grep '^result '
+}

@@ -143,21 +143,6 @@ cat >"$WORK/config/limits.yaml" <<'EOF'
   variables: ["descriptors[0].user"]
 EOF
 
-# wrk: every request carries the descriptor's user; at the end one line
-# `result REQUESTS DURATION_US CONNECT READ WRITE STATUS TIMEOUT P50 P90
-# P99 P99.9` (errors by kind, STATUS = answers other than 2xx/3xx,
-# latencies in µs).
-cat >"$WORK/wrk.lua" <<'EOF'
-wrk.headers["x-user"] = "user-12345"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("result %d %d %d %d %d %d %d %.0f %.0f %.0f %.0f\n",
-    summary.requests, summary.duration, e.connect, e.read, e.write, e.status,
-    e.timeout, latency:percentile(50), latency:percentile(90),
-    latency:percentile(99), latency:percentile(99.9)))
-end
-EOF
-
 # Envoy's config for a service on 127.0.0.1:$1: admin on $2, the listeners
 # limited on $3, direct on $4 and origin on $5. Written to
 # $WORK/envoy.yaml.
@@ -290,14 +275,6 @@ ratelimit_counters() {
                   printf "%d %d %d %d", v[p "ok"], v[p "error"], v[p "over_limit"], v[p "failure_mode_allowed"] }'
 }
 
-# wrk on port $1 with $2 connections for $3; prints its result line.
-load() {
-    local port=$1 clients=$2 duration=$3 threads=$WRK_THREADS
-    ((threads > clients)) && threads=$clients
-    wrk -t "$threads" -c "$clients" -d "$duration" -s "$WORK/wrk.lua" \
-        "http://127.0.0.1:$port/" | grep '^result '
-}
-
 # One run: build $1 (LABEL=SPEC), backend $2, $3 clients, round $4.
 run_one() {
     local label=${1%%=*} spec=${1#*=} backend=$2 clients=$3 round=$4
@@ -311,16 +288,16 @@ run_one() {
     start_service "$service" "$spec" "$backend"
     write_envoy_config "$service" "$admin" "$limited" "$direct" "$origin"
     start_envoy "$admin"
-    load "$limited" "$clients" "$WARMUP" >/dev/null
-    load "$direct" "$clients" "$WARMUP" >/dev/null
+    wrk_load "$limited" "$clients" "$WARMUP" >/dev/null
+    wrk_load "$direct" "$clients" "$WARMUP" >/dev/null
     local order=(limited direct) with without before between after
     ((round % 2 == 0)) && order=(direct limited)
     before=$(ratelimit_counters "$admin")
     for listener in "${order[@]}"; do
         if [[ $listener == limited ]]; then
-            with=$(load "$limited" "$clients" "$DURATION")
+            with=$(wrk_load "$limited" "$clients" "$DURATION")
         else
-            without=$(load "$direct" "$clients" "$DURATION")
+            without=$(wrk_load "$direct" "$clients" "$DURATION")
         fi
         [[ $listener == "${order[0]}" ]] && between=$(ratelimit_counters "$admin")
     done

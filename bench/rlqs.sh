@@ -100,21 +100,6 @@ descriptors:
     rate_limit: {unit: minute, requests_per_unit: 1000000000, algorithm: fixed_window}
 EOF
 
-# wrk: every request carries the user; at the end one line `result
-# REQUESTS DURATION_US CONNECT READ WRITE STATUS TIMEOUT P50 P90 P99
-# P99.9` (errors by kind, STATUS = answers other than 2xx/3xx, latencies
-# in µs).
-cat >"$WORK/wrk.lua" <<'EOF'
-wrk.headers["x-user"] = "user-12345"
-done = function(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format("result %d %d %d %d %d %d %d %.0f %.0f %.0f %.0f\n",
-    summary.requests, summary.duration, e.connect, e.read, e.write, e.status,
-    e.timeout, latency:percentile(50), latency:percentile(90),
-    latency:percentile(99), latency:percentile(99.9)))
-end
-EOF
-
 # Envoy's config for a service on 127.0.0.1:$1, admin on $2; listeners
 # rls on $3, rlqs on $4, direct on $5, origin on $6. Written to
 # $WORK/envoy.yaml.
@@ -253,11 +238,6 @@ static_resources:
 EOF
 }
 
-# wrk on port $1 with $2 connections for $3; prints its result line.
-load() {
-    wrk -t 1 -c "$2" -d "$3" -s "$WORK/wrk.lua" "http://127.0.0.1:$1/" | grep '^result '
-}
-
 # Envoy's RLS filter counters `ok error`, admin on port $1.
 ratelimit_counters() {
     curl -s "http://127.0.0.1:$1/stats?filter=upstream.ratelimit" |
@@ -295,12 +275,12 @@ run_one() {
     }
     local listeners=(rls rlqs direct) order=() i
     for i in 0 1 2; do order+=("${listeners[$(((i + round) % 3))]}"); done
-    for listener in "${order[@]}"; do load "${!listener}" "$clients" "$WARMUP" >/dev/null; done
+    for listener in "${order[@]}"; do wrk_load "${!listener}" "$clients" "$WARMUP" >/dev/null; done
     local results=() before after counters_before counters_after
     for listener in "${order[@]}"; do
         [[ $listener == rls ]] && counters_before=$(ratelimit_counters "$admin")
         before="$(cpu_ticks "$SERVICE_PID") $(cpu_ticks "$REDIS_PID") $(cpu_ticks "$ENVOY_PID")"
-        results+=("$listener $(load "${!listener}" "$clients" "$DURATION")")
+        results+=("$listener $(wrk_load "${!listener}" "$clients" "$DURATION")")
         after="$(cpu_ticks "$SERVICE_PID") $(cpu_ticks "$REDIS_PID") $(cpu_ticks "$ENVOY_PID")"
         results[-1]+=" cpu $before $after"
         [[ $listener == rls ]] && counters_after=$(ratelimit_counters "$admin")
