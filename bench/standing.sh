@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every measurement behind docs/benchmarks.md, one after the other, on one
-# quiet machine: about 75 minutes. Each part's output goes to OUT/PART.txt
-# (its JSON lines to OUT/PART.jsonl where it writes any); a part that
-# fails is named at the end and the others still run.
+# quiet machine: 30 to 75 minutes, depending on the machine. Each part's
+# output goes to OUT/PART.txt (its JSON lines to OUT/PART.jsonl where it
+# writes any); a part that fails is named at the end and the others still
+# run.
 #
 #   bench/standing.sh OUT [PART...]   # default every part, in this order:
 #
@@ -18,7 +19,8 @@
 #   memory       bytes per key in the memory backend (cargo bench)
 #   first        the first requests of a fresh service
 #   script       Redis's own time per call against the minimal script
-#   overload     goodput under overload, batching off and on
+#   overload     goodput under overload, batching off and on, at 1,000,
+#                2,000 and 4,000 in flight
 #   rlqs         RLQS against RLS behind Envoy
 #   soak         ten minutes on Redis with reloads
 #
@@ -108,7 +110,10 @@ for name in $PARTS; do
     memory) part memory bash -c "cd '$HERE/..' && cargo bench --locked --bench memory_per_key" ;;
     first) part first "$HERE/first-requests.sh" 3 ;;
     script) part script "$HERE/redis-script.sh" "main=$BIN/throttlegate" ;;
-    overload) part overload env RESULTS="$OUT/overload.jsonl" "$HERE/overload.sh" 2 ;;
+    overload)
+        part overload env IN_FLIGHT="1000 2000 4000" RESULTS="$OUT/overload.jsonl" \
+            "$HERE/overload.sh" 2
+        ;;
     rlqs)
         part rlqs env DURATION=5s WARMUP=1s RESULTS="$OUT/rlqs.jsonl" "$HERE/rlqs.sh" 2
         ;;
