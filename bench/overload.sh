@@ -21,7 +21,7 @@
 # Environment:
 #   BIN          directory of the release binaries (default
 #                ${CARGO_TARGET_DIR:-target}/release; `cargo build --release --bins`)
-#   IN_FLIGHT    requests in flight, space-separated (default "1000 2000"):
+#   IN_FLIGHT    requests in flight, space-separated (default "1000 2000 4000"):
 #                IN_FLIGHT/10 connections of 10 streams
 #   DESCRIPTORS  descriptors per request (default 16)
 #   KEYS         distinct values per descriptor, uniform (default 1000)
@@ -35,7 +35,7 @@ set -euo pipefail
 ROUNDS=${1:-2}
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${BIN:-${CARGO_TARGET_DIR:-$HERE/../target}/release}
-IN_FLIGHT=${IN_FLIGHT:-"1000 2000"}
+IN_FLIGHT=${IN_FLIGHT:-"1000 2000 4000"}
 DESCRIPTORS=${DESCRIPTORS:-16}
 KEYS=${KEYS:-1000}
 REQUESTS=${REQUESTS:-30000}

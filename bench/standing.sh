@@ -110,10 +110,7 @@ for name in $PARTS; do
     memory) part memory bash -c "cd '$HERE/..' && cargo bench --locked --bench memory_per_key" ;;
     first) part first "$HERE/first-requests.sh" 3 ;;
     script) part script "$HERE/redis-script.sh" "main=$BIN/throttlegate" ;;
-    overload)
-        part overload env IN_FLIGHT="1000 2000 4000" RESULTS="$OUT/overload.jsonl" \
-            "$HERE/overload.sh" 2
-        ;;
+    overload) part overload env RESULTS="$OUT/overload.jsonl" "$HERE/overload.sh" 2 ;;
     rlqs)
         part rlqs env DURATION=5s WARMUP=1s RESULTS="$OUT/rlqs.jsonl" "$HERE/rlqs.sh" 2
         ;;
