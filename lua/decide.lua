@@ -26,9 +26,11 @@
 --          has_room + 2 * consumed (each 0 or 1); remaining is below 0 when
 --          the limit was charged past its room: minus the units past it
 --          (nothing remains then); with the header's
---          receipts = 1, each limit's three are followed by its receipt:
---          at_us, units (see `receipt` below and lua/refund.lua, which takes
---          them back). One string rather than an array of integers: the
+--          receipts = 1 (a slot group of a request over several Cluster
+--          slots, see `run`), each limit's three are followed by its
+--          receipt: at_us, units (see `receipt` below and lua/refund.lua,
+--          which takes them back), then the remaining and reset_us it
+--          reports if the request is denied after all. One string rather than an array of integers: the
 --          client reads it with one length instead of parsing every
 --          integer, and Redis writes it as one bulk reply. A batch
 --          (`decide_batch`) answers each request's section in turn; a
@@ -1074,7 +1076,7 @@ local single, single_reply = { checks = {}, n = 0 }, {}
 -- ignores the values past its format: those of the receipt without one.
 local REPLY_FORMATS = {
   [false] = { first = '>i8i8i8i8', next = '>i8i8i8' },
-  [true] = { first = '>i8i8i8i8i8i8', next = '>i8i8i8i8i8' },
+  [true] = { first = '>i8i8i8i8i8i8i8i8', next = '>i8i8i8i8i8i8i8' },
 }
 
 -- What `run` learns of limit idx between its check and its answer: its
@@ -1110,7 +1112,14 @@ local function run(keys, first, header, now, reply, seen, out)
       quota_ok = quota_ok or room
     end
   end
-  local allowed = enforced_ok and (quota_ok or not quota_seen)
+  -- With receipts (one slot group of a request over several Cluster
+  -- slots) the group does not rule on the request, whose quota limits
+  -- may lie in other groups: it takes what an allowed request takes
+  -- unless an enforcing limit here has no room (then the request is
+  -- denied whatever the others say), and tells for each limit what it
+  -- reports either way. The service rules on the whole request
+  -- (src/algorithms/verdict.rs) and refunds the groups if it is denied.
+  local allowed = enforced_ok and (header.receipts or quota_ok or not quota_seen)
 
   -- Then consume all or nothing (a limit charged always takes its cost
   -- whatever the verdict, into debt up to debt_room), and answer.
@@ -1128,6 +1137,16 @@ local function run(keys, first, header, now, reply, seen, out)
       if c.cost < charged then
         charged = c.cost
       end
+    end
+    -- What a refund may take back, and what the limit reports if it
+    -- does: only what a limit charged if allowed consumed (a cost of 0
+    -- takes nothing; a charge that stands whatever the verdict is never
+    -- given back), and as if it had never been taken.
+    local refundable = header.receipts and consumed and not c.always
+    local denied_remaining, denied_reset
+    if refundable then
+      denied_remaining = available[idx]
+      denied_reset = impl.until_full(c, s, at) + (at - now)
     end
     if charged > 0 then
       impl.consume(c, s, key, at, charged)
@@ -1156,18 +1175,19 @@ local function run(keys, first, header, now, reply, seen, out)
     -- used writes nothing, whatever the cost asked).
     keep(impl, s, key, keep_for > 0 and div_ceil(keep_for, 1000) + grace_ms, seen)
     local flags = (room and 1 or 0) + (consumed and 2 or 0)
-    -- What a refund may take back: only what an enforcing limit consumed
-    -- (shadow and quota limits never deny, a cost of 0 takes nothing), and
-    -- never a charge that stands whatever the verdict (charged always).
     local at_us, units = 0, 0
-    if header.receipts and consumed and c.mode == 'enforce' and not c.always then
+    if refundable then
       at_us, units = impl.receipt(c, s, at, c.cost)
+    else
+      denied_remaining, denied_reset = remaining, reset_us
     end
     out = out + 1
     if idx == 1 then
-      reply[out] = pack(formats.first, allowed and 1 or 0, flags, remaining, reset_us, at_us, units)
+      reply[out] = pack(formats.first, allowed and 1 or 0, flags, remaining, reset_us, at_us, units,
+        denied_remaining, denied_reset)
     else
-      reply[out] = pack(formats.next, flags, remaining, reset_us, at_us, units)
+      reply[out] = pack(formats.next, flags, remaining, reset_us, at_us, units, denied_remaining,
+        denied_reset)
     end
   end
   return out

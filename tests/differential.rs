@@ -344,7 +344,13 @@ async fn a_request_denied_in_one_slot_consumes_and_reports_alike_on_every_backen
     let backends = Backends::new(&server, &cluster, "denied").await;
     let exhausted = Limit::new("e", Algorithm::FixedWindow, 0, 60, Charge::IfAllowed);
     for mode in [Mode::Shadow, Mode::Quota] {
-        let other = Limit::new(&format!("{mode:?}"), Algorithm::FixedWindow, 5, 86_400, Charge::IfAllowed);
+        let other = Limit::new(
+            &format!("{mode:?}"),
+            Algorithm::FixedWindow,
+            5,
+            86_400,
+            Charge::IfAllowed,
+        );
         let request = vec![exhausted.check(Mode::Enforce, 1), other.check(mode, 1)];
         let verdicts = agree(&backends, &[request.clone(), request.clone(), request]).await;
         let last = &verdicts[2];
@@ -366,11 +372,22 @@ async fn a_request_denied_in_one_slot_consumes_and_reports_alike_on_every_backen
     // Every algorithm refunded after a denial in another slot reports
     // what it has, and when it is full again (now: nothing taken).
     for algorithm in Algorithm::ALL {
-        let limit = Limit::new(&format!("r{algorithm}"), algorithm, 8, 3_600, Charge::IfAllowed);
-        let request = vec![limit.check(Mode::Enforce, 1), exhausted.check(Mode::Enforce, 1)];
+        let limit = Limit::new(
+            &format!("r{algorithm}"),
+            algorithm,
+            8,
+            3_600,
+            Charge::IfAllowed,
+        );
+        let request = vec![
+            limit.check(Mode::Enforce, 1),
+            exhausted.check(Mode::Enforce, 1),
+        ];
         let verdicts = agree(&backends, &[request]).await;
         let outcome = verdicts[0].outcomes[0];
         assert_eq!((outcome.remaining, outcome.reset_us), (8, 0), "{algorithm}");
     }
-    compare_final(&backends, &[exhausted, full, room]).await.unwrap();
+    compare_final(&backends, &[exhausted, full, room])
+        .await
+        .unwrap();
 }

@@ -11,6 +11,7 @@ mod gcra;
 mod sliding_window_counter;
 mod sliding_window_log;
 mod token_bucket;
+mod verdict;
 
 use std::fmt;
 
@@ -21,6 +22,7 @@ pub use gcra::Gcra;
 pub use sliding_window_counter::SlidingWindowCounter;
 pub use sliding_window_log::SlidingWindowLog;
 pub use token_bucket::TokenBucket;
+pub use verdict::{Provisional, allows, consumes, settle};
 
 /// Largest integer every step of a script can hold exactly: Redis Lua
 /// numbers are IEEE doubles.
@@ -504,9 +506,10 @@ pub struct Verdict {
     pub outcomes: Vec<Outcome>,
 }
 
-/// Decides a request atomically over its limits' states: allowed iff every
-/// enforcing limit has room and, when there are quota-mode limits, at least
-/// one of them has room. If allowed, each limit with room consumes its cost;
+/// Decides a request atomically over its limits' states: allowed as
+/// [`allows`] rules (every enforcing limit has room and, when there are
+/// quota-mode limits, at least one of them has room; see `verdict.rs`, the
+/// one place of these rules). If allowed, each limit with room consumes its cost;
 /// if denied, nothing is consumed by the limits charged
 /// [`Charge::IfAllowed`].
 ///
@@ -536,17 +539,12 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
         effective_now.push(at);
     }
 
-    let enforced_ok = checks
-        .iter()
-        .zip(&has_room)
-        .all(|(check, room)| check.mode != Mode::Enforce || *room);
-    let mut quota = checks
-        .iter()
-        .zip(&has_room)
-        .filter(|(check, _)| check.mode == Mode::Quota)
-        .peekable();
-    let quota_ok = quota.peek().is_none() || quota.any(|(_, room)| *room);
-    let allowed = enforced_ok && quota_ok;
+    let allowed = allows(
+        checks
+            .iter()
+            .zip(&has_room)
+            .map(|(it, room)| (it.mode, *room)),
+    );
 
     let mut outcomes = Vec::with_capacity(checks.len());
     for (idx, (check, slot)) in checks.iter().zip(states.iter_mut()).enumerate() {
@@ -554,7 +552,7 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
         let at = effective_now[idx];
         let state = slot.as_mut().expect("filled above");
         let room = has_room[idx];
-        let consumed = allowed && room && check.cost > 0;
+        let consumed = consumes(allowed, room, check.cost);
         let charged = if consumed {
             check.cost
         } else if params.charge == Charge::Always {

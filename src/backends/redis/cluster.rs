@@ -47,7 +47,7 @@ use super::engine::{self, Engine, Entry};
 use super::gate::{self, Gate};
 use super::script::{self, HeaderArgs, LimitArgs, Receipt, RefundArgs, RefundHeader};
 use super::{ClockSource, RedisTls, classify, redact, sending_bound};
-use crate::algorithms::{Algorithm, Outcome, Verdict};
+use crate::algorithms::{self, Check, Provisional, Verdict};
 use crate::backends::keys::{HashTag, KeyFormat};
 use crate::backends::{Backend, CallContext, Error, KeyedCheck, LateVerdict, Stage};
 use crate::clock::Clock;
@@ -153,6 +153,25 @@ struct InFlight(Mutex<Option<Reply>>);
 
 /// One attempt's reply, owning all it needs.
 type Reply = Pin<Box<dyn Future<Output = RedisResult<Value>> + Send>>;
+
+/// What one group's call answered.
+enum GroupReply {
+    /// The request's only group: its verdict, ruled by the script.
+    Whole(Verdict),
+    /// One group of several: each limit's outcome either way, and its
+    /// receipt.
+    Provisional(Vec<Provisional>, Vec<Receipt>),
+}
+
+impl GroupReply {
+    /// What the group may have to give back.
+    fn receipts(&self) -> &[Receipt] {
+        match self {
+            GroupReply::Whole(_) => &[],
+            GroupReply::Provisional(_, receipts) => receipts,
+        }
+    }
+}
 
 /// The checks of one slot, by their positions in the request.
 #[derive(Clone)]
@@ -468,8 +487,9 @@ impl Shared {
         cmd
     }
 
-    /// One group decided on its node: the verdict on the group's checks,
-    /// and their receipts when the header asks for them (else none).
+    /// One group decided on its node: the group's checks decided
+    /// provisionally, with their receipts, when the header asks for
+    /// receipts; else the verdict on the request (its only group).
     async fn decide_group(
         &self,
         mut conn: ClusterConnection,
@@ -478,7 +498,7 @@ impl Shared {
         checks: &[KeyedCheck],
         write_by: &WriteBy,
         in_flight: &InFlight,
-    ) -> Result<(Verdict, Vec<Receipt>), Error> {
+    ) -> Result<GroupReply, Error> {
         let engine = self.engine(&mut conn, group.slot).await?;
         let cmd = Self::decide_cmd(engine, header, group, checks);
         let value = self
@@ -492,30 +512,32 @@ impl Shared {
             .await?;
         let reply = script::reply_integers(value)?;
         if header.receipts {
-            return script::decode_reply_with_receipts(&reply, group.keys.len());
+            let (provisional, receipts) = script::decode_provisional(&reply, group.keys.len())?;
+            return Ok(GroupReply::Provisional(provisional, receipts));
         }
-        Ok((script::parse_reply(&reply, group.keys.len())?, Vec::new()))
+        Ok(GroupReply::Whole(script::parse_reply(
+            &reply,
+            group.keys.len(),
+        )?))
     }
 
-    /// Gives back what an allowed group consumed, once, within its own
-    /// deadline: what each limit got back, by its position in the request
-    /// (in the receipt's units). A failure is logged (at most once a
-    /// second) and counted: it only leaves the group's counters higher
-    /// until their window passes, never lets a request over a limit; none
-    /// is reported given back then.
+    /// Gives back what a group took, once, within its own deadline. A
+    /// failure is logged (at most once a second) and counted: it only
+    /// leaves the group's counters higher until their window passes, never
+    /// lets a request over a limit.
     async fn refund_group(
         &self,
         mut conn: ClusterConnection,
         group: &Group,
         checks: &[KeyedCheck],
         receipts: &[Receipt],
-    ) -> Vec<(usize, u64)> {
+    ) {
         let deadline = Instant::now() + self.timeout;
         let refunded = timeout_at(deadline, async {
             // Known by now: the group's decision found it.
             let engine = self.engine(&mut conn, group.slot).await?;
             let Some((cmd, positions)) = self.refund_cmd(engine, group, checks, receipts) else {
-                return Ok(Vec::new());
+                return Ok(());
             };
             // Sent whoever still waits: it only gives back room.
             let value = self
@@ -523,11 +545,11 @@ impl Shared {
                 .await?;
             let reply: Vec<i64> = redis::from_redis_value(value)
                 .map_err(|err| Error::Protocol(format!("unexpected refund reply: {err}")))?;
-            let given = script::decode_refund_reply(&reply, positions.len())?;
-            Ok(positions.into_iter().zip(given).collect())
+            script::decode_refund_reply(&reply, positions.len())?;
+            Ok(())
         });
         let err = match refunded.await {
-            Ok(Ok(given)) => return given,
+            Ok(Ok(())) => return,
             Ok(Err(err)) => err,
             Err(_) => Error::Timeout(self.timeout_ms),
         };
@@ -538,7 +560,6 @@ impl Shared {
                 "redis cluster refund failed, counters stay higher until their window passes: {err}"
             );
         }
-        Vec::new()
     }
 
     /// FCALL (or EVALSHA) of the refund over the group's limits that
@@ -573,10 +594,11 @@ impl Shared {
         Some((cmd, positions))
     }
 
-    /// Decides every group concurrently; if all allowed, the merged
-    /// verdict. Otherwise the groups that allowed are refunded
-    /// (concurrently) and the request is denied, or failed when a group
-    /// failed (the failure mode decides).
+    /// Decides every group concurrently, then the request from what each
+    /// limit reports (`algorithms::settle`, the rules every backend
+    /// follows); if it is denied, or a group failed (the failure mode
+    /// decides then), the groups that took something are refunded
+    /// (concurrently).
     ///
     /// Each group's call ends by `deadline` (NEVER retried after a timeout:
     /// its script may have run); refunds have deadlines of their own, so a
@@ -623,24 +645,19 @@ impl Shared {
                 self.await_late(reply, group.clone(), late, permit.clone());
             }
         }
-        let all_allowed = results
-            .iter()
-            .all(|it| matches!(it, Ok((verdict, _)) if verdict.allowed));
-        let mut given_back = Vec::new();
-        if !all_allowed {
+        let verdict = match results.iter().find_map(|it| it.as_ref().err()) {
+            Some(err) => Err(err.clone()),
+            None => merge(checks, groups, &results),
+        };
+        if !verdict.as_ref().is_ok_and(|it| it.allowed) {
             let refunds = groups.iter().zip(&results).filter_map(|(group, result)| {
-                let (verdict, receipts) = result.as_ref().ok()?;
-                verdict
-                    .allowed
+                let receipts = result.as_ref().ok()?.receipts();
+                (!receipts.iter().all(Receipt::is_empty))
                     .then(|| self.refund_group(conn.clone(), group, checks, receipts))
             });
-            given_back = join_all(refunds).await.into_iter().flatten().collect();
+            join_all(refunds).await;
         }
-        let verdicts = results
-            .into_iter()
-            .map(|it| it.map(|(verdict, _)| verdict))
-            .collect::<Result<Vec<_>, Error>>()?;
-        merge(checks, groups, verdicts, &given_back)
+        verdict
     }
 
     /// Awaits `reply`, the decision of `group` on its way at its request's
@@ -648,7 +665,7 @@ impl Shared {
     /// in the gate), for at most [`gate::UNANSWERED_AFTER`]. If it comes, the
     /// request's only call hands its verdict to be counted; a group of a
     /// request over several slots (which failed whole) is refunded if it
-    /// allowed, and nothing is counted.
+    /// took something, and nothing is counted.
     fn await_late(
         self: &Arc<Self>,
         reply: Reply,
@@ -678,9 +695,8 @@ impl Shared {
                 }
                 Late::Count(None) => {}
                 Late::Refund(conn, checks) => {
-                    if let Ok((verdict, receipts)) =
-                        script::decode_reply_with_receipts(&reply, n_keys)
-                        && verdict.allowed
+                    if let Ok((_, receipts)) = script::decode_provisional(&reply, n_keys)
+                        && !receipts.iter().all(Receipt::is_empty)
                     {
                         this.refund_group(conn, &group, &checks, &receipts).await;
                     }
@@ -939,20 +955,6 @@ async fn attempt(conn: &mut ClusterConnection, cmd: &Cmd, target: &Target) -> Re
     }
 }
 
-/// What a limit that had `remaining` after consuming has after `units`
-/// (in the receipt's units) were given back, never above its capacity.
-/// Token buckets and GCRA count scaled tokens: the whole tokens given back.
-fn remaining_after_refund(check: &KeyedCheck, remaining: u64, units: u64) -> u64 {
-    let params = &check.check.params;
-    let tokens = match params.algorithm() {
-        Algorithm::TokenBucket | Algorithm::Gcra => units / params.rate().scale.max(1),
-        Algorithm::FixedWindow | Algorithm::SlidingWindowCounter | Algorithm::SlidingWindowLog => {
-            units
-        }
-    };
-    remaining.saturating_add(tokens).min(params.capacity())
-}
-
 fn single(route: Route) -> RoutingInfo {
     RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route))
 }
@@ -964,37 +966,36 @@ fn by_address(host: &str, port: u16) -> RoutingInfo {
     })
 }
 
-/// The group verdicts as one, in check order: allowed iff every group
-/// allowed. A denied request consumed nothing (the groups that allowed
-/// were refunded), so no outcome says it did, and a limit that was given
-/// back units (`given_back`, by position, in the receipt's units) reports
-/// what remains after its refund.
+/// The groups' replies as the request's verdict, in check order: a
+/// request of one group was decided whole by its script; the limits of
+/// several groups, decided provisionally, are ruled on together by
+/// [`algorithms::settle`], each reporting its outcome for that verdict.
 fn merge(
     checks: &[KeyedCheck],
     groups: &[Group],
-    verdicts: Vec<Verdict>,
-    given_back: &[(usize, u64)],
+    results: &[Result<GroupReply, Error>],
 ) -> Result<Verdict, Error> {
-    let mut outcomes: Vec<Option<Outcome>> = vec![None; checks.len()];
-    let allowed = verdicts.iter().all(|it| it.allowed);
-    for (group, verdict) in groups.iter().zip(verdicts) {
-        for (&at, outcome) in group.positions.iter().zip(verdict.outcomes) {
-            outcomes[at] = Some(Outcome {
-                consumed: outcome.consumed && allowed,
-                ..outcome
-            });
+    let mut provisional: Vec<Option<Provisional>> = vec![None; checks.len()];
+    for (group, result) in groups.iter().zip(results) {
+        match result {
+            Ok(GroupReply::Whole(verdict)) if groups.len() == 1 => return Ok(verdict.clone()),
+            Ok(GroupReply::Provisional(outcomes, _)) => {
+                for (&at, outcome) in group.positions.iter().zip(outcomes) {
+                    provisional[at] = Some(*outcome);
+                }
+            }
+            Ok(GroupReply::Whole(_)) => {
+                return Err(Error::Protocol("a slot group decided alone".into()));
+            }
+            Err(err) => return Err(err.clone()),
         }
     }
-    for &(at, units) in given_back {
-        if let (Some(Some(outcome)), Some(check)) = (outcomes.get_mut(at), checks.get(at)) {
-            outcome.remaining = remaining_after_refund(check, outcome.remaining, units);
-        }
-    }
-    let outcomes = outcomes
+    let provisional = provisional
         .into_iter()
         .collect::<Option<Vec<_>>>()
         .ok_or_else(|| Error::Protocol("a check got no outcome".into()))?;
-    Ok(Verdict { allowed, outcomes })
+    let checks: Vec<Check> = checks.iter().map(|it| it.check).collect();
+    Ok(algorithms::settle(&checks, &provisional))
 }
 
 impl fmt::Debug for ClusterBackend {

@@ -10,13 +10,17 @@
 //! # Refunds
 //!
 //! On a Redis Cluster a request whose keys live in several hash slots is
-//! decided by one call of the decision script per slot. When a slot denies
-//! or fails after others allowed, what those consumed is given back:
+//! decided by one call of the decision script per slot. Each group takes
+//! what an allowed request takes (unless one of its enforcing limits has
+//! no room) and tells what each limit reports either way; the service
+//! rules on the whole request (`crate::algorithms::settle`). When it is
+//! denied, or a slot fails, what the groups took is given back:
 //!
 //! 1. decide each group with [`HeaderArgs::receipts`] set; read the reply
-//!    with [`decode_reply_with_receipts`]: one [`Receipt`] per check, empty
-//!    unless the check is enforcing and consumed;
-//! 2. for each group that allowed, [`refund_invocation`] (or
+//!    with [`decode_provisional`] (or [`decode_reply_with_receipts`]): one
+//!    [`Receipt`] per check, empty unless the check consumed and is
+//!    charged only if allowed;
+//! 2. for each group with a receipt, [`refund_invocation`] (or
 //!    [`refund_args`] for the raw KEYS and ARGV) with that group's checks
 //!    and receipts, run with [`refund_script`] (`lua/refund.lua`,
 //!    [`REFUND_LUA`]); `None` when nothing is to be given back;
@@ -39,7 +43,7 @@ use redis::{RedisWrite, ToRedisArgs};
 use super::super::keys::KeyFormat;
 use super::super::{Error, KeyedCheck, keys};
 use super::ClockSource;
-use crate::algorithms::{Check, Mode, Outcome, Verdict};
+use crate::algorithms::{Check, Mode, Outcome, Provisional, Verdict};
 
 /// The helpers both scripts share (`lua/common.lua`).
 const COMMON_LUA: &str = include_str!("../../../lua/common.lua");
@@ -178,8 +182,10 @@ pub struct HeaderArgs {
     /// The service's time, or `None` for the server's.
     pub now_us: Option<u64>,
     pub grace_ms: u64,
-    /// Whether the reply carries each limit's [`Receipt`]: only a request
-    /// that may have to be refunded (split over Cluster slots) asks.
+    /// Whether the reply carries each limit's [`Receipt`] and its outcome
+    /// if denied, the script leaving the ruling on quota limits to the
+    /// caller: only a request that may have to be refunded (split over
+    /// Cluster slots) asks.
     pub receipts: bool,
 }
 
@@ -230,8 +236,11 @@ pub const HEADER_FIELDS: [Field<HeaderArgs>; 3] = [
     ),
     Field::new(
         "receipts",
-        "1 to follow each limit's reply with its receipt (at_us, units: what a refund \
-         takes back), 0 for the decision alone",
+        "1 for one slot group of a request over several Cluster slots: take what an \
+         allowed request takes unless an enforcing limit has no room, and follow each \
+         limit's reply with its receipt (at_us, units: what a refund takes back) and \
+         what it reports if the request is denied (remaining, reset_us); 0 to decide \
+         the request whole",
         |it| Arg::Int(u64::from(it.receipts)),
     ),
 ];
@@ -346,8 +355,10 @@ const REPLY_HEAD: usize = 1;
 /// nothing remains then.
 const REPLY_PER_LIMIT: usize = 3;
 
-/// Integers a receipt adds per limit: at_us, units.
-const RECEIPT_LEN: usize = 2;
+/// Integers a reply with receipts adds per limit: the receipt's at_us and
+/// units, then the remaining and reset_us the limit reports if its request
+/// is denied after all (see [`decode_provisional`]).
+const RECEIPT_LEN: usize = 4;
 
 /// ARGV of one call: the header's fields in the order of its table, then
 /// one argument per limit.
@@ -546,27 +557,52 @@ fn refusal(reason: i64, n_checks: usize) -> Option<Error> {
 /// Reads `{allowed, (flags, remaining, reset_us)*n}`, flags being has_room
 /// + 2 × consumed, remaining below 0 the overdraft negated.
 pub fn parse_reply(reply: &[i64], n_checks: usize) -> Result<Verdict, Error> {
-    let (verdict, _) = parse_limits(reply, n_checks, 0)?;
+    let (verdict, _, _) = parse_limits(reply, n_checks, 0)?;
     Ok(verdict)
 }
 
 /// Reads the reply of a call made with [`HeaderArgs::receipts`] set:
-/// `{allowed, (flags, remaining, reset_us, at_us, units)*n}`. One receipt
-/// per check, in order; empty where nothing is to be given back (denied,
-/// not consumed, shadow or quota mode, cost 0).
+/// `{taken, (flags, remaining, reset_us, at_us, units, denied_remaining,
+/// denied_reset_us)*n}`: the group's outcomes as the request allowed
+/// (`taken`: whether the group took what an allowed request takes, which
+/// it does unless one of its enforcing limits has no room). One receipt
+/// per check, in order; empty where nothing is to be given back (not
+/// consumed, cost 0, charged always).
 pub fn decode_reply_with_receipts(
     reply: &[i64],
     n_checks: usize,
 ) -> Result<(Verdict, Vec<Receipt>), Error> {
-    parse_limits(reply, n_checks, RECEIPT_LEN)
+    let (verdict, _, receipts) = parse_limits(reply, n_checks, RECEIPT_LEN)?;
+    Ok((verdict, receipts))
 }
 
-/// The reply with `extra` integers after each limit's three.
+/// [`decode_reply_with_receipts`]'s reply as what each limit reports
+/// either way, for [`crate::algorithms::settle`] to rule on the request;
+/// and the receipts.
+pub fn decode_provisional(
+    reply: &[i64],
+    n_checks: usize,
+) -> Result<(Vec<Provisional>, Vec<Receipt>), Error> {
+    let (verdict, denied, receipts) = parse_limits(reply, n_checks, RECEIPT_LEN)?;
+    let provisional = verdict
+        .outcomes
+        .into_iter()
+        .zip(denied)
+        .map(|(if_allowed, if_denied)| Provisional {
+            if_allowed,
+            if_denied,
+        })
+        .collect();
+    Ok((provisional, receipts))
+}
+
+/// The reply with `extra` integers after each limit's three: the verdict,
+/// and with receipts, each limit's outcome if denied and its receipt.
 fn parse_limits(
     reply: &[i64],
     n_checks: usize,
     extra: usize,
-) -> Result<(Verdict, Vec<Receipt>), Error> {
+) -> Result<(Verdict, Vec<Outcome>, Vec<Receipt>), Error> {
     let bad = || Error::Protocol(format!("unexpected script reply {reply:?}"));
     let stride = REPLY_PER_LIMIT + extra;
     if reply.len() != REPLY_HEAD + stride * n_checks {
@@ -588,14 +624,15 @@ fn parse_limits(
     };
     let mut outcomes = Vec::with_capacity(n_checks);
     let mut receipts = Vec::with_capacity(if extra > 0 { n_checks } else { 0 });
+    let mut denied = Vec::with_capacity(receipts.capacity());
     // Units remaining, or minus the units charged past the room.
-    let remaining = |value: i64| match u64::try_from(value) {
+    let units_left = |value: i64| match u64::try_from(value) {
         Ok(remaining) => Ok((remaining, 0)),
         Err(_) => value.checked_neg().map(|it| (0, it as u64)).ok_or_else(bad),
     };
     for it in reply[REPLY_HEAD..].chunks_exact(stride) {
         let (has_room, consumed) = flags(it[0])?;
-        let (remaining, overdraft) = remaining(it[1])?;
+        let (remaining, overdraft) = units_left(it[1])?;
         outcomes.push(Outcome {
             has_room,
             consumed,
@@ -608,9 +645,17 @@ fn parse_limits(
                 at_us: count(it[3])?,
                 units: count(it[4])?,
             });
+            let (remaining, overdraft) = units_left(it[5])?;
+            denied.push(Outcome {
+                has_room,
+                consumed: false,
+                remaining,
+                overdraft,
+                reset_us: count(it[6])?,
+            });
         }
     }
-    Ok((Verdict { allowed, outcomes }, receipts))
+    Ok((Verdict { allowed, outcomes }, denied, receipts))
 }
 
 /// What one limit of an allowed request consumed, as the decision script
@@ -1022,7 +1067,8 @@ mod tests {
     #[test]
     fn receipts_follow_each_limit_when_asked_for() {
         let (verdict, receipts) =
-            decode_reply_with_receipts(&[1, 3, 3, 10, 40, 2, 1, 9, 0, 0, 0], 2).unwrap();
+            decode_reply_with_receipts(&[1, 3, 3, 10, 40, 2, 5, 0, 1, 9, 0, 0, 0, 9, 0], 2)
+                .unwrap();
         assert!(verdict.allowed);
         assert_eq!(verdict.outcomes[1].remaining, 9);
         assert_eq!(
@@ -1035,8 +1081,13 @@ mod tests {
                 Receipt::NONE
             ]
         );
+        let (provisional, _) =
+            decode_provisional(&[1, 3, 3, 10, 40, 2, 5, 0, 1, 9, 0, 0, 0, 9, 0], 2).unwrap();
+        assert_eq!(provisional[0].if_denied.remaining, 5);
+        assert!(!provisional[0].if_denied.consumed);
+        assert_eq!(provisional[1].if_denied, provisional[1].if_allowed);
         assert!(decode_reply_with_receipts(&[1, 3, 3, 10], 1).is_err());
-        assert!(decode_reply_with_receipts(&[1, 3, 3, 10, 40, -2], 1).is_err());
+        assert!(decode_reply_with_receipts(&[1, 3, 3, 10, 40, -2, 3, 0], 1).is_err());
     }
 
     #[test]
