@@ -1,10 +1,10 @@
--- refund.lua: gives back what one allowed request consumed, from the
+-- refund.lua: gives back what one slot group of a request took, from the
 -- receipts lua/decide.lua returned for it.
 --
 -- Why: on a Redis Cluster a request whose keys live in several hash slots
--- is decided by one call of decide.lua per slot. When one slot denies (or
--- fails) after another allowed and consumed, the request as a whole is
--- denied, and what it took in the slots that allowed must come back. The
+-- is decided by one call of decide.lua per slot, each taking what an
+-- allowed request takes. When the request as a whole is denied (or a
+-- slot fails), what it took in the other slots must come back. The
 -- consumption happened first, so until the refund runs those limits only
 -- deny more: nothing is ever allowed over a limit.
 --

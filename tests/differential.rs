@@ -28,7 +28,7 @@ use throttlegate::backends::memory::MemoryBackend;
 use throttlegate::backends::redis::cluster::{ClusterBackend, ClusterSettings};
 use throttlegate::backends::redis::{BatchSettings, ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, CounterKey, KeyEntry, KeyValue, KeyedCheck};
-use throttlegate::clock::ManualClock;
+use throttlegate::clock::{Clock, ManualClock};
 
 const T0: u64 = 1_700_000_000_000_000;
 /// Traces run by `cargo test` (each [`STEPS`] bursts of requests).
@@ -48,8 +48,14 @@ struct Backends {
 }
 
 impl Backends {
-    /// Every backend's keys start with `prefix` (a fresh one per trace).
-    async fn new(server: &RedisServer, cluster: &Cluster, prefix: &str) -> Backends {
+    /// Every backend's keys start with `prefix` (a fresh one per trace);
+    /// batches go to `batching`.
+    async fn new(
+        server: &RedisServer,
+        batching: &RedisServer,
+        cluster: &Cluster,
+        prefix: &str,
+    ) -> Backends {
         let clock = ManualClock::new(T0);
         let local = ClockSource::Local(Arc::new(clock.clone()));
         let redis = support::redis::backend_with(server, local.clone(), |it| {
@@ -59,7 +65,7 @@ impl Backends {
         .await;
         // One connection: while one call is out, the others of a burst
         // queue and go together as one batch.
-        let batched = support::redis::backend_with(server, local.clone(), |it| {
+        let batched = support::redis::backend_with(batching, local.clone(), |it| {
             it.key_prefix = format!("{prefix}b");
             it.expiry_grace_ms = GRACE_MS;
             it.pool_size = 1;
@@ -249,18 +255,20 @@ fn random_burst(rng: &mut Rng, limits: &[Limit]) -> Vec<Vec<KeyedCheck>> {
     burst
 }
 
-/// Mostly small steps, sometimes across a second or a minute's edge.
+/// Mostly small steps, sometimes across a second or a minute's edge, and
+/// sometimes back (a replica whose clock lags the stored state).
 fn step_clock(rng: &mut Rng, clock: &ManualClock) {
-    let by = match rng.below(10) {
-        0..=2 => 0,
-        3 => 1,
-        4 => 999_999,
-        5 => 1_000_000,
-        6 => 2_000_001,
-        7 => 61_000_000,
-        _ => rng.below(3_000_000),
-    };
-    clock.advance(by);
+    let now = clock.now_us();
+    clock.set(match rng.below(11) {
+        0..=2 => now,
+        3 => now + 1,
+        4 => now + 999_999,
+        5 => now + 1_000_000,
+        6 => now + 2_000_001,
+        7 => now + 61_000_000,
+        8 => now - rng.below(1_500_000),
+        _ => now + rng.below(3_000_000),
+    });
 }
 
 /// The final state: one check-only request per counter, on every backend.
@@ -281,15 +289,49 @@ fn cases() -> (u64, u64) {
     )
 }
 
+/// A server whose slow log keeps every command, for [`batches_sent`].
+fn logging_server() -> RedisServer {
+    RedisServer::start_with(&["--slowlog-log-slower-than", "0"])
+}
+
+/// Calls of the batch function `server` saw since the last count.
+async fn batches_sent(server: &RedisServer) -> usize {
+    let mut conn = server.connection().await;
+    let (entries, ()): (Vec<redis::Value>, ()) = redis::pipe()
+        .cmd("SLOWLOG")
+        .arg("GET")
+        .arg(128)
+        .cmd("SLOWLOG")
+        .arg("RESET")
+        .query_async(&mut conn)
+        .await
+        .expect("slowlog");
+    entries
+        .iter()
+        .filter(|entry| {
+            let redis::Value::Array(fields) = entry else {
+                return false;
+            };
+            let Some(redis::Value::Array(args)) = fields.get(3) else {
+                return false;
+            };
+            matches!(args.get(1), Some(redis::Value::BulkString(name))
+                if name.starts_with(b"throttlegate_decide_batch_"))
+        })
+        .count()
+}
+
 #[tokio::test]
 async fn random_request_sequences_get_one_answer_on_every_backend() {
     let server = RedisServer::start();
+    let batching = logging_server();
     let cluster = Cluster::start(3, 0).await;
     let (first, n) = cases();
     let mut cross_slot = 0;
+    let mut batches = 0;
     for seed in first..first + n {
         let mut rng = Rng(seed);
-        let backends = Backends::new(&server, &cluster, &format!("s{seed}")).await;
+        let backends = Backends::new(&server, &batching, &cluster, &format!("s{seed}")).await;
         let limits = random_limits(&mut rng);
         for step in 0..STEPS {
             step_clock(&mut rng, &backends.clock);
@@ -301,13 +343,16 @@ async fn random_request_sequences_get_one_answer_on_every_backend() {
             if let Err(err) = backends.step(&burst).await {
                 panic!("seed {seed}, step {step}: {err}");
             }
+            batches += batches_sent(&batching).await;
         }
         if let Err(err) = compare_final(&backends, &limits).await {
             panic!("seed {seed}, final state: {err}");
         }
     }
-    // The traces did reach the cluster's requests over several slots.
+    // The traces did reach the cluster's requests over several slots, and
+    // the batch function.
     assert!(cross_slot as u64 >= n * STEPS as u64 / 4, "{cross_slot}");
+    assert!(batches as u64 >= n * STEPS as u64 / 4, "{batches} batches");
 }
 
 fn spans_slots(cluster: &ClusterBackend, checks: &[KeyedCheck]) -> bool {
@@ -341,7 +386,7 @@ async fn a_request_denied_in_one_slot_consumes_and_reports_alike_on_every_backen
 
     // A shadow and a quota limit beside an exhausted enforcing one: the
     // request is denied, and neither consumes.
-    let backends = Backends::new(&server, &cluster, "denied").await;
+    let backends = Backends::new(&server, &server, &cluster, "denied").await;
     let exhausted = Limit::new("e", Algorithm::FixedWindow, 0, 60, Charge::IfAllowed);
     for mode in [Mode::Shadow, Mode::Quota] {
         let other = Limit::new(

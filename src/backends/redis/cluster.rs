@@ -6,11 +6,18 @@
 //! share a slot (CROSSSLOT otherwise), hence the grouping. With
 //! `--redis-hash-tag domain` every request is one group, so one call, and
 //! the decision is as atomic as on a single server. A request over several
-//! groups asks each for receipts; if any group denies or fails, the groups
-//! that allowed are refunded (`lua/refund.lua`, see `script`'s "Refunds"),
-//! so a denied request ends up consuming nothing. Between the decision and
-//! the refund the counters are only higher: a concurrent request may be
-//! denied that would have passed, never allowed over a limit.
+//! groups asks each for receipts: a group takes what an allowed request
+//! takes (nothing when one of its enforcing limits has no room) and tells
+//! what each limit reports either way; the request is ruled on by
+//! `algorithms::settle`, the rules every backend follows (a quota limit
+//! with room in one slot allows a request whose other quota limits are
+//! full). If it is denied, or a group fails, what the groups took is
+//! refunded (`lua/refund.lua`, see `script`'s "Refunds"), so a denied
+//! request ends up consuming nothing but the charges of limits charged
+//! always, and each limit reports what it has with nothing taken. Between
+//! the decision and the refund the counters are only higher: a concurrent
+//! request may be denied that would have passed, never allowed over a
+//! limit.
 //!
 //! Routing is ours, not the client's: the cluster client is built with no
 //! retries, because it retries after I/O errors and timeouts, when the
