@@ -23,8 +23,8 @@ use throttlegate::backends::redis::{BatchSettings, ClockSource, RedisTls};
 use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
-use throttlegate::metrics::statsd::{Protocol, StatsdSettings, TagFormat};
 use throttlegate::decision::{DEFAULT_OVER_LIMIT_CACHE, FailureMode, HeaderNames, NearLimitRatio};
+use throttlegate::metrics::statsd::{Protocol, StatsdSettings, TagFormat};
 use throttlegate::simulate;
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
@@ -425,7 +425,11 @@ struct RatelimitStatsArgs {
     /// Serve envoyproxy/ratelimit's statistics for Prometheus on this
     /// address, under the names the mapping gives (envoyproxy/ratelimit's
     /// USE_PROMETHEUS and PROMETHEUS_ADDR); off without it.
-    #[arg(long, env = "THROTTLEGATE_RATELIMIT_PROMETHEUS_ADDR", value_name = "ADDR")]
+    #[arg(
+        long,
+        env = "THROTTLEGATE_RATELIMIT_PROMETHEUS_ADDR",
+        value_name = "ADDR"
+    )]
     ratelimit_prometheus_addr: Option<SocketAddr>,
     /// The path of that page.
     #[arg(

@@ -208,7 +208,10 @@ mod tests {
             owned(&[("ratelimit-prometheus-addr", "0.0.0.0:9090")])
         );
         // Only when asked for, and never with DISABLE_STATS.
-        assert_eq!(translate(&[("PROMETHEUS_ADDR", ":19001")]), (vec![], vec![]));
+        assert_eq!(
+            translate(&[("PROMETHEUS_ADDR", ":19001")]),
+            (vec![], vec![])
+        );
         assert_eq!(
             translate(&[("USE_PROMETHEUS", "true"), ("DISABLE_STATS", "true")]),
             (vec![], vec![])

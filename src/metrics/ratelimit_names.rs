@@ -254,13 +254,7 @@ mod tests {
         metrics.record("api", &rule, Outcome::Shadow, 7, 0);
         metrics.record_decision(UNKNOWN_DOMAIN, "_unknown", Outcome::Ok, 1);
         let stats = metrics.ratelimit_stats();
-        let get = |name: &str| {
-            stats
-                .counters
-                .iter()
-                .find(|it| it.0 == name)
-                .map(|it| it.1)
-        };
+        let get = |name: &str| stats.counters.iter().find(|it| it.0 == name).map(|it| it.1);
         let key = "ratelimit.service.rate_limit.api.tenant_a.path";
         assert_eq!(get(&format!("{key}.total_hits")), Some(17));
         assert_eq!(get(&format!("{key}.within_limit")), Some(5));

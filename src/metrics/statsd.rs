@@ -15,8 +15,9 @@
 //! time, is dropped and its lines counted in
 //! `throttlegate_statsd_dropped_lines_total`. A connection that fails is
 //! made again after a back-off doubling from 100 ms to 10 s; batches
-//! meanwhile are dropped. A receiver that is slow, stalls or is absent
-//! thus costs lines, never decision time.
+//! meanwhile are dropped. The kernel holds at most about [`SEND_BUFFER`]
+//! of lines a receiver has not read. A receiver that is slow, stalls or
+//! is absent thus costs lines and bounded memory, never decision time.
 //!
 //! Tags (`--statsd-tag`, envoyproxy/ratelimit's `EXTRA_TAGS`) go on every
 //! line: in the name as `.__key=value` (how envoyproxy/ratelimit's statsd
@@ -29,7 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpStream, UdpSocket};
+use tokio::net::{TcpSocket, TcpStream, UdpSocket};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -41,6 +42,9 @@ use super::ratelimit_names::{RESPONSE_TIME, RatelimitStats, ResponseTime};
 pub const QUEUED_BATCHES: usize = 4;
 /// The largest UDP datagram sent (lines are never split).
 pub const MAX_DATAGRAM: usize = 1432;
+/// The TCP send buffer asked of the kernel: what it holds for a receiver
+/// that does not read, before writes wait (and then time out).
+pub const SEND_BUFFER: u32 = 64 * 1024;
 /// The first wait before connecting again; it doubles up to
 /// [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -201,7 +205,15 @@ impl Flushed {
         for (edge, answers) in time.delta_since(&self.response_time) {
             let edge = if edge.is_finite() { edge } else { last_finite };
             let rate = (answers > 1).then(|| 1.0 / answers as f64);
-            line(&mut text, RESPONSE_TIME, &edge.to_string(), "ms", rate, tags, format);
+            line(
+                &mut text,
+                RESPONSE_TIME,
+                &edge.to_string(),
+                "ms",
+                rate,
+                tags,
+                format,
+            );
             lines += 1;
         }
         self.response_time = time.clone();
@@ -340,6 +352,14 @@ fn fail(addr: &str, why: &str, reported: &mut bool) {
     }
 }
 
+/// The first address `addr` (`host:port`) resolves to.
+async fn resolve(addr: &str) -> std::io::Result<std::net::SocketAddr> {
+    tokio::net::lookup_host(addr)
+        .await?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
+}
+
 enum Link {
     Tcp(TcpStream),
     Udp(UdpSocket),
@@ -349,14 +369,19 @@ impl Link {
     async fn connect(addr: &str, protocol: Protocol) -> std::io::Result<Link> {
         match protocol {
             Protocol::Tcp => {
-                let stream = TcpStream::connect(addr).await?;
+                let target = resolve(addr).await?;
+                let socket = if target.is_ipv4() {
+                    TcpSocket::new_v4()?
+                } else {
+                    TcpSocket::new_v6()?
+                };
+                socket.set_send_buffer_size(SEND_BUFFER)?;
+                let stream = socket.connect(target).await?;
                 stream.set_nodelay(true)?;
                 Ok(Link::Tcp(stream))
             }
             Protocol::Udp => {
-                let target = tokio::net::lookup_host(addr).await?.next().ok_or_else(|| {
-                    std::io::Error::new(std::io::ErrorKind::NotFound, "no address")
-                })?;
+                let target = resolve(addr).await?;
                 let local = if target.is_ipv4() {
                     "0.0.0.0:0"
                 } else {

@@ -112,7 +112,9 @@ impl Mapping {
     /// A mapping from the text of its file.
     pub fn parse(text: &str) -> Result<Mapping, String> {
         let file: File = serde_yaml_ng::from_str(text).map_err(|err| {
-            format!("not a mapping file this service can use (unsupported features are refused): {err}")
+            format!(
+                "not a mapping file this service can use (unsupported features are refused): {err}"
+            )
         })?;
         let mut globs = Vec::new();
         let mut regexes = Vec::new();
@@ -174,7 +176,11 @@ fn rule(entry: Entry) -> Result<(Rule, bool), String> {
     let is_glob = match entry.match_type.as_deref() {
         None | Some("" | "glob") => true,
         Some("regex") => false,
-        Some(other) => return Err(format!("match_type {other:?} is not supported (glob, regex)")),
+        Some(other) => {
+            return Err(format!(
+                "match_type {other:?} is not supported (glob, regex)"
+            ));
+        }
     };
     let kind = match entry.match_metric_type.as_deref() {
         None | Some("") => None,
@@ -292,9 +298,15 @@ fn check_template(template: &str, what: &str, regex: &Regex) -> Result<(), Strin
             chars.next();
         }
         if braced && chars.next() != Some('}') {
-            return Err(format!("{what} {template:?}: a reference must be ${{number}}"));
+            return Err(format!(
+                "{what} {template:?}: a reference must be ${{number}}"
+            ));
         }
-        if !braced && chars.peek().is_some_and(|it| it.is_alphanumeric() || *it == '_') {
+        if !braced
+            && chars
+                .peek()
+                .is_some_and(|it| it.is_alphanumeric() || *it == '_')
+        {
             return Err(format!(
                 "{what} {template:?}: write ${{n}} when a reference is followed by a letter, digit or _"
             ));
@@ -329,7 +341,10 @@ fn strip_references(template: &str) -> String {
                 }
             }
         } else {
-            while chars.next_if(|it| it.is_ascii_digit() || *it == '$').is_some() {}
+            while chars
+                .next_if(|it| it.is_ascii_digit() || *it == '$')
+                .is_some()
+            {}
         }
     }
     out

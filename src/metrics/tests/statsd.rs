@@ -67,7 +67,15 @@ fn tags_in_the_name_or_as_dogstatsd_tags() {
     assert_eq!(dog, "|#app:rl,zone:eu.west_1");
     let mut out = String::new();
     line(&mut out, "x.y", "2", "c", None, &name, TagFormat::Name);
-    line(&mut out, "x.y", "2", "ms", Some(0.5), &dog, TagFormat::DogStatsd);
+    line(
+        &mut out,
+        "x.y",
+        "2",
+        "ms",
+        Some(0.5),
+        &dog,
+        TagFormat::DogStatsd,
+    );
     assert_eq!(
         out,
         "x.y.__app=rl.__zone=eu_west_1:2|c\nx.y:2|ms|@0.5|#app:rl,zone:eu.west_1\n"

@@ -135,7 +135,10 @@ fn unsupported_features_are_refused_by_name() {
             "not usable",
         ),
         ("mappings:\n  - match: a.*\n", "needs a name"),
-        ("mappings:\n  - match: a.*\n    name: x\n    scale: 0\n", "scale"),
+        (
+            "mappings:\n  - match: a.*\n    name: x\n    scale: 0\n",
+            "scale",
+        ),
         ("not: [a mapping\n", "mapping file"),
     ] {
         let err = Mapping::parse(text).expect_err(text);

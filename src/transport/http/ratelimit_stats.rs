@@ -90,8 +90,7 @@ async fn answer<B>(page: &RatelimitStatsPage, request: &hyper::Request<B>) -> Re
     }
     let metrics = page.metrics.clone();
     let mapping = page.mapping.clone();
-    match tokio::task::spawn_blocking(move || render(&metrics.ratelimit_stats(), &mapping)).await
-    {
+    match tokio::task::spawn_blocking(move || render(&metrics.ratelimit_stats(), &mapping)).await {
         Ok(text) => Response::builder()
             .status(StatusCode::OK)
             .header(header::CONTENT_TYPE, CONTENT_TYPE)
