@@ -35,14 +35,17 @@ use crate::config::reload::{ReloadGuard, Reloader};
 use crate::config::{self, ConfigStatus, LoadOptions};
 use crate::decision::{FailureMode, HeaderNames, Limiter, NearLimitRatio, Options};
 use crate::metrics::Metrics;
+use crate::metrics::statsd::{self, StatsdGuard, StatsdSettings};
+use crate::metrics::statsd_mapping::Mapping;
 use crate::quota::redis::RedisPools;
 use crate::quota::{self, QuotaBook};
 use crate::rules::RuleSet;
 use crate::transport::grpc::{self, GrpcLimits};
 use crate::transport::health::Health;
+use crate::transport::http::ratelimit_stats::{self, RatelimitStatsPage};
 use crate::transport::http::{self, HttpLimits};
 use crate::transport::listener::DescriptorBudget;
-use crate::transport::shutdown::{ShutdownControl, shutdown_channel};
+use crate::transport::shutdown::{Shutdown, ShutdownControl, shutdown_channel};
 use crate::transport::tls::{self, Side, Tls, TlsFiles, TlsReloadGuard};
 
 /// Exit code of a start-up failure (bad config, bad flags, unusable backend).
@@ -91,6 +94,8 @@ pub struct Settings {
     pub json_logs: bool,
     /// The log filter when `RUST_LOG` is not set (`info` without one).
     pub log_filter: Option<String>,
+    /// envoyproxy/ratelimit's statistics: its Prometheus endpoint, statsd.
+    pub ratelimit_stats: RatelimitStatsSettings,
 }
 
 /// The TLS flags of both servers: none given is plain text.
@@ -233,6 +238,8 @@ struct Serving {
     _sweeper: Option<SweeperGuard>,
     /// Keeps the TLS files checked for changes.
     _tls_reloads: Option<TlsReloadGuard>,
+    /// Keeps envoyproxy/ratelimit's statistics flowing.
+    _ratelimit_stats: RatelimitStatsRunning,
 }
 
 /// Builds everything in the order start-up needs it, then starts both
@@ -257,6 +264,7 @@ async fn start(
     if settings.config.is_some() {
         metrics.record_config_loaded(status.loaded_at());
     }
+    let ratelimit_stats = prepare_ratelimit_stats(&settings.ratelimit_stats).await?;
     let reloader = reloader(&settings, &rules, &metrics, &status);
     let reloads = reload_triggers(reloader.as_ref(), settings.watch_config, hangups);
     let options = limiter_options(&settings)?;
@@ -300,6 +308,7 @@ async fn start(
     http_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Http));
     let tls_reloads = tls.as_ref().map(|it| it.spawn_reloader(tls::CHECK_EVERY));
     let (control, shutdown) = shutdown_channel();
+    let ratelimit_stats = ratelimit_stats.start(&http_app.metrics, &shutdown);
     let http = tokio::spawn(http::serve_limited(
         http_listener,
         http_app,
@@ -316,7 +325,114 @@ async fn start(
         _reloads: reloads,
         _sweeper: sweeper,
         _tls_reloads: tls_reloads,
+        _ratelimit_stats: ratelimit_stats,
     })
+}
+
+// === envoyproxy/ratelimit's statistics ===
+
+/// envoyproxy/ratelimit's statistics, beside our own `/metrics`.
+#[derive(Debug, Clone, Default)]
+pub struct RatelimitStatsSettings {
+    /// Its Prometheus endpoint; `None`: off.
+    pub prometheus: Option<RatelimitPrometheus>,
+    /// Its statsd lines; `None`: off.
+    pub statsd: Option<StatsdSettings>,
+}
+
+/// Where envoyproxy/ratelimit's Prometheus endpoint is served.
+#[derive(Debug, Clone)]
+pub struct RatelimitPrometheus {
+    pub addr: SocketAddr,
+    pub path: String,
+    /// A statsd_exporter mapping file; `None`: Envoy Gateway's mapping.
+    pub mapping: Option<PathBuf>,
+}
+
+/// The endpoint's mapping loaded and its port bound: what start-up
+/// checks before anything serves.
+struct RatelimitStatsPrepared {
+    endpoint: Option<(TcpListener, Arc<Mapping>, String)>,
+    statsd: Option<StatsdSettings>,
+}
+
+/// What keeps them running; dropping it stops them.
+struct RatelimitStatsRunning {
+    _endpoint: Option<AbortOnDrop>,
+    _statsd: Option<StatsdGuard>,
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Loads the mapping (an unusable one stops the start, saying why) and
+/// binds the endpoint's port.
+async fn prepare_ratelimit_stats(
+    settings: &RatelimitStatsSettings,
+) -> Result<RatelimitStatsPrepared, Aborted> {
+    let endpoint = match &settings.prometheus {
+        None => None,
+        Some(prometheus) => {
+            let mapping = match &prometheus.mapping {
+                None => Mapping::envoy_gateway(),
+                Some(path) => Mapping::load(path).map_err(|err| {
+                    Aborted::Failed(format!("--ratelimit-prometheus-mapping: {err}"))
+                })?,
+            };
+            if !prometheus.path.starts_with('/') {
+                return Err(Aborted::Failed(format!(
+                    "--ratelimit-prometheus-path {:?} must start with /",
+                    prometheus.path
+                )));
+            }
+            let listener = bind(prometheus.addr).await?;
+            Some((listener, Arc::new(mapping), prometheus.path.clone()))
+        }
+    };
+    Ok(RatelimitStatsPrepared {
+        endpoint,
+        statsd: settings.statsd.clone(),
+    })
+}
+
+impl RatelimitStatsPrepared {
+    fn start(self, metrics: &Arc<Metrics>, shutdown: &Shutdown) -> RatelimitStatsRunning {
+        let endpoint = self.endpoint.map(|(listener, mapping, path)| {
+            tracing::info!(
+                addr = %listener.local_addr().map_or_else(|_| "?".to_owned(), |it| it.to_string()),
+                path,
+                "serving envoyproxy/ratelimit's statistics for Prometheus"
+            );
+            let page = RatelimitStatsPage {
+                metrics: metrics.clone(),
+                mapping,
+                path,
+            };
+            AbortOnDrop(tokio::spawn(ratelimit_stats::serve(
+                listener,
+                page,
+                shutdown.clone(),
+            )))
+        });
+        let statsd = self.statsd.map(|settings| {
+            tracing::info!(
+                addr = settings.addr,
+                protocol = ?settings.protocol,
+                "sending envoyproxy/ratelimit's statistics to statsd"
+            );
+            statsd::spawn(metrics.clone(), settings)
+        });
+        RatelimitStatsRunning {
+            _endpoint: endpoint,
+            _statsd: statsd,
+        }
+    }
 }
 
 /// The TLS files the flags name; `None` without TLS. A key without a

@@ -8,6 +8,8 @@
 
 use std::collections::HashMap;
 
+mod stats;
+
 /// One translated setting: the long name of a `serve` flag (without the
 /// dashes) and its value. A flag taking a list appears once per value.
 pub type FlagValue = (&'static str, String);
@@ -15,6 +17,8 @@ pub type FlagValue = (&'static str, String);
 /// envoyproxy/ratelimit variables read by [`from_envoyproxy_env`].
 pub const TRANSLATED: &[&str] = &[
     "CACHE_KEY_PREFIX",
+    "DISABLE_STATS",
+    "EXTRA_TAGS",
     "GRPC_CLIENT_TLS_CACERT",
     "GRPC_CLIENT_TLS_SAN",
     "GRPC_HOST",
@@ -32,6 +36,9 @@ pub const TRANSLATED: &[&str] = &[
     "MERGE_DOMAIN_CONFIG",
     "NEAR_LIMIT_RATIO",
     "PORT",
+    "PROMETHEUS_ADDR",
+    "PROMETHEUS_MAPPER_YAML",
+    "PROMETHEUS_PATH",
     "REDIS_AUTH",
     "REDIS_POOL_SIZE",
     "REDIS_SOCKET_TYPE",
@@ -46,6 +53,12 @@ pub const TRANSLATED: &[&str] = &[
     "RUNTIME_ROOT",
     "RUNTIME_SUBDIRECTORY",
     "SHADOW_MODE",
+    "STATSD_HOST",
+    "STATSD_PORT",
+    "STATS_FLUSH_INTERVAL",
+    "USE_DOG_STATSD",
+    "USE_PROMETHEUS",
+    "USE_STATSD",
 ];
 
 /// envoyproxy/ratelimit variables with no counterpart here: named in the
@@ -55,31 +68,20 @@ pub const UNSUPPORTED: &[&str] = &[
     "CONFIG_TYPE",
     "DEBUG_HOST",
     "DEBUG_PORT",
-    "DISABLE_STATS",
     "EXPIRATION_JITTER_MAX_SECONDS",
-    "EXTRA_TAGS",
     "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "GRPC_UDS",
     "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
     "LOCAL_CACHE_SIZE_IN_BYTES",
-    "PROMETHEUS_ADDR",
-    "PROMETHEUS_MAPPER_YAML",
-    "PROMETHEUS_PATH",
     "REDIS_HEALTH_CHECK_ACTIVE_CONNECTION",
     "REDIS_PIPELINE_LIMIT",
     "REDIS_PIPELINE_WINDOW",
     "RUNTIME_IGNOREDOTFILES",
     "RUNTIME_WATCH_ROOT",
-    "STATSD_HOST",
-    "STATSD_PORT",
-    "STATS_FLUSH_INTERVAL",
     "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
-    "USE_DOG_STATSD",
     "USE_DOG_STATSD_MOGRIFIERS",
-    "USE_PROMETHEUS",
-    "USE_STATSD",
 ];
 
 /// Prefixes of whole families of unsupported variables.
@@ -115,6 +117,8 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
     };
 
     redis(vars, &mut flags, &mut problems);
+    let get_owned = |name: &str| get(name).map(str::to_owned);
+    stats::stats(&get_owned, &mut flags, &mut problems);
     if server_tls(vars) == Some(true) {
         for (name, flag) in SERVER_TLS {
             if let Some(value) = get(name) {
@@ -623,8 +627,8 @@ mod tests {
     #[test]
     fn unsupported_variables_are_named_in_one_warning() {
         let (flags, warnings) = translate(&[
-            ("USE_STATSD", "false"),
-            ("STATSD_HOST", "statsd"),
+            ("USE_DOG_STATSD_MOGRIFIERS", "m"),
+            ("DEBUG_PORT", "6070"),
             ("REDIS_PERSECOND_URL", "x:1"),
             ("MEMCACHE_HOST_PORT", "m:11211"),
             ("BACKEND_TYPE", "memcache"),
@@ -635,7 +639,7 @@ mod tests {
             warnings,
             vec![
                 "envoyproxy/ratelimit variables not supported, ignored: BACKEND_TYPE, \
-                 MEMCACHE_HOST_PORT, REDIS_PERSECOND_URL, STATSD_HOST, USE_STATSD"
+                 DEBUG_PORT, MEMCACHE_HOST_PORT, REDIS_PERSECOND_URL, USE_DOG_STATSD_MOGRIFIERS"
                     .to_owned()
             ]
         );

@@ -14,7 +14,9 @@ use std::time::Duration;
 use clap::{Arg, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 use throttlegate::algorithms::Algorithm;
-use throttlegate::app::{self, Limits, RedisFlags, Settings, TlsFlags};
+use throttlegate::app::{
+    self, Limits, RatelimitPrometheus, RatelimitStatsSettings, RedisFlags, Settings, TlsFlags,
+};
 use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
 use throttlegate::backends::redis::{BatchSettings, ClockSource, RedisTls};
@@ -22,6 +24,7 @@ use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::decision::{DEFAULT_OVER_LIMIT_CACHE, FailureMode, HeaderNames, NearLimitRatio};
+use throttlegate::metrics::statsd::{Protocol, StatsdSettings, TagFormat};
 use throttlegate::simulate;
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
@@ -350,6 +353,8 @@ struct ServeArgs {
     shutdown_delay_ms: u64,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    ratelimit_stats: RatelimitStatsArgs,
 }
 
 /// What one client may hold of the servers.
@@ -409,6 +414,109 @@ struct LimitArgs {
     /// request.
     #[arg(long, env = "THROTTLEGATE_HTTP_IDLE_TIMEOUT_MS", default_value_t = 60_000, value_parser = clap::value_parser!(u64).range(1..))]
     http_idle_timeout_ms: u64,
+}
+
+// === envoyproxy/ratelimit's statistics ===
+
+/// envoyproxy/ratelimit's statistics, under its names, beside our own
+/// `/metrics` (which stays as it is).
+#[derive(Debug, Args)]
+struct RatelimitStatsArgs {
+    /// Serve envoyproxy/ratelimit's statistics for Prometheus on this
+    /// address, under the names the mapping gives (envoyproxy/ratelimit's
+    /// USE_PROMETHEUS and PROMETHEUS_ADDR); off without it.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_RATELIMIT_PROMETHEUS_ADDR",
+        value_name = "ADDR"
+    )]
+    ratelimit_prometheus_addr: Option<SocketAddr>,
+    /// The path of that page.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_RATELIMIT_PROMETHEUS_PATH",
+        default_value = "/metrics"
+    )]
+    ratelimit_prometheus_path: String,
+    /// A statsd_exporter mapping file giving that page's names and labels
+    /// (PROMETHEUS_MAPPER_YAML); without it, Envoy Gateway's mapping.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_RATELIMIT_PROMETHEUS_MAPPING",
+        value_name = "FILE"
+    )]
+    ratelimit_prometheus_mapping: Option<PathBuf>,
+    /// Send envoyproxy/ratelimit's statistics as statsd lines to this
+    /// host:port (USE_STATSD, STATSD_HOST, STATSD_PORT); off without it.
+    #[arg(long, env = "THROTTLEGATE_STATSD_ADDR", value_name = "HOST:PORT")]
+    statsd_addr: Option<String>,
+    /// How statsd lines travel.
+    #[arg(long, env = "THROTTLEGATE_STATSD_PROTOCOL", value_enum, default_value_t = StatsdProtocolArg::Tcp)]
+    statsd_protocol: StatsdProtocolArg,
+    /// Send what changed this often (STATS_FLUSH_INTERVAL).
+    #[arg(long, env = "THROTTLEGATE_STATSD_FLUSH_INTERVAL_MS", default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    statsd_flush_interval_ms: u64,
+    /// A tag on every statsd line, repeatable or comma-separated
+    /// (EXTRA_TAGS).
+    #[arg(
+        long,
+        env = "THROTTLEGATE_STATSD_TAGS",
+        value_name = "KEY:VALUE",
+        value_delimiter = ',',
+        value_parser = parse_statsd_tag
+    )]
+    statsd_tag: Vec<(String, String)>,
+    /// How tags are written: in the name (`.__key=value`, as
+    /// envoyproxy/ratelimit's statsd sink), or `|#key:value` (DogStatsD,
+    /// USE_DOG_STATSD).
+    #[arg(long, env = "THROTTLEGATE_STATSD_TAG_FORMAT", value_enum, default_value_t = StatsdTagFormatArg::Name)]
+    statsd_tag_format: StatsdTagFormatArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StatsdProtocolArg {
+    Tcp,
+    Udp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StatsdTagFormatArg {
+    Name,
+    Dogstatsd,
+}
+
+fn parse_statsd_tag(text: &str) -> Result<(String, String), String> {
+    match text.split_once(':') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err(format!("{text:?} is not KEY:VALUE")),
+    }
+}
+
+fn ratelimit_stats_settings(args: RatelimitStatsArgs) -> RatelimitStatsSettings {
+    RatelimitStatsSettings {
+        prometheus: args
+            .ratelimit_prometheus_addr
+            .map(|addr| RatelimitPrometheus {
+                addr,
+                path: args.ratelimit_prometheus_path,
+                mapping: args.ratelimit_prometheus_mapping,
+            }),
+        statsd: args.statsd_addr.map(|addr| StatsdSettings {
+            addr,
+            protocol: match args.statsd_protocol {
+                StatsdProtocolArg::Tcp => Protocol::Tcp,
+                StatsdProtocolArg::Udp => Protocol::Udp,
+            },
+            flush_interval: Duration::from_millis(args.statsd_flush_interval_ms),
+            tags: args.statsd_tag,
+            tag_format: match args.statsd_tag_format {
+                StatsdTagFormatArg::Name => TagFormat::Name,
+                StatsdTagFormatArg::Dogstatsd => TagFormat::DogStatsd,
+            },
+        }),
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -757,6 +865,7 @@ fn settings(args: ServeArgs) -> Settings {
         limits: limits(&args.limits),
         json_logs: args.log_format == LogFormat::Json,
         log_filter: None,
+        ratelimit_stats: ratelimit_stats_settings(args.ratelimit_stats),
     }
 }
 
@@ -889,11 +998,58 @@ mod tests {
         assert_eq!(args.redis_pool_size, 20);
     }
 
+    /// envoyproxy/ratelimit's statistics variables reach the flags.
+    #[test]
+    fn statistics_variables_become_serve_defaults() {
+        let args = serve_args(
+            &[
+                ("USE_PROMETHEUS", "true"),
+                ("PROMETHEUS_ADDR", ":19001"),
+                ("PROMETHEUS_MAPPER_YAML", "/etc/statsd-exporter/conf.yaml"),
+                ("USE_STATSD", "true"),
+                ("STATSD_HOST", "exporter"),
+                ("STATSD_PORT", "9125"),
+                ("EXTRA_TAGS", "env:prod,team:edge"),
+                ("STATS_FLUSH_INTERVAL", "2s"),
+            ],
+            &["throttlegate"],
+        );
+        let settings = ratelimit_stats_settings(args.ratelimit_stats);
+        let prometheus = settings.prometheus.expect("on");
+        assert_eq!(prometheus.addr.to_string(), "0.0.0.0:19001");
+        assert_eq!(prometheus.path, "/metrics");
+        assert_eq!(
+            prometheus.mapping,
+            Some(PathBuf::from("/etc/statsd-exporter/conf.yaml"))
+        );
+        let statsd = settings.statsd.expect("on");
+        assert_eq!(statsd.addr, "exporter:9125");
+        assert_eq!(statsd.protocol, Protocol::Tcp);
+        assert_eq!(statsd.flush_interval, Duration::from_secs(2));
+        assert_eq!(
+            statsd.tags,
+            [
+                ("env".to_owned(), "prod".to_owned()),
+                ("team".to_owned(), "edge".to_owned())
+            ]
+        );
+        assert_eq!(statsd.tag_format, TagFormat::Name);
+        let args = serve_args(&[("USE_DOG_STATSD", "true")], &["throttlegate", "serve"]);
+        let statsd = ratelimit_stats_settings(args.ratelimit_stats)
+            .statsd
+            .expect("on");
+        assert_eq!(statsd.addr, "localhost:8125");
+        assert_eq!(statsd.protocol, Protocol::Udp);
+        assert_eq!(statsd.tag_format, TagFormat::DogStatsd);
+    }
+
     #[test]
     fn without_their_variables_our_defaults_stand() {
         let args = serve_args(&[], &["throttlegate"]);
         assert_eq!(args.grpc_addr.to_string(), "0.0.0.0:8081");
         assert_eq!(args.redis_key_prefix, "throttlegate");
         assert!(!args.shadow_mode);
+        let stats = ratelimit_stats_settings(args.ratelimit_stats);
+        assert!(stats.prometheus.is_none() && stats.statsd.is_none());
     }
 }

@@ -29,6 +29,10 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 mod quota;
+pub mod ratelimit_names;
+pub mod ratelimit_prometheus;
+pub mod statsd;
+pub mod statsd_mapping;
 pub use quota::{AssignmentKind, QuotaMetrics};
 
 use crate::backends;
@@ -204,7 +208,10 @@ struct ReloadLabels {
 struct RuleCounters {
     /// Indexed like [`Outcome::ALL`].
     decisions: [AtomicU64; 4],
-    hits: AtomicU64,
+    /// Hits by outcome, indexed like [`Outcome::ALL`]: their sum is the
+    /// rule's hits, and envoyproxy/ratelimit's statistics count hits per
+    /// outcome.
+    hits: [AtomicU64; 4],
     /// Units charged past the limit's room (limits charged always).
     overdraft: AtomicU64,
     /// Label built from request values: a result's series appears only
@@ -213,9 +220,17 @@ struct RuleCounters {
 }
 
 impl RuleCounters {
+    /// Hits of every outcome together.
+    fn total_hits(&self) -> u64 {
+        self.hits
+            .iter()
+            .map(|it| it.load(Ordering::Relaxed))
+            .fold(0, u64::wrapping_add)
+    }
+
     fn record(&self, slot: usize, hits: u64, overdraft: u64) {
         self.decisions[slot].fetch_add(1, Ordering::Relaxed);
-        self.hits.fetch_add(hits, Ordering::Relaxed);
+        self.hits[slot].fetch_add(hits, Ordering::Relaxed);
         if overdraft > 0 {
             self.overdraft.fetch_add(overdraft, Ordering::Relaxed);
         }
@@ -320,7 +335,7 @@ impl Collector for SeriesCollector {
         }
         let mut family = encoder.encode_descriptor("hits", HITS_HELP, None, MetricType::Counter)?;
         for (domain, rule, counters) in &entries {
-            let value = counters.hits.load(Ordering::Relaxed);
+            let value = counters.total_hits();
             if counters.per_value && value == 0 {
                 continue;
             }
@@ -394,6 +409,13 @@ pub struct Metrics {
     tls_reloads: Family<ReloadLabels, Counter>,
     stored_source: Mutex<Option<CounterSource>>,
     quota: QuotaMetrics,
+    /// Failed backend calls of every backend and kind together.
+    backend_failures: Counter,
+    /// Lines the statsd sink could not deliver, registered when it starts.
+    statsd_dropped: Counter,
+    /// Successful config loads, start-up included (not in our registry:
+    /// envoyproxy/ratelimit's `config_load_success`).
+    config_load_success: Counter,
 }
 
 type CounterSource = Box<dyn Fn() -> u64 + Send + Sync>;
@@ -419,6 +441,9 @@ pub struct BackendMetrics {
     protocol: Counter,
     full: Counter,
     shed: Counter,
+    /// Every failed call of every backend (envoyproxy/ratelimit's
+    /// `redis_error`); not exposed in our own registry.
+    failures: Counter,
 }
 
 impl BackendMetrics {
@@ -439,6 +464,7 @@ impl BackendMetrics {
             // abandoned call (stage `deadline`) by the limiter.
             backends::Error::Deadline => return,
         };
+        self.failures.inc();
     }
 }
 
@@ -619,6 +645,9 @@ impl Metrics {
             tls_reloads,
             stored_source: Mutex::new(None),
             quota,
+            backend_failures: Counter::default(),
+            statsd_dropped: Counter::default(),
+            config_load_success: Counter::default(),
         }
     }
 
@@ -752,6 +781,7 @@ impl Metrics {
             protocol: error("protocol"),
             full: error("full"),
             shed: error("shed"),
+            failures: self.backend_failures.clone(),
         }
     }
 
@@ -851,6 +881,7 @@ impl Metrics {
 
     /// The config loaded without error at `at` (at start-up, or a reload).
     pub fn record_config_loaded(&self, at: SystemTime) {
+        self.config_load_success.inc();
         let seconds = at.duration_since(UNIX_EPOCH).map_or(0, |it| it.as_secs());
         self.config_loaded_at
             .set(i64::try_from(seconds).unwrap_or(i64::MAX));

@@ -55,6 +55,7 @@ async fn their_environment_alone_configures_ports_config_and_logging() {
             ("GRPC_PORT", &grpc_port),
             ("PORT", &http_port),
             ("USE_STATSD", "false"),
+            ("DEBUG_PORT", "6070"),
             ("LOG_LEVEL", "debug"),
         ],
         grpc,
@@ -83,8 +84,8 @@ async fn their_environment_alone_configures_ports_config_and_logging() {
         .collect();
     assert_eq!(warnings.len(), 1, "one warning line:\n{log}");
     assert!(
-        warnings[0].contains("USE_STATSD"),
-        "the warning names USE_STATSD: {}",
+        warnings[0].contains("DEBUG_PORT") && !warnings[0].contains("USE_STATSD"),
+        "the warning names DEBUG_PORT, and not USE_STATSD (honoured): {}",
         warnings[0]
     );
     assert!(!warnings[0].contains("GRPC_PORT"), "{}", warnings[0]);
@@ -137,6 +138,7 @@ async fn redis_host_and_port_keep_decisions_in_redis() {
                 ("REDIS_URL", &redis_url),
                 ("CACHE_KEY_PREFIX", "migrated_"),
                 ("USE_STATSD", "false"),
+            ("DEBUG_PORT", "6070"),
             ],
             grpc,
             http,
@@ -163,7 +165,7 @@ async fn redis_host_and_port_keep_decisions_in_redis() {
         second.log()
     );
     let log = second.stop().await;
-    assert!(log.contains("USE_STATSD"), "{log}");
+    assert!(log.contains("DEBUG_PORT"), "{log}");
 }
 
 /// docs/migrating.md names every variable the service translates and every

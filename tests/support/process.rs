@@ -66,6 +66,7 @@ pub struct Serve {
     args: Vec<String>,
     rust_log: Option<String>,
     nofile: Option<(u64, u64)>,
+    env: Vec<(String, String)>,
 }
 
 impl Serve {
@@ -77,6 +78,7 @@ impl Serve {
             args: Vec::new(),
             rust_log: None,
             nofile: None,
+            env: Vec::new(),
         }
     }
 
@@ -94,6 +96,13 @@ impl Serve {
 
     pub fn args(mut self, args: &[&str]) -> Serve {
         self.args.extend(args.iter().map(|it| (*it).to_owned()));
+        self
+    }
+
+    /// An environment variable for the process (every variable the binary
+    /// reads is cleared otherwise).
+    pub fn env(mut self, name: &str, value: &str) -> Serve {
+        self.env.push((name.to_owned(), value.to_owned()));
         self
     }
 
@@ -126,6 +135,7 @@ impl Serve {
         if let Some(filter) = &self.rust_log {
             command.env("RUST_LOG", filter);
         }
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
         command
             .arg("serve")
             .arg("--config")

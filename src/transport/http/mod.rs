@@ -2,6 +2,7 @@
 //! `json`), `/rlconfig`, `/metrics`.
 
 mod json;
+pub mod ratelimit_stats;
 
 use std::pin::Pin;
 use std::sync::Arc;
