@@ -1158,7 +1158,13 @@ local function run(keys, first, header, now, reply, seen, out)
     if room then
       reset_us = impl.until_full(c, s, at)
     elseif need > c.capacity then
-      reset_us = c.window_us
+      -- It can never pass. A limit charged always left without room (in
+      -- debt) says when room for one unit comes back; otherwise the window.
+      if c.always and impl.available(c, s, at) == 0 then
+        reset_us = impl.until_available(c, s, key, at, 1)
+      else
+        reset_us = c.window_us
+      end
     else
       reset_us = impl.until_available(c, s, key, at, need)
     end

@@ -402,6 +402,8 @@ pub struct Metrics {
     stored_counters: Gauge<i64, AtomicI64>,
     over_limit_cache_hits: Counter,
     late_replies: Counter,
+    charges_resent: Counter,
+    charges_lost: Counter,
     over_limit_cache_entries: Gauge<i64, AtomicI64>,
     open_connections: Family<ListenerLabels, Gauge>,
     accept_errors: Family<AcceptErrorLabels, Counter>,
@@ -591,6 +593,18 @@ impl Metrics {
             "Decisions whose reply came after the backend's timeout (the request was answered through the failure mode) and that were still counted in decisions and hits",
             late_replies.clone(),
         );
+        let charges_resent = Counter::default();
+        registry.register(
+            "charges_resent",
+            "Charges (requests with a limit charged always) not written to the backend in their caller's time, sent again afterwards and decided (counted in decisions and hits)",
+            charges_resent.clone(),
+        );
+        let charges_lost = Counter::default();
+        registry.register(
+            "charges_lost",
+            "Charges never written to the backend: beyond the bound of charges held to be sent again, or still unwritten 10 s after their caller's time",
+            charges_lost.clone(),
+        );
         let over_limit_cache_entries = Gauge::<i64, AtomicI64>::default();
         registry.register(
             "over_limit_cache_entries",
@@ -638,6 +652,8 @@ impl Metrics {
             stored_counters: Gauge::default(),
             over_limit_cache_hits,
             late_replies,
+            charges_resent,
+            charges_lost,
             over_limit_cache_entries,
             open_connections,
             accept_errors,
@@ -840,6 +856,16 @@ impl Metrics {
     /// counted all the same.
     pub fn record_late_reply(&self) {
         self.late_replies.inc();
+    }
+
+    /// Counts a charge sent again after its caller's time and decided.
+    pub fn record_charge_resent(&self) {
+        self.charges_resent.inc();
+    }
+
+    /// Counts a charge never written to the backend.
+    pub fn record_charge_lost(&self) {
+        self.charges_lost.inc();
     }
 
     /// Counts one call of `method` that got no decision in its caller's

@@ -494,3 +494,102 @@ async fn token_limit_holds_across_two_replicas_on_one_redis() {
         );
     }
 }
+
+/// The sum of every sample of `/metrics` whose series starts with
+/// `series` (0 when there is none).
+async fn metric_sum(service: &ServiceProcess, series: &str) -> f64 {
+    http_get(service.http, "/metrics")
+        .await
+        .lines()
+        .filter(|line| line.starts_with(series))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// What Envoy 1.40 sends as the cost of a stream-done charge for the
+/// usage values an upstream may report in `x-reply-tokens` (the charge
+/// alone, no check before it): `None` when it skips the call. A value
+/// above 1e9 is skipped (a huge report is free); NaN is sent as 2^63 (a
+/// whole debt); a number is read as C's `strtod` would and cut to an
+/// integer. docs/token-limits.md states this table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_envoy_sends_for_odd_usage_values() {
+    let Some(bin) = envoy_bin("stream-done usage values") else {
+        return;
+    };
+    // A rule per API key, so that each series of hits takes at most one
+    // cost of 2^63 (a counter of 64 bits).
+    let mut rules = "domain: edge\ndescriptors:\n".to_owned();
+    for value in (0..16).map(|it| format!("k{it}")).chain(["marker".to_owned()]) {
+        rules.push_str(&format!(
+            "  - key: api_key\n    value: {value}\n    rate_limit: {{unit: minute, requests_per_unit: 1000000, charge: always}}\n"
+        ));
+    }
+    let mut service = Serve::yaml(&rules).spawn();
+    service.connect().await;
+    let key = "{request_headers: {header_name: x-api-key, descriptor_key: api_key}}";
+    let rate_limits = format!(
+        "[{{actions: [{key}], apply_on_stream_done: true, hits_addend: {{format: \"%RESP(x-reply-tokens)%\"}}}}]"
+    );
+    let envoy = edge(&[service.grpc])
+        .var("FILTER", filter(&format!(", rate_limits: {rate_limits}")))
+        .start(&bin);
+    let addr = envoy.addr("HTTP");
+    let two_63 = 2f64.powi(63);
+    let cases: [(Option<&str>, Option<f64>); 16] = [
+        (Some("1000000000"), Some(1e9)),
+        (Some("1000000001"), None),
+        (Some("5000000000"), None),
+        (Some("1e3"), Some(1000.0)),
+        (Some("0x40"), Some(64.0)),
+        (Some("12.9"), Some(12.0)),
+        (Some(" 30"), Some(30.0)),
+        (Some("inf"), None),
+        (None, None),
+        (Some(""), None),
+        (Some("-1"), None),
+        (Some("abc"), None),
+        (Some("nan"), Some(two_63)),
+        (Some("NaN"), Some(two_63)),
+        (Some("-nan"), Some(two_63)),
+        (Some("7"), Some(7.0)),
+    ];
+    let decisions = "throttlegate_decisions_total{domain=\"edge\"";
+    let hits_of = "throttlegate_hits_total{domain=\"edge\"";
+    let mut seen = Vec::new();
+    for (idx, (value, _)) in cases.iter().enumerate() {
+        let api_key = format!("k{idx}");
+        let (calls, hits) = (
+            metric_sum(&service, decisions).await,
+            metric_sum(&service, hits_of).await,
+        );
+        let mut call = HttpRequest::get("/").header("x-api-key", &api_key);
+        if let Some(value) = value {
+            call = call.header("x-reply-tokens", value);
+        }
+        assert_eq!(call.send(addr).await.status, 200);
+        // A marker charge of 1 after it; once the marker is counted, and a
+        // moment more, a charge Envoy sent for the value is counted too.
+        let marker = HttpRequest::get("/")
+            .header("x-api-key", "marker")
+            .header("x-reply-tokens", "1");
+        assert_eq!(marker.send(addr).await.status, 200);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while metric_sum(&service, decisions).await < calls + 1.0 {
+            assert!(Instant::now() < deadline, "the marker charge never came");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let sent = metric_sum(&service, decisions).await - calls - 1.0;
+        let cost = metric_sum(&service, hits_of).await - hits - 1.0;
+        seen.push((*value, (sent > 0.0).then_some(cost)));
+    }
+    let expected: Vec<(Option<&str>, Option<f64>)> = cases.to_vec();
+    for ((value, got), (_, want)) in seen.iter().zip(&expected) {
+        match (got, want) {
+            (None, None) => {}
+            (Some(got), Some(want)) if (got - want).abs() <= want * 1e-9 => {}
+            _ => panic!("x-reply-tokens {value:?}: Envoy sent {got:?}, expected {want:?}; all: {seen:?}"),
+        }
+    }
+}

@@ -494,7 +494,9 @@ pub struct Outcome {
     /// 0 otherwise.
     pub overdraft: u64,
     /// With room: µs until fully replenished. Without: µs until the same
-    /// cost could pass (the window when it never can).
+    /// cost could pass; when it never can (a cost past the capacity), µs
+    /// until one unit could pass for a limit charged always left in debt,
+    /// else the window.
     pub reset_us: u64,
 }
 
@@ -571,7 +573,14 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
             + if room {
                 state.until_full(params, at)
             } else if need > params.capacity {
-                params.window_us
+                // It can never pass. A limit charged always left without
+                // room (in debt) says when room for one unit comes back;
+                // otherwise the window.
+                if params.charge == Charge::Always && state.available(params, at) == 0 {
+                    state.until_available(params, at, 1)
+                } else {
+                    params.window_us
+                }
             } else {
                 state.until_available(params, at, need)
             };

@@ -12,7 +12,9 @@
 //! - the backend call, here in [`Limiter::decide`], unless `over_limit`
 //!   already knows every counter the request reaches is full;
 //! - `answer`: the most restrictive limit of each descriptor, its status and
-//!   its metric; `headers`: the `RateLimit-*` headers of the request.
+//!   its metric; `headers`: the `RateLimit-*` headers of the request;
+//! - `resend`: a charge (a limit charged always) whose call was not
+//!   written in its caller's time, sent again afterwards.
 //!
 //! `labels` turns request bytes into text for logs and metric labels.
 
@@ -37,6 +39,7 @@ mod over_limit;
 mod overrides;
 mod plan;
 mod request;
+mod resend;
 
 pub use answer::{Code, CurrentLimit, Decision, Status};
 pub use headers::HeaderNames;
@@ -47,6 +50,7 @@ pub use request::{
 
 pub use over_limit::OverLimitCache;
 use plan::Plan;
+pub use resend::{MAX_RESENDS, RESEND_WITHIN};
 
 /// What to answer when the backend fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,6 +173,8 @@ struct Shared {
     backend_metrics: BackendMetrics,
     /// Counters the backend reported full, answered without it.
     over_limit: Option<OverLimitCache>,
+    /// Charges held to be sent again after their caller's time.
+    resends: resend::Resends,
 }
 
 // === impl Limiter ===
@@ -194,6 +200,7 @@ impl Limiter {
             metrics,
             backend_metrics,
             over_limit,
+            resends: resend::Resends::default(),
         };
         Self {
             shared: Arc::new(shared),
@@ -239,7 +246,8 @@ impl Limiter {
     /// timeout (answered through the failure mode) is counted when the
     /// backend hands it over ([`CallContext::late`],
     /// `throttlegate_late_replies_total`). A call not yet written is
-    /// dropped unsent.
+    /// dropped unsent, unless it is a charge (a limit charged always, with
+    /// a cost): that is sent again after its caller's time (`resend`).
     pub async fn decide_within(
         &self,
         request: &Request,
@@ -271,21 +279,24 @@ impl Limiter {
                 Err(error) => shared.on_backend_error(&plan, error),
             };
         }
+        let charge = resend::is_charge(&plan);
+        let plan = Arc::new(plan);
+        let planned = resend::PlannedCall {
+            shared: shared.clone(),
+            rules,
+            domain: request.domain.clone(),
+            plan: plan.clone(),
+        };
         if send_by.is_some_and(|it| it <= Instant::now()) {
             shared
                 .metrics
                 .record_abandoned(caller.method, backends::Stage::Deadline);
+            if charge {
+                planned.resend();
+            }
             return shared.failure_answer(&plan, backends::Error::Deadline);
         }
-        let plan = Arc::new(plan);
-        let mut pending = Pending::start(
-            shared,
-            caller.method,
-            rules,
-            &request.domain,
-            &plan,
-            send_by,
-        );
+        let mut pending = Pending::start(planned, caller.method, send_by, charge);
         let finished = match answer_by {
             None => Some((&mut pending).await),
             Some(answer_by) => tokio::time::timeout_at(answer_by.into(), &mut pending)
@@ -348,30 +359,29 @@ type Finish = Pin<Box<dyn Future<Output = Result<Decision, backends::Error>> + S
 /// A backend call in progress for one caller. Dropped before it finished
 /// (its caller cancelled or out of time), it counts the call as
 /// abandoned at the stage reached and, when the call is already with the
-/// backend, hands it to a task of its own to finish and be counted.
+/// backend, hands it to a task of its own to finish and be counted; a
+/// charge not yet written is sent again (`resend`).
 struct Pending {
     finish: Option<Finish>,
     progress: backends::Progress,
     method: Method,
     metrics: Arc<Metrics>,
+    /// A charge's call, sent again if it is dropped unwritten.
+    unsent: Option<resend::PlannedCall>,
 }
 
 impl Pending {
-    fn start(
-        shared: &Arc<Shared>,
-        method: Method,
-        rules: Arc<RuleSet>,
-        domain: &str,
-        plan: &Arc<Plan>,
-        send_by: Option<Instant>,
-    ) -> Pending {
+    /// Starts `planned`; with `charge`, a call dropped or failed unwritten
+    /// is sent again (`resend`).
+    fn start(planned: resend::PlannedCall, method: Method, send_by: Option<Instant>, charge: bool) -> Pending {
         let progress = backends::Progress::new(backends::Stage::Decide);
-        let shared_ = shared.clone();
-        let plan = plan.clone();
-        let domain = domain.to_owned();
         let late = {
-            let (shared, rules, plan, domain) =
-                (shared.clone(), rules.clone(), plan.clone(), domain.clone());
+            let resend::PlannedCall {
+                shared,
+                rules,
+                domain,
+                plan,
+            } = planned.clone();
             backends::LateVerdict::new(move |verdict| {
                 shared.count_late(&rules, &domain, &plan, &verdict);
             })
@@ -381,18 +391,29 @@ impl Pending {
             progress: progress.clone(),
             late: Some(late),
         };
+        let metrics = planned.shared.metrics.clone();
+        let unsent = charge.then(|| planned.clone());
         let finish: Finish = Box::pin(async move {
-            let shared = shared_;
-            let verdict = match shared.call_backend(&rules, &plan, Some(&call)).await {
+            let resend::PlannedCall {
+                shared,
+                rules,
+                domain,
+                plan,
+            } = &planned;
+            let verdict = match shared.call_backend(rules, plan, Some(&call)).await {
                 Ok(verdict) => verdict,
-                Err(backends::Error::Deadline) => return Err(backends::Error::Deadline),
                 Err(error) => {
-                    shared.record_backend_error(&error);
+                    if charge && call.progress.get() != backends::Stage::Backend {
+                        planned.clone().resend();
+                    }
+                    if !matches!(error, backends::Error::Deadline) {
+                        shared.record_backend_error(&error);
+                    }
                     return Err(error);
                 }
             };
-            match rules.domain(&domain) {
-                Some(domain) => Ok(shared.answer(domain, &plan, Some(&verdict))),
+            match rules.domain(domain) {
+                Some(domain) => Ok(shared.answer(domain, plan, Some(&verdict))),
                 // The domain was found in this very rule set.
                 None => Err(backends::Error::Protocol("domain vanished".into())),
             }
@@ -401,7 +422,8 @@ impl Pending {
             finish: Some(finish),
             progress,
             method,
-            metrics: shared.metrics.clone(),
+            metrics,
+            unsent,
         }
     }
 }
@@ -430,7 +452,11 @@ impl Drop for Pending {
         let stage = self.progress.leave();
         self.metrics.record_abandoned(self.method, stage);
         if stage != backends::Stage::Backend {
-            // Not written: dropped unsent, nothing consumed.
+            // Not written: dropped unsent, nothing consumed; a charge is
+            // sent again.
+            if let Some(unsent) = self.unsent.take() {
+                unsent.resend();
+            }
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
@@ -532,6 +558,18 @@ impl Shared {
         }
         if let Some(domain) = rules.domain(domain) {
             self.metrics.record_late_reply();
+            let _ = self.answer(domain, plan, Some(verdict));
+        }
+    }
+
+    /// Counts (decisions, hits) the verdict of a charge sent again after
+    /// its caller's time (`resend`), like a late reply's.
+    fn count_resent(&self, rules: &RuleSet, domain: &str, plan: &Plan, verdict: &Verdict) {
+        if verdict.outcomes.len() != plan.checks.len() {
+            return;
+        }
+        if let Some(domain) = rules.domain(domain) {
+            self.metrics.record_charge_resent();
             let _ = self.answer(domain, plan, Some(verdict));
         }
     }

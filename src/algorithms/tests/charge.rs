@@ -115,6 +115,31 @@ fn debt_stops_at_one_capacity_whatever_the_cost() {
     }
 }
 
+/// The reset answered to a charge past the capacity (which can never
+/// pass) is when room for one unit comes back, from the debt it left: a
+/// check passes then and not a microsecond before (a token bucket of 10 a
+/// minute charged 2^64 − 1 says 66 s, not the 60 s window). A limit
+/// charged only when allowed still answers the window.
+#[test]
+fn a_charge_past_the_capacity_answers_when_room_comes_back() {
+    for algorithm in Algorithm::ALL {
+        for cost in [11, 15, u64::MAX] {
+            let params = always(algorithm, 10, MINUTE, None);
+            let mut state = None;
+            let it = charge(&params, &mut state, T0, cost);
+            assert!(!it.has_room, "{algorithm} {cost}");
+            assert!(!has_room_at(&params, &state, T0 + it.reset_us - 1), "{algorithm} {cost}");
+            assert!(has_room_at(&params, &state, T0 + it.reset_us), "{algorithm} {cost}");
+            if algorithm == Algorithm::TokenBucket && cost == u64::MAX {
+                assert_eq!(it.reset_us, MINUTE + 6 * SECOND);
+            }
+        }
+        let params = params(algorithm, 10, MINUTE, None);
+        let it = charge(&params, &mut None, T0, 11);
+        assert_eq!(it.reset_us, MINUTE, "{algorithm}");
+    }
+}
+
 /// A limit charged only when allowed is unchanged: a denied request
 /// records nothing, whatever its cost.
 #[test]
