@@ -1,4 +1,4 @@
-//! Compiles our trimmed Envoy rate-limit and rate-limit-quota protos (no system `protoc` needed).
+//! Compiles our trimmed Envoy rate-limit, rate-limit-quota and xDS protos (no system `protoc` needed).
 
 use prost_types::FileDescriptorSet;
 use prost_types::field_descriptor_proto::Type;
@@ -20,11 +20,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let descriptors = protox::compile(protos, ["proto"])?;
     let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
     // Reflection serves the protos as Envoy publishes them (`string`), so
-    // grpcurl and other clients see the real contract.
+    // grpcurl and other clients see the real contract; only the services
+    // the server offers (the xDS protos below are a client's).
     std::fs::write(
         out_dir.join("rls_descriptor.bin"),
         prost::Message::encode_to_vec(&descriptors),
     )?;
+    // The rules over xDS: the aggregated discovery stream and the
+    // RateLimitConfig resource it carries.
+    let xds = [
+        "proto/envoy/service/discovery/v3/ads.proto",
+        "proto/ratelimit/config/ratelimit/v3/rls_conf.proto",
+    ];
+    let descriptors = protox::compile(protos.into_iter().chain(xds), ["proto"])?;
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)

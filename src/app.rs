@@ -47,6 +47,7 @@ use crate::transport::http::{self, HttpLimits};
 use crate::transport::listener::DescriptorBudget;
 use crate::transport::shutdown::{Shutdown, ShutdownControl, shutdown_channel};
 use crate::transport::tls::{self, Side, Tls, TlsFiles, TlsReloadGuard};
+use crate::xds::{self, Subscription, XdsSettings};
 
 /// Exit code of a start-up failure (bad config, bad flags, unusable backend).
 const EXIT_STARTUP: u8 = 2;
@@ -67,6 +68,8 @@ pub struct Settings {
     pub load: LoadOptions,
     /// Reload when the config files change (SIGHUP reloads either way).
     pub watch_config: bool,
+    /// Rules from a management server over xDS instead of files.
+    pub xds: Option<XdsFlags>,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
     /// TLS on both servers.
@@ -108,6 +111,16 @@ pub struct TlsFlags {
     /// The name (DNS or IP subject alternative name) client certificates
     /// must carry.
     pub client_san: Option<String>,
+}
+
+/// Rules over xDS (`--config-xds-server` and its flags).
+#[derive(Debug, Clone)]
+pub struct XdsFlags {
+    pub settings: XdsSettings,
+    /// Serve before the first config arrives (`--config-xds-force-start`):
+    /// requests are answered through `--failure-mode` until it does, and
+    /// health reports SERVING. Without it, nothing is served until then.
+    pub force_start: bool,
 }
 
 /// The Redis flags; without a URL the in-memory backend is used.
@@ -234,6 +247,8 @@ struct Serving {
     drain_timeout: Duration,
     /// Reloads keep happening for as long as these are held.
     _reloads: Vec<ReloadGuard>,
+    /// The rules over xDS keep coming for as long as this is held.
+    _xds: Option<Subscription>,
     /// Keeps the memory backend's sweeper running.
     _sweeper: Option<SweeperGuard>,
     /// Keeps the TLS files checked for changes.
@@ -254,7 +269,7 @@ async fn start(
     let tls_files = tls_files(&settings.tls).map_err(Aborted::Failed)?;
     let rules = Arc::new(ArcSwap::from_pointee(load_rules(&settings, stop).await?));
     let status = Arc::new(ConfigStatus::new(
-        settings.config.clone(),
+        config_source(&settings),
         SystemTime::now(),
     ));
     let metrics = Arc::new(Metrics::with_max_values_per_rule(
@@ -267,6 +282,7 @@ async fn start(
     let ratelimit_stats = prepare_ratelimit_stats(&settings.ratelimit_stats).await?;
     let reloader = reloader(&settings, &rules, &metrics, &status);
     let reloads = reload_triggers(reloader.as_ref(), settings.watch_config, hangups);
+    let subscription = xds_subscription(&settings, &rules, &metrics, &status, stop).await?;
     let options = limiter_options(&settings)?;
     let tls = match tls_files {
         Some(files) => Some(load_tls(files, &metrics)?),
@@ -323,6 +339,7 @@ async fn start(
         shutdown_delay: settings.shutdown_delay,
         drain_timeout: settings.drain_timeout,
         _reloads: reloads,
+        _xds: subscription,
         _sweeper: sweeper,
         _tls_reloads: tls_reloads,
         _ratelimit_stats: ratelimit_stats,
@@ -520,6 +537,19 @@ pub fn server_apps(
 
 /// The rules to start with: the config's, loaded off the runtime, or none.
 async fn load_rules(settings: &Settings, stop: &mut StopSignals) -> Result<RuleSet, Aborted> {
+    if let Some(xds) = &settings.xds {
+        if settings.config.is_some() {
+            return Err(Aborted::Failed(
+                "--config and --config-xds-server exclude each other: the rules come from \
+                 files or from the xDS server"
+                    .to_owned(),
+            ));
+        }
+        xds.settings
+            .check()
+            .map_err(|err| Aborted::Failed(format!("xds: {err}")))?;
+        return Ok(RuleSet::awaiting_first_config());
+    }
     let Some(path) = &settings.config else {
         tracing::warn!("no --config given: every domain is unknown and every request is OK");
         return Ok(RuleSet::default());
@@ -569,6 +599,62 @@ fn reloader(
         .with_status(status.clone())
         .with_observer(move |ok| metrics.record_reload(ok));
     Some(Arc::new(reloader))
+}
+
+// === rules over xDS ===
+
+/// Where the rules come from, as `/rlconfig` names it.
+fn config_source(settings: &Settings) -> Option<PathBuf> {
+    match &settings.xds {
+        Some(xds) => Some(PathBuf::from(xds_source(&xds.settings))),
+        None => settings.config.clone(),
+    }
+}
+
+fn xds_source(settings: &XdsSettings) -> String {
+    format!(
+        "xds://{}:{} (node {})",
+        settings.server.host, settings.server.port, settings.node_id
+    )
+}
+
+/// With `--config-xds-server`: the subscription, whose configs go through
+/// a reloader into `rules` (counted in `metrics`, recorded in `status`).
+/// Without `--config-xds-force-start`, start-up waits here for the first
+/// config the server sends that is accepted (SIGTERM or SIGINT end the
+/// wait); with it, serving starts with no rules.
+async fn xds_subscription(
+    settings: &Settings,
+    rules: &Arc<ArcSwap<RuleSet>>,
+    metrics: &Arc<Metrics>,
+    status: &Arc<ConfigStatus>,
+    stop: &mut StopSignals,
+) -> Result<Option<Subscription>, Aborted> {
+    let Some(flags) = &settings.xds else {
+        return Ok(None);
+    };
+    let observed = metrics.clone();
+    let reloader = Reloader::new(
+        PathBuf::from(xds_source(&flags.settings)),
+        settings.load,
+        rules.clone(),
+    )
+    .with_status(status.clone())
+    .with_observer(move |ok| observed.record_reload(ok));
+    let mut subscription =
+        xds::subscribe(flags.settings.clone(), Arc::new(reloader), settings.load);
+    if flags.force_start {
+        tracing::warn!(
+            "--config-xds-force-start: serving before the first config; until it arrives \
+             every request is answered through --failure-mode"
+        );
+        return Ok(Some(subscription));
+    }
+    tracing::info!("waiting for the first config from the xDS server");
+    match stop.or_stop(subscription.first_config()).await {
+        Some(()) => Ok(Some(subscription)),
+        None => Err(Aborted::Stopped),
+    }
 }
 
 /// SIGHUP (`hangups`, listened for since start-up; one received during

@@ -9,6 +9,9 @@
 use std::collections::HashMap;
 
 mod stats;
+mod xds;
+
+pub use xds::TRANSLATED as TRANSLATED_XDS;
 
 /// One translated setting: the long name of a `serve` flag (without the
 /// dashes) and its value. A flag taking a list appears once per value.
@@ -65,11 +68,10 @@ pub const TRANSLATED: &[&str] = &[
 /// start-up warning when set, whatever their value.
 pub const UNSUPPORTED: &[&str] = &[
     "BACKEND_TYPE",
-    "CONFIG_TYPE",
+    "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
     "DEBUG_HOST",
     "DEBUG_PORT",
     "EXPIRATION_JITTER_MAX_SECONDS",
-    "FORCE_START_WITHOUT_INITIAL_CONFIG",
     "GRPC_MAX_CONNECTION_AGE",
     "GRPC_MAX_CONNECTION_AGE_GRACE",
     "GRPC_UDS",
@@ -86,7 +88,6 @@ pub const UNSUPPORTED: &[&str] = &[
 
 /// Prefixes of whole families of unsupported variables.
 pub const UNSUPPORTED_PREFIXES: &[&str] = &[
-    "CONFIG_GRPC_XDS_",
     "MEMCACHE_",
     "REDIS_PERSECOND",
     "TRACING_",
@@ -192,7 +193,11 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
             flags.push((flag, value.to_owned()));
         }
     }
-    if get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some() {
+    xds::xds_flags(vars, &mut flags, &mut problems);
+    // Over xDS the runtime directory holds no rules.
+    if !xds::wants_xds(vars)
+        && (get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some())
+    {
         let mut path =
             std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
         if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
@@ -278,7 +283,10 @@ pub fn refusals(vars: &HashMap<String, String>) -> Vec<String> {
 fn is_unsupported(name: &str, value: &str) -> bool {
     match name {
         "BACKEND_TYPE" => !value.trim().eq_ignore_ascii_case("redis"),
-        "CONFIG_TYPE" => !value.trim().eq_ignore_ascii_case("file"),
+        "CONFIG_TYPE" => {
+            !value.trim().eq_ignore_ascii_case("file")
+                && !value.trim().eq_ignore_ascii_case("grpc_xds_sotw")
+        }
         _ => {
             UNSUPPORTED.contains(&name)
                 || UNSUPPORTED_PREFIXES.iter().any(|it| name.starts_with(it))

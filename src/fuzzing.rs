@@ -220,6 +220,7 @@ pub fn request(data: &[u8]) {
             assert!(!message.is_empty());
         }
         Err(decision::Error::Backend(err)) => panic!("the memory backend failed: {err}"),
+        Err(decision::Error::NoConfig) => panic!("rules are loaded"),
     }
 }
 

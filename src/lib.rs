@@ -22,7 +22,9 @@
 //! - `pem`: certificates and keys read from PEM files, errors naming files;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
 //! - `proto`: generated Envoy wire types;
-//! - `compat`: envoyproxy/ratelimit's environment variables as `serve` flags.
+//! - `compat`: envoyproxy/ratelimit's environment variables as `serve` flags;
+//! - `xds`: rules pushed by a management server over xDS (the client of
+//!   its aggregated discovery stream).
 
 pub mod algorithms;
 pub mod app;
@@ -42,6 +44,7 @@ pub mod rules;
 pub mod serving_thread;
 pub mod simulate;
 pub mod transport;
+pub mod xds;
 
 #[cfg(test)]
 pub(crate) mod testing;
@@ -86,6 +89,7 @@ mod tests {
                     "log_gate",
                     "clock",
                     "quota",
+                    "xds",
                 ],
             ),
             (
@@ -154,6 +158,7 @@ mod tests {
             ),
             ("pem", &[]),
             ("serving_thread", &[]),
+            ("xds", &["config", "rules", "proto", "pem"]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

@@ -16,6 +16,7 @@ use clap::{Arg, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueE
 use throttlegate::algorithms::Algorithm;
 use throttlegate::app::{
     self, Limits, RatelimitPrometheus, RatelimitStatsSettings, RedisFlags, Settings, TlsFlags,
+    XdsFlags,
 };
 use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
@@ -28,6 +29,7 @@ use throttlegate::metrics::statsd::{Protocol, StatsdSettings, TagFormat};
 use throttlegate::simulate;
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::http::HttpLimits;
+use throttlegate::xds::{Target, XdsSettings, XdsTls};
 
 // No `Debug` on `Cli`, `Command` or `ServeArgs`: they hold Redis URLs and
 // passwords, and nothing may print them whole.
@@ -355,6 +357,106 @@ struct ServeArgs {
     limits: LimitArgs,
     #[command(flatten)]
     ratelimit_stats: RatelimitStatsArgs,
+    #[command(flatten)]
+    xds: XdsArgs,
+}
+
+/// Rules from a management server over xDS instead of files.
+#[derive(Debug, Default, Args)]
+struct XdsArgs {
+    /// Take the rules from this xDS management server (`host:port`), over
+    /// its aggregated discovery stream (state of the world), as
+    /// `ratelimit.config.ratelimit.v3.RateLimitConfig` resources, one per
+    /// domain; excludes --config.
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_SERVER", value_name = "HOST:PORT", value_parser = Target::parse)]
+    config_xds_server: Option<Target>,
+    /// The node id the xDS server picks the resources by.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_CONFIG_XDS_NODE_ID",
+        default_value = "default"
+    )]
+    config_xds_node_id: String,
+    /// Node metadata sent to the xDS server, `key=value` (repeat, or
+    /// comma-separated).
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_NODE_METADATA", value_name = "KEY=VALUE", value_delimiter = ',', value_parser = parse_key_value)]
+    config_xds_node_metadata: Vec<(String, String)>,
+    /// Serve before the xDS server's first config arrives: until it does,
+    /// every request is answered through --failure-mode and health reports
+    /// SERVING. Without it nothing is served until then.
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_FORCE_START")]
+    config_xds_force_start: bool,
+    /// The first wait before reconnecting to the xDS server after a failed
+    /// connection or stream; doubled after each failure, up to 60 s.
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_RETRY_INTERVAL_MS", default_value_t = 3_000, value_parser = clap::value_parser!(u64).range(1..))]
+    config_xds_retry_interval_ms: u64,
+    /// TLS to the xDS server (checked against --config-xds-tls-ca, or the
+    /// built-in web roots).
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_TLS")]
+    config_xds_tls: bool,
+    /// With --config-xds-tls: the CA certificates (PEM) the xDS server's
+    /// certificate must chain to.
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_TLS_CA", value_name = "FILE")]
+    config_xds_tls_ca: Option<PathBuf>,
+    /// With --config-xds-tls: present this client certificate (PEM chain)
+    /// to the xDS server (mutual TLS); needs --config-xds-tls-key.
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_TLS_CERT", value_name = "FILE")]
+    config_xds_tls_cert: Option<PathBuf>,
+    /// The private key of --config-xds-tls-cert (PEM).
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_TLS_KEY", value_name = "FILE")]
+    config_xds_tls_key: Option<PathBuf>,
+    /// With --config-xds-tls: the name the xDS server's certificate must be
+    /// valid for (and the TLS server name sent) [default: the server's host].
+    #[arg(
+        long,
+        env = "THROTTLEGATE_CONFIG_XDS_TLS_SERVER_NAME",
+        value_name = "NAME"
+    )]
+    config_xds_tls_server_name: Option<String>,
+}
+
+fn parse_key_value(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("'{text}' is not key=value")),
+    }
+}
+
+/// The xDS flags as `app` takes them; `None` without a server. TLS files
+/// given without --config-xds-tls are refused (they would be ignored).
+fn xds_flags(args: XdsArgs) -> Result<Option<XdsFlags>, String> {
+    let tls_given = args.config_xds_tls_ca.is_some()
+        || args.config_xds_tls_cert.is_some()
+        || args.config_xds_tls_key.is_some()
+        || args.config_xds_tls_server_name.is_some();
+    let Some(server) = args.config_xds_server else {
+        if tls_given || args.config_xds_tls || args.config_xds_force_start {
+            return Err("the --config-xds-* flags need --config-xds-server".to_owned());
+        }
+        return Ok(None);
+    };
+    if tls_given && !args.config_xds_tls {
+        return Err(
+            "--config-xds-tls-* need --config-xds-tls: without it the xDS server is reached in plain text"
+                .to_owned(),
+        );
+    }
+    let tls = args.config_xds_tls.then(|| XdsTls {
+        ca: args.config_xds_tls_ca,
+        cert: args.config_xds_tls_cert,
+        key: args.config_xds_tls_key,
+        server_name: args.config_xds_tls_server_name,
+    });
+    Ok(Some(XdsFlags {
+        settings: XdsSettings {
+            server,
+            node_id: args.config_xds_node_id,
+            node_metadata: args.config_xds_node_metadata,
+            tls,
+            retry_interval: Duration::from_millis(args.config_xds_retry_interval_ms),
+        },
+        force_start: args.config_xds_force_start,
+    }))
 }
 
 /// What one client may hold of the servers.
@@ -599,7 +701,7 @@ fn main() -> ExitCode {
 }
 
 fn serve(
-    args: ServeArgs,
+    mut args: ServeArgs,
     log_filter: Option<String>,
     warnings: &[String],
     refusals: &[String],
@@ -624,8 +726,16 @@ fn serve(
             eprintln!("warning: {warning}");
         }
     }
+    let xds = match xds_flags(std::mem::take(&mut args.xds)) {
+        Ok(it) => it,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
     let mut settings = settings(args);
     settings.log_filter = log_filter;
+    settings.xds = xds;
     app::run(settings)
 }
 
@@ -810,6 +920,7 @@ fn settings(args: ServeArgs) -> Settings {
         config: args.config,
         load: load_options(&args.config_options),
         watch_config: args.watch_config == Switch::On,
+        xds: None,
         grpc_addr: args.grpc_addr,
         http_addr: args.http_addr,
         tls: TlsFlags {

@@ -4,7 +4,7 @@
 //! Within the service they stop at `crate::transport`: `transport::wire`
 //! maps them to and from `crate::decision`'s types (unit and code names
 //! included), `transport::grpc` serves them, and no other module names
-//! them. Clients (the tests, the `throttlegate-load` generator) use them
+//! them, except `crate::xds`, the client of a management server. Clients (the tests, the `throttlegate-load` generator) use them
 //! directly.
 #![allow(clippy::all, missing_docs, unreachable_pub)]
 
@@ -39,6 +39,35 @@ pub mod envoy {
         pub mod core {
             pub mod v3 {
                 tonic::include_proto!("envoy.config.core.v3");
+            }
+        }
+    }
+}
+
+/// The rules over xDS: the aggregated discovery stream (`crate::xds` is its
+/// client) and the resource it carries.
+pub mod xds {
+    pub mod envoy {
+        pub mod service {
+            pub mod discovery {
+                pub mod v3 {
+                    tonic::include_proto!("envoy.service.discovery.v3");
+                }
+            }
+        }
+        pub use crate::proto::envoy::config;
+    }
+    pub mod google {
+        pub mod rpc {
+            tonic::include_proto!("google.rpc");
+        }
+    }
+    pub mod ratelimit {
+        pub mod config {
+            pub mod ratelimit {
+                pub mod v3 {
+                    tonic::include_proto!("ratelimit.config.ratelimit.v3");
+                }
             }
         }
     }

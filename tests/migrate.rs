@@ -172,12 +172,12 @@ async fn redis_host_and_port_keep_decisions_in_redis() {
 /// one it warns about.
 #[test]
 fn the_migration_guide_names_every_variable() {
-    use throttlegate::compat::{TRANSLATED, UNSUPPORTED, UNSUPPORTED_PREFIXES};
+    use throttlegate::compat::{TRANSLATED, TRANSLATED_XDS, UNSUPPORTED, UNSUPPORTED_PREFIXES};
     let guide = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/migrating.md"),
     )
     .expect("read docs/migrating.md");
-    for name in TRANSLATED.iter().chain(UNSUPPORTED) {
+    for name in TRANSLATED.iter().chain(TRANSLATED_XDS).chain(UNSUPPORTED) {
         assert!(
             guide.contains(&format!("`{name}")),
             "{name} is not in the guide"

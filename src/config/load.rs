@@ -78,6 +78,35 @@ pub fn parse_str(file_name: &str, yaml: &str, options: &LoadOptions) -> Result<L
     outcome(rules, warnings, Vec::new(), problems)
 }
 
+/// Loads rules from YAML trees built by the caller rather than parsed from
+/// text (the rules a management server sends, `crate::xds` builds them),
+/// each named for messages, through the same walk and assembly as files:
+/// the same validation, the same messages (without line and column).
+pub fn load_trees(trees: Vec<(String, Value)>, options: &LoadOptions) -> Result<Loaded, Error> {
+    let mut problems = Vec::new();
+    let mut warnings = Vec::new();
+    let mut parsed = Vec::with_capacity(trees.len());
+    for (name, root) in trees {
+        let Some(top) = top_mapping(&name, root, &mut problems) else {
+            continue;
+        };
+        let before = problems.len();
+        let walked = Walk::new(&name, options, &mut problems, &mut warnings).top(&top);
+        if problems.len() == before {
+            parsed.push(FileRules {
+                domain: walked.domain.into(),
+                domain_location: None,
+                file: name,
+                default_algorithm: walked.default_algorithm,
+                bucket_key_order: walked.bucket_key_order,
+                nodes: walked.nodes,
+            });
+        }
+    }
+    let rules = assemble(parsed, options, &mut problems);
+    outcome(rules, warnings, Vec::new(), problems)
+}
+
 /// The text of `file`, read no further than `max_bytes` (a special file
 /// such as a pipe or `/dev/zero` never ends); the message says why not.
 fn read_capped(file: &Path, max_bytes: u64) -> Result<String, String> {
@@ -374,6 +403,11 @@ fn parse_top(file: &str, text: &str, problems: &mut Vec<Problem>) -> Option<Mapp
         ));
         return None;
     }
+    top_mapping(file, root, problems)
+}
+
+/// The top-level mapping of a document; `None` (reported) when it is not one.
+fn top_mapping(file: &str, root: Value, problems: &mut Vec<Problem>) -> Option<Mapping> {
     match root {
         // An empty file has no domain, as in envoyproxy/ratelimit.
         Value::Null => Some(Mapping::new()),

@@ -32,7 +32,7 @@ use crate::rules::RuleSet;
 
 pub use limits::{ALIAS_NODE_ALLOWANCE, ConfigLimits};
 pub(crate) use load::config_entries;
-pub use load::{load, parse_str};
+pub use load::{load, load_trees, parse_str};
 pub use position::Location;
 pub use status::{ConfigStatus, Refusal};
 pub use summary::summary;

@@ -141,7 +141,8 @@ impl Reloader {
         }
     }
 
-    /// The config path.
+    /// The config path (for pushed rules, the name of their source, which
+    /// is never read).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -203,8 +204,32 @@ impl Reloader {
         // Taken before the load: a change made during the load shows up as
         // a difference on the next comparison, never as a missed edit.
         *last_seen = Fingerprint::of(&self.path);
+        self.install(config::load(&self.path, &self.options))
+    }
+
+    /// Installs rules loaded elsewhere (pushed by a management server,
+    /// `crate::xds`), exactly as a reload of files would: a valid config
+    /// swapped in if it differs, a refused one leaving the last good
+    /// rules in force, both logged, recorded in the status and observed.
+    /// Serialized with reloads by the same lock. Blocking only on that lock.
+    pub fn apply(
+        &self,
+        loaded: Result<config::Loaded, config::Error>,
+    ) -> Result<Summary, config::Error> {
+        let _serialized = self
+            .last_seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        self.install(loaded)
+    }
+
+    /// Stores `loaded` if it is valid and differs from the rules in force.
+    fn install(
+        &self,
+        loaded: Result<config::Loaded, config::Error>,
+    ) -> Result<Summary, config::Error> {
         let path = self.path.display();
-        match config::load(&self.path, &self.options) {
+        match loaded {
             Ok(loaded) => {
                 for warning in &loaded.warnings {
                     tracing::warn!("{warning}");

@@ -149,6 +149,10 @@ pub enum Error {
     InvalidArgument(String),
     #[error(transparent)]
     Backend(backends::Error),
+    /// No config has arrived yet (`RuleSet::awaiting_first_config`), and
+    /// `--failure-mode error`.
+    #[error("no rate-limit config received yet")]
+    NoConfig,
 }
 
 /// Decides requests against the current rules and a backend.
@@ -257,6 +261,9 @@ impl Limiter {
         request::validate(request)?;
         // One snapshot per request: a reload mid-request cannot mix rule sets.
         let rules = shared.rules.load_full();
+        if rules.is_awaiting_first_config() {
+            return shared.answer_without_config(request);
+        }
         let Some(domain) = rules.domain(&request.domain) else {
             return Ok(shared.answer_unknown_domain(request));
         };
@@ -590,6 +597,26 @@ impl Shared {
                 "backend failed: {error}"
             );
         }
+    }
+
+    /// No config yet, so no decision: `--failure-mode` answers for every
+    /// descriptor, as for a backend that cannot be reached (with `error`,
+    /// UNAVAILABLE: Envoy's `failure_mode_deny` decides).
+    fn answer_without_config(&self, request: &Request) -> Result<Decision, Error> {
+        let code = match self.options.failure_mode {
+            FailureMode::Error => return Err(Error::NoConfig),
+            FailureMode::Allow => Code::Ok,
+            FailureMode::Deny => Code::OverLimit,
+        };
+        let status = Status {
+            code,
+            ..Status::ok_without_limit()
+        };
+        Ok(Decision {
+            overall: self.shadowed(code),
+            statuses: vec![status; request.descriptors.len()],
+            headers: Vec::new(),
+        })
     }
 
     /// The answer through `--failure-mode` when no decision could be had.

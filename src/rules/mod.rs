@@ -450,6 +450,8 @@ pub struct RuleSet {
     /// RateLimitOverride above it on a sliding log uses the
     /// sliding-window counter instead, as a rule that inherits the log does.
     max_log_entries: u32,
+    /// No config has arrived yet ([`RuleSet::awaiting_first_config`]).
+    awaiting: bool,
 }
 
 impl Default for RuleSet {
@@ -457,6 +459,7 @@ impl Default for RuleSet {
         Self {
             domains: FastMap::default(),
             max_log_entries: DEFAULT_MAX_LOG_ENTRIES,
+            awaiting: false,
         }
     }
 }
@@ -489,7 +492,25 @@ impl RuleSet {
                 .map(|domain| (domain.name.clone(), domain))
                 .collect(),
             max_log_entries,
+            awaiting: false,
         }
+    }
+
+    /// No rules at all, not even an empty config: what a service serving
+    /// before its first config (rules pushed by a management server, forced
+    /// to start without them) holds until that config arrives. Unlike an
+    /// empty config, where every domain is unknown and answered OK, no
+    /// request can be decided against it.
+    pub fn awaiting_first_config() -> RuleSet {
+        RuleSet {
+            awaiting: true,
+            ..RuleSet::default()
+        }
+    }
+
+    /// Whether this is [`RuleSet::awaiting_first_config`].
+    pub fn is_awaiting_first_config(&self) -> bool {
+        self.awaiting
     }
 
     pub fn domain(&self, name: &str) -> Option<&Domain> {

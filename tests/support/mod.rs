@@ -16,3 +16,4 @@ pub mod rng;
 pub mod sentinel;
 pub mod service;
 pub mod tls;
+pub mod xds;

@@ -29,9 +29,10 @@ pub fn command() -> Command {
 }
 
 fn clear_env(command: &mut Command) {
-    use throttlegate::compat::{TRANSLATED, UNSUPPORTED, UNSUPPORTED_PREFIXES};
+    use throttlegate::compat::{TRANSLATED, TRANSLATED_XDS, UNSUPPORTED, UNSUPPORTED_PREFIXES};
     for (key, _) in std::env::vars() {
         let envoyproxy = TRANSLATED.contains(&key.as_str())
+            || TRANSLATED_XDS.contains(&key.as_str())
             || UNSUPPORTED.contains(&key.as_str())
             || UNSUPPORTED_PREFIXES.iter().any(|it| key.starts_with(it));
         if key.starts_with("THROTTLEGATE_") || key == "RUST_LOG" || envoyproxy {
@@ -61,7 +62,8 @@ pub fn free_addr() -> SocketAddr {
 /// How to start `serve`: its config, flags besides the two ports, the log
 /// filter, and a descriptor limit to run it under.
 pub struct Serve {
-    config: PathBuf,
+    /// `None`: no `--config` (the rules come over xDS, or none).
+    config: Option<PathBuf>,
     dir: Option<tempfile::TempDir>,
     args: Vec<String>,
     rust_log: Option<String>,
@@ -73,7 +75,7 @@ impl Serve {
     /// `serve --config <path>`.
     pub fn config(path: impl AsRef<Path>) -> Serve {
         Serve {
-            config: path.as_ref().to_path_buf(),
+            config: Some(path.as_ref().to_path_buf()),
             dir: None,
             args: Vec::new(),
             rust_log: None,
@@ -91,6 +93,18 @@ impl Serve {
         Serve {
             dir: Some(dir),
             ..Serve::config(config)
+        }
+    }
+
+    /// `serve` without `--config`, with `args` (an xDS server, say).
+    pub fn without_config(args: &[&str]) -> Serve {
+        Serve {
+            config: None,
+            dir: None,
+            args: args.iter().map(|it| (*it).to_owned()).collect(),
+            rust_log: None,
+            nofile: None,
+            env: Vec::new(),
         }
     }
 
@@ -136,10 +150,11 @@ impl Serve {
             command.env("RUST_LOG", filter);
         }
         command.envs(self.env.iter().map(|(name, value)| (name, value)));
+        command.arg("serve");
+        if let Some(config) = &self.config {
+            command.arg("--config").arg(config);
+        }
         command
-            .arg("serve")
-            .arg("--config")
-            .arg(&self.config)
             .args(["--grpc-addr", &grpc.to_string()])
             .args(["--http-addr", &http.to_string()])
             .args(&self.args);

@@ -146,6 +146,7 @@ pub fn to_status(error: decision::Error) -> tonic::Status {
     match error {
         decision::Error::InvalidArgument(message) => tonic::Status::invalid_argument(message),
         decision::Error::Backend(error) => tonic::Status::unavailable(error.to_string()),
+        error @ decision::Error::NoConfig => tonic::Status::unavailable(error.to_string()),
     }
 }
 

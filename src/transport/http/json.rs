@@ -54,7 +54,7 @@ pub(super) async fn decide(
         Err(decision::Error::InvalidArgument(message)) => {
             (StatusCode::BAD_REQUEST, message).into_response()
         }
-        Err(decision::Error::Backend(err)) => {
+        Err(err @ (decision::Error::Backend(_) | decision::Error::NoConfig)) => {
             (StatusCode::SERVICE_UNAVAILABLE, err.to_string()).into_response()
         }
     }
