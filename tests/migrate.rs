@@ -138,7 +138,7 @@ async fn redis_host_and_port_keep_decisions_in_redis() {
                 ("REDIS_URL", &redis_url),
                 ("CACHE_KEY_PREFIX", "migrated_"),
                 ("USE_STATSD", "false"),
-            ("DEBUG_PORT", "6070"),
+                ("DEBUG_PORT", "6070"),
             ],
             grpc,
             http,
