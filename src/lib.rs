@@ -17,6 +17,7 @@
 //! - `simulate`: `throttlegate simulate`, a traffic pattern replayed
 //!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
+//! - `traces`: OpenTelemetry traces of decisions, exported over OTLP;
 //! - `log_gate`: rate-limited log lines;
 //! - `serving_thread`: which serving thread (`--grpc-threads`) code runs on;
 //! - `pem`: certificates and keys read from PEM files, errors naming files;
@@ -41,6 +42,7 @@ pub mod quota;
 pub mod rules;
 pub mod serving_thread;
 pub mod simulate;
+pub mod traces;
 pub mod transport;
 
 #[cfg(test)]
@@ -86,6 +88,7 @@ mod tests {
                     "log_gate",
                     "clock",
                     "quota",
+                    "traces",
                 ],
             ),
             (
@@ -101,6 +104,7 @@ mod tests {
                     "pem",
                     "serving_thread",
                     "quota",
+                    "traces",
                 ],
             ),
             (
@@ -154,6 +158,7 @@ mod tests {
             ),
             ("pem", &[]),
             ("serving_thread", &[]),
+            ("traces", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

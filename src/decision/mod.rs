@@ -37,6 +37,7 @@ mod over_limit;
 mod overrides;
 mod plan;
 mod request;
+mod traced;
 
 pub use answer::{Code, CurrentLimit, Decision, Status};
 pub use headers::HeaderNames;
@@ -47,6 +48,7 @@ pub use request::{
 
 pub use over_limit::OverLimitCache;
 use plan::Plan;
+pub use traced::{BackendCall, BackendCallTimes};
 
 /// What to answer when the backend fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -266,7 +268,8 @@ impl Limiter {
         let send_by = answer_by.map(|it| it.checked_sub(MIN_BACKEND_TIME).unwrap_or(it));
         // Decided before any deadline could pass: nothing to bound.
         if shared.backend.answers_at_once() {
-            return match shared.call_backend(&rules, &plan, None).await {
+            let traced = caller.traced.as_deref();
+            return match shared.call_backend(&rules, &plan, None, traced).await {
                 Ok(verdict) => Ok(shared.answer(domain, &plan, Some(&verdict))),
                 Err(error) => shared.on_backend_error(&plan, error),
             };
@@ -278,14 +281,7 @@ impl Limiter {
             return shared.failure_answer(&plan, backends::Error::Deadline);
         }
         let plan = Arc::new(plan);
-        let mut pending = Pending::start(
-            shared,
-            caller.method,
-            rules,
-            &request.domain,
-            &plan,
-            send_by,
-        );
+        let mut pending = Pending::start(shared, &caller, rules, &request.domain, &plan, send_by);
         let finished = match answer_by {
             None => Some((&mut pending).await),
             Some(answer_by) => tokio::time::timeout_at(answer_by.into(), &mut pending)
@@ -311,13 +307,17 @@ impl Limiter {
     }
 }
 
-/// Who asks for a decision: by which method, and until when.
-#[derive(Debug, Clone, Copy)]
+/// Who asks for a decision: by which method, until when, and whether it
+/// traces the backend call.
+#[derive(Debug, Clone)]
 pub struct Caller {
     pub method: Method,
     /// When the caller gives up (its `grpc-timeout`, or the server's
     /// request timeout); `None`: it waits as long as the backend takes.
     pub deadline: Option<Instant>,
+    /// Where the backend call is recorded for the caller's trace; `None`
+    /// (not traced): nothing is recorded.
+    pub traced: Option<Arc<BackendCall>>,
 }
 
 impl Caller {
@@ -325,6 +325,7 @@ impl Caller {
         Caller {
             method,
             deadline: None,
+            traced: None,
         }
     }
 }
@@ -359,13 +360,14 @@ struct Pending {
 impl Pending {
     fn start(
         shared: &Arc<Shared>,
-        method: Method,
+        caller: &Caller,
         rules: Arc<RuleSet>,
         domain: &str,
         plan: &Arc<Plan>,
         send_by: Option<Instant>,
     ) -> Pending {
         let progress = backends::Progress::new(backends::Stage::Decide);
+        let traced = caller.traced.clone();
         let shared_ = shared.clone();
         let plan = plan.clone();
         let domain = domain.to_owned();
@@ -383,7 +385,8 @@ impl Pending {
         };
         let finish: Finish = Box::pin(async move {
             let shared = shared_;
-            let verdict = match shared.call_backend(&rules, &plan, Some(&call)).await {
+            let called = shared.call_backend(&rules, &plan, Some(&call), traced.as_deref());
+            let verdict = match called.await {
                 Ok(verdict) => verdict,
                 Err(backends::Error::Deadline) => return Err(backends::Error::Deadline),
                 Err(error) => {
@@ -400,7 +403,7 @@ impl Pending {
         Pending {
             finish: Some(finish),
             progress,
-            method,
+            method: caller.method,
             metrics: shared.metrics.clone(),
         }
     }
@@ -490,14 +493,17 @@ impl Shared {
     }
 
     /// The backend's verdict on the plan's checks, timed; one outcome per
-    /// check, or a protocol error. Full counters are remembered.
+    /// check, or a protocol error. Full counters are remembered; with
+    /// `traced`, the call is recorded there for the caller's trace.
     async fn call_backend(
         &self,
         rules: &Arc<RuleSet>,
         plan: &Plan,
         call: Option<&CallContext>,
+        traced: Option<&BackendCall>,
     ) -> Result<Verdict, backends::Error> {
         let sent_us = self.over_limit.as_ref().map(OverLimitCache::now_us);
+        let wall = traced.map(|_| std::time::SystemTime::now());
         let started = Instant::now();
         let res = match call {
             Some(call) => self.backend.decide_within(&plan.checks, call).await,
@@ -505,6 +511,14 @@ impl Shared {
         };
         if !matches!(res, Err(backends::Error::Deadline)) {
             self.backend_metrics.observe_latency(started.elapsed());
+            if let (Some(traced), Some(wall)) = (traced, wall) {
+                traced.record(BackendCallTimes {
+                    backend: self.backend.name(),
+                    started: wall,
+                    took: started.elapsed(),
+                    error: res.as_ref().err().map(ToString::to_string),
+                });
+            }
         }
         let verdict = res?;
         if verdict.outcomes.len() != plan.checks.len() {

@@ -1,7 +1,7 @@
 //! The HTTP side: `/healthcheck`, `/json` (the decision over JSON, see
 //! `json`), `/rlconfig`, `/metrics`.
 
-mod json;
+pub mod json;
 
 use std::pin::Pin;
 use std::sync::Arc;
