@@ -121,7 +121,7 @@ fn check(args: CheckArgs) -> ExitCode {
         args.tls || args.ca_cert.is_some() || args.cert.is_some() || args.server_name.is_some();
     let call = client::Call {
         addr: args.addr,
-        tls: tls_flags.then(|| client::ClientTls {
+        tls: tls_flags.then_some(client::ClientTls {
             ca: args.ca_cert,
             cert: args.cert,
             key: args.key,

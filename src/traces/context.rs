@@ -241,7 +241,7 @@ mod tests {
                 sampled: Some(false)
             })
         );
-        for bad in ["", "x", &format!("{TRACE}-{SPAN}-2"), &format!("{TRACE}")] {
+        for bad in ["", "x", &format!("{TRACE}-{SPAN}-2"), TRACE] {
             assert_eq!(b3_single(bad), None, "{bad}");
         }
     }

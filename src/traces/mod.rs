@@ -208,6 +208,6 @@ mod tests {
         assert_eq!(ratio_bound(0.5), 1 << 62);
         // No trace id is sampled at 0, every one at 1.
         assert!((u64::MAX >> 1) < ratio_bound(1.0));
-        assert!(!(0 < ratio_bound(0.0)));
+        assert_eq!(ratio_bound(0.0), 0, "not even the smallest trace id");
     }
 }
