@@ -1074,6 +1074,44 @@ mod tests {
         assert_eq!(args.redis_pool_size, 20);
     }
 
+    /// Tracing is off unless asked for; their variables turn it on, and
+    /// the endpoint's default follows the protocol.
+    #[test]
+    fn tracing_flags_and_variables_become_trace_settings() {
+        assert_eq!(
+            trace_settings(serve_args(&[], &["throttlegate"]).traces),
+            None
+        );
+        let on = trace_settings(
+            serve_args(
+                &[
+                    ("TRACING_ENABLED", "true"),
+                    ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+                ],
+                &["throttlegate"],
+            )
+            .traces,
+        )
+        .expect("tracing on");
+        assert_eq!(on.endpoint, "http://localhost:4317");
+        assert_eq!(on.protocol, Protocol::Grpc);
+        assert_eq!(on.service_name, "RateLimit");
+        assert_eq!(on.sampling_rate, 1.0);
+        let http = trace_settings(
+            serve_args(
+                &[("TRACING_SAMPLING_RATE", "0.01")],
+                &["throttlegate", "--tracing", "on"],
+            )
+            .traces,
+        )
+        .expect("tracing on");
+        assert_eq!(http.endpoint, "http://localhost:4318");
+        assert_eq!(http.service_name, "throttlegate");
+        assert_eq!(http.sampling_rate, 0.01);
+        assert!(parse_sampling_rate("1.5").is_err());
+        assert!(parse_sampling_rate("-0.1").is_err());
+    }
+
     #[test]
     fn without_their_variables_our_defaults_stand() {
         let args = serve_args(&[], &["throttlegate"]);
