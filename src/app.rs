@@ -40,6 +40,7 @@ use crate::metrics::statsd_mapping::Mapping;
 use crate::quota::redis::RedisPools;
 use crate::quota::{self, QuotaBook};
 use crate::rules::RuleSet;
+use crate::traces::{TraceSettings, Tracing};
 use crate::transport::grpc::{self, GrpcLimits};
 use crate::transport::health::Health;
 use crate::transport::http::ratelimit_stats::{self, RatelimitStatsPage};
@@ -99,6 +100,8 @@ pub struct Settings {
     pub log_filter: Option<String>,
     /// envoyproxy/ratelimit's statistics: its Prometheus endpoint, statsd.
     pub ratelimit_stats: RatelimitStatsSettings,
+    /// OpenTelemetry traces of decisions; `None`: off.
+    pub traces: Option<TraceSettings>,
 }
 
 /// The TLS flags of both servers: none given is plain text.
@@ -255,6 +258,8 @@ struct Serving {
     _tls_reloads: Option<TlsReloadGuard>,
     /// Keeps envoyproxy/ratelimit's statistics flowing.
     _ratelimit_stats: RatelimitStatsRunning,
+    /// Flushed once both servers have stopped.
+    traces: Option<Arc<Tracing>>,
 }
 
 /// Builds everything in the order start-up needs it, then starts both
@@ -289,6 +294,7 @@ async fn start(
         None => None,
     };
     let (backend, sweeper) = backend(&settings, &metrics, stop).await?;
+    let traces = start_traces(settings.traces.as_ref())?;
     // In the background: start-up never waits for Redis, and a request
     // that comes first simply makes the connection itself.
     tokio::spawn({
@@ -321,6 +327,7 @@ async fn start(
         http_app.quota = book;
     }
     grpc_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Grpc));
+    grpc_app.traces = traces.clone();
     http_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Http));
     let tls_reloads = tls.as_ref().map(|it| it.spawn_reloader(tls::CHECK_EVERY));
     let (control, shutdown) = shutdown_channel();
@@ -343,6 +350,7 @@ async fn start(
         _sweeper: sweeper,
         _tls_reloads: tls_reloads,
         _ratelimit_stats: ratelimit_stats,
+        traces,
     })
 }
 
@@ -452,6 +460,36 @@ impl RatelimitStatsPrepared {
     }
 }
 
+// === traces ===
+
+/// How long the spans still queued at the stop may take to be sent.
+const TRACES_FLUSH: Duration = Duration::from_secs(2);
+
+/// The OTLP exporter, when tracing is on; a bad endpoint stops the start.
+fn start_traces(settings: Option<&TraceSettings>) -> Result<Option<Arc<Tracing>>, Aborted> {
+    let Some(settings) = settings else {
+        return Ok(None);
+    };
+    let traces = Tracing::start(settings, tokio::runtime::Handle::current())
+        .map_err(|err| Aborted::Failed(format!("tracing: {err}")))?;
+    tracing::info!(
+        endpoint = %settings.endpoint,
+        protocol = ?settings.protocol,
+        sampling_rate = settings.sampling_rate,
+        service_name = %settings.service_name,
+        "tracing decisions"
+    );
+    Ok(Some(Arc::new(traces)))
+}
+
+/// Sends the spans still queued, off the runtime's workers (the exports
+/// themselves run on them).
+async fn flush_traces(traces: Option<Arc<Tracing>>) {
+    if let Some(traces) = traces {
+        let _ = tokio::task::spawn_blocking(move || traces.flush(TRACES_FLUSH)).await;
+    }
+}
+
 /// The TLS files the flags name; `None` without TLS. A key without a
 /// certificate (or the reverse), or a client CA without both, is refused.
 fn tls_files(flags: &TlsFlags) -> Result<Option<TlsFiles>, String> {
@@ -531,6 +569,7 @@ pub fn server_apps(
         quota,
         drain_timeout,
         tls: None,
+        traces: None,
     };
     (grpc, http)
 }
@@ -1009,6 +1048,7 @@ impl Serving {
             tokio::time::timeout_at(deadline, &mut self.http),
         );
         self.http.abort();
+        flush_traces(self.traces.take()).await;
         exit_code(grpc_res, http_res, self.drain_timeout)
     }
 

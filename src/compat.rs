@@ -64,6 +64,19 @@ pub const TRANSLATED: &[&str] = &[
     "USE_STATSD",
 ];
 
+/// envoyproxy/ratelimit's tracing variables (and the OpenTelemetry
+/// exporter's endpoint variable it reads), read by [`from_envoyproxy_env`]
+/// into the `--tracing*` flags.
+pub const TRACING_VARIABLES: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "TRACING_ENABLED",
+    "TRACING_EXPORTER_PROTOCOL",
+    "TRACING_SAMPLING_RATE",
+    "TRACING_SERVICE_INSTANCE_ID",
+    "TRACING_SERVICE_NAME",
+    "TRACING_SERVICE_NAMESPACE",
+];
+
 /// envoyproxy/ratelimit variables with no counterpart here: named in the
 /// start-up warning when set, whatever their value.
 pub const UNSUPPORTED: &[&str] = &[
@@ -120,6 +133,7 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
     redis(vars, &mut flags, &mut problems);
     let get_owned = |name: &str| get(name).map(str::to_owned);
     stats::stats(&get_owned, &mut flags, &mut problems);
+    tracing(vars, &mut flags, &mut problems);
     if server_tls(vars) == Some(true) {
         for (name, flag) in SERVER_TLS {
             if let Some(value) = get(name) {
@@ -289,7 +303,8 @@ fn is_unsupported(name: &str, value: &str) -> bool {
         }
         _ => {
             UNSUPPORTED.contains(&name)
-                || UNSUPPORTED_PREFIXES.iter().any(|it| name.starts_with(it))
+                || (UNSUPPORTED_PREFIXES.iter().any(|it| name.starts_with(it))
+                    && !TRACING_VARIABLES.contains(&name))
         }
     }
 }
@@ -388,6 +403,54 @@ fn redis(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &
         Some(other) => problems.push(format!(
             "REDIS_TYPE={other} is not single, cluster or sentinel; REDIS_URL ignored"
         )),
+    }
+}
+
+/// envoyproxy/ratelimit's tracing: `TRACING_ENABLED` turns it on or off,
+/// `TRACING_EXPORTER_PROTOCOL` (`http`, its default, or `grpc`) chooses the
+/// transport, `OTEL_EXPORTER_OTLP_ENDPOINT` the collector, and the rate
+/// and resource names carry over. With tracing on and no
+/// `TRACING_SERVICE_NAME`, spans carry its default service name,
+/// `RateLimit`, so traces keep their place after a swap.
+fn tracing(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &mut Vec<String>) {
+    let get = |name: &str| {
+        vars.get(name)
+            .map(|it| it.trim())
+            .filter(|it| !it.is_empty())
+    };
+    let mut on = false;
+    if let Some(value) = get("TRACING_ENABLED") {
+        match parse_bool(value) {
+            Some(enabled) => {
+                on = enabled;
+                flags.push(("tracing", if enabled { "on" } else { "off" }.into()));
+            }
+            None => problems.push(format!(
+                "TRACING_ENABLED={value} is not a boolean; tracing stays off"
+            )),
+        }
+    }
+    if let Some(protocol) = get("TRACING_EXPORTER_PROTOCOL") {
+        match protocol.to_ascii_lowercase().as_str() {
+            it @ ("http" | "grpc") => flags.push(("tracing-protocol", it.to_owned())),
+            _ => problems.push(format!(
+                "TRACING_EXPORTER_PROTOCOL={protocol} is neither http nor grpc"
+            )),
+        }
+    }
+    for (name, flag) in [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "tracing-endpoint"),
+        ("TRACING_SAMPLING_RATE", "tracing-sampling-rate"),
+        ("TRACING_SERVICE_NAME", "tracing-service-name"),
+        ("TRACING_SERVICE_NAMESPACE", "tracing-service-namespace"),
+        ("TRACING_SERVICE_INSTANCE_ID", "tracing-service-instance-id"),
+    ] {
+        if let Some(value) = get(name) {
+            flags.push((flag, value.to_owned()));
+        }
+    }
+    if on && get("TRACING_SERVICE_NAME").is_none() {
+        flags.push(("tracing-service-name", "RateLimit".into()));
     }
 }
 
@@ -754,6 +817,56 @@ mod tests {
         assert_eq!(
             flags(&[("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", "false")]),
             vec![]
+        );
+    }
+
+    #[test]
+    fn tracing_variables_become_the_tracing_flags() {
+        assert_eq!(
+            flags(&[
+                ("TRACING_ENABLED", "true"),
+                ("TRACING_EXPORTER_PROTOCOL", "GRPC"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://otel:4317"),
+                ("TRACING_SAMPLING_RATE", "0.25"),
+                ("TRACING_SERVICE_NAME", "rl"),
+                ("TRACING_SERVICE_NAMESPACE", "gateway"),
+                ("TRACING_SERVICE_INSTANCE_ID", "pod-1"),
+            ]),
+            vec![
+                ("tracing", "on".to_owned()),
+                ("tracing-protocol", "grpc".to_owned()),
+                ("tracing-endpoint", "http://otel:4317".to_owned()),
+                ("tracing-sampling-rate", "0.25".to_owned()),
+                ("tracing-service-name", "rl".to_owned()),
+                ("tracing-service-namespace", "gateway".to_owned()),
+                ("tracing-service-instance-id", "pod-1".to_owned()),
+            ]
+        );
+        // Their default service name when tracing is on without one.
+        assert_eq!(
+            flags(&[("TRACING_ENABLED", "1")]),
+            vec![
+                ("tracing", "on".to_owned()),
+                ("tracing-service-name", "RateLimit".to_owned()),
+            ]
+        );
+        assert_eq!(
+            flags(&[("TRACING_ENABLED", "false")]),
+            one("tracing", "off")
+        );
+        let (flags, warnings) = translate(&[
+            ("TRACING_ENABLED", "yes"),
+            ("TRACING_EXPORTER_PROTOCOL", "zipkin"),
+            ("TRACING_OTHER", "x"),
+        ]);
+        assert!(flags.is_empty(), "{flags:?}");
+        assert_eq!(
+            warnings,
+            [
+                "envoyproxy/ratelimit variables not supported, ignored: TRACING_OTHER",
+                "TRACING_ENABLED=yes is not a boolean; tracing stays off",
+                "TRACING_EXPORTER_PROTOCOL=zipkin is neither http nor grpc",
+            ]
         );
     }
 

@@ -17,6 +17,7 @@
 //! - `simulate`: `throttlegate simulate`, a traffic pattern replayed
 //!   through one rule with each algorithm, drawn as SVG;
 //! - `metrics`: Prometheus metrics;
+//! - `traces`: OpenTelemetry traces of decisions, exported over OTLP;
 //! - `log_gate`: rate-limited log lines;
 //! - `serving_thread`: which serving thread (`--grpc-threads`) code runs on;
 //! - `pem`: certificates and keys read from PEM files, errors naming files;
@@ -43,6 +44,7 @@ pub mod quota;
 pub mod rules;
 pub mod serving_thread;
 pub mod simulate;
+pub mod traces;
 pub mod transport;
 pub mod xds;
 
@@ -90,6 +92,7 @@ mod tests {
                     "clock",
                     "quota",
                     "xds",
+                    "traces",
                 ],
             ),
             (
@@ -105,6 +108,7 @@ mod tests {
                     "pem",
                     "serving_thread",
                     "quota",
+                    "traces",
                 ],
             ),
             (
@@ -159,6 +163,7 @@ mod tests {
             ("pem", &[]),
             ("serving_thread", &[]),
             ("xds", &["config", "rules", "proto", "pem"]),
+            ("traces", &[]),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

@@ -25,9 +25,11 @@ use throttlegate::clock::SystemClock;
 use throttlegate::compat::{self, FlagValue};
 use throttlegate::config::{self, LoadOptions};
 use throttlegate::decision::{DEFAULT_OVER_LIMIT_CACHE, FailureMode, HeaderNames, NearLimitRatio};
-use throttlegate::metrics::statsd::{Protocol, StatsdSettings, TagFormat};
+use throttlegate::metrics::statsd::{StatsdProtocol, StatsdSettings, TagFormat};
 use throttlegate::simulate;
+use throttlegate::traces::{OtlpProtocol, TraceSettings};
 use throttlegate::transport::grpc::GrpcLimits;
+use throttlegate::transport::grpc::client;
 use throttlegate::transport::http::HttpLimits;
 use throttlegate::xds::{Target, XdsSettings, XdsTls};
 
@@ -62,6 +64,103 @@ enum Command {
     /// Print the Lua the Redis backend sends (for measuring it by hand).
     #[command(hide = true)]
     PrintLua(PrintLuaArgs),
+    /// Ask a running service over gRPC (one ShouldRateLimit call) and print
+    /// its answer as JSON. Exit code 0: OK; 3: OVER_LIMIT; 1: no answer
+    /// (connection, TLS or RPC error); 2: bad arguments.
+    Check(CheckArgs),
+}
+
+// === `check` ===
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    /// The service's gRPC address: `host:port`, or `http://host:port`, or
+    /// `https://host:port` (TLS).
+    #[arg(long, default_value = "localhost:8081")]
+    addr: String,
+    /// The request's domain.
+    #[arg(long)]
+    domain: String,
+    /// One descriptor, `key=value[,key=value...]`, entries outermost first;
+    /// repeat for more descriptors. Inside a key or value write a comma as
+    /// `\,`, an equals sign as `\=`, a backslash as `\\` (a value may
+    /// also hold `=` unescaped: an entry splits at its first).
+    #[arg(long = "descriptor", value_name = "KEY=VALUE[,...]", required = true, value_parser = parse_descriptor)]
+    descriptors: Vec<DescriptorArg>,
+    /// Units the request costs (its `hits_addend`).
+    #[arg(long, default_value_t = 1)]
+    hits: u32,
+    /// TLS (implied by an `https://` address or any of the flags below).
+    #[arg(long)]
+    tls: bool,
+    /// Trust the CA certificates in this PEM file [default: the public web
+    /// roots].
+    #[arg(long, value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
+    /// Mutual TLS: this client certificate chain (PEM); needs --key.
+    #[arg(long, value_name = "FILE", requires = "key")]
+    cert: Option<PathBuf>,
+    /// The private key of --cert (PEM).
+    #[arg(long, value_name = "FILE", requires = "cert")]
+    key: Option<PathBuf>,
+    /// The name the server's certificate must be valid for [default: the
+    /// address's host].
+    #[arg(long, value_name = "NAME")]
+    server_name: Option<String>,
+    /// Bound on connecting and answering together.
+    #[arg(long, default_value_t = 5_000)]
+    timeout_ms: u64,
+}
+
+/// One `--descriptor`'s entries.
+#[derive(Debug, Clone)]
+struct DescriptorArg(Vec<(String, String)>);
+
+fn parse_descriptor(text: &str) -> Result<DescriptorArg, String> {
+    client::parse_descriptor(text).map(DescriptorArg)
+}
+
+/// `check`: the answer on stdout; see [`Command::Check`] for exit codes.
+fn check(args: CheckArgs) -> ExitCode {
+    let tls_flags =
+        args.tls || args.ca_cert.is_some() || args.cert.is_some() || args.server_name.is_some();
+    let call = client::Call {
+        addr: args.addr,
+        tls: tls_flags.then_some(client::ClientTls {
+            ca: args.ca_cert,
+            cert: args.cert,
+            key: args.key,
+            server_name: args.server_name,
+        }),
+        domain: args.domain,
+        descriptors: args.descriptors.into_iter().map(|it| it.0).collect(),
+        hits: args.hits,
+        timeout: Duration::from_millis(args.timeout_ms),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(it) => it,
+        Err(err) => {
+            eprintln!("error: cannot start a runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(client::check(&call)) {
+        Ok(answer) => {
+            println!("{}", answer.json);
+            if answer.over_limit {
+                ExitCode::from(3)
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(err) => {
+            eprintln!("error: {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -359,6 +458,8 @@ struct ServeArgs {
     ratelimit_stats: RatelimitStatsArgs,
     #[command(flatten)]
     xds: XdsArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 /// Rules from a management server over xDS instead of files.
@@ -457,6 +558,83 @@ fn xds_flags(args: XdsArgs) -> Result<Option<XdsFlags>, String> {
         },
         force_start: args.config_xds_force_start,
     }))
+}
+
+// === traces ===
+
+/// OpenTelemetry traces of decisions (envoyproxy/ratelimit's TRACING_*
+/// variables and OTEL_EXPORTER_OTLP_ENDPOINT become their defaults).
+#[derive(Debug, Args)]
+struct TraceArgs {
+    /// Trace ShouldRateLimit decisions over OTLP: a span per decision (its
+    /// domain and verdict) with the backend call as its child, continuing
+    /// the caller's trace (W3C traceparent, or B3).
+    #[arg(long, env = "THROTTLEGATE_TRACING", value_enum, default_value_t = Switch::Off)]
+    tracing: Switch,
+    /// The OTLP collector, `http://host:port`; over HTTP spans go to its
+    /// /v1/traces [default: http://localhost:4318, with --tracing-protocol
+    /// grpc http://localhost:4317].
+    #[arg(long, env = "THROTTLEGATE_TRACING_ENDPOINT", value_name = "URL")]
+    tracing_endpoint: Option<String>,
+    /// OTLP over HTTP (protobuf) or over gRPC.
+    #[arg(long, env = "THROTTLEGATE_TRACING_PROTOCOL", value_enum, default_value_t = TraceProtocolArg::Http)]
+    tracing_protocol: TraceProtocolArg,
+    /// Share of the traces started here that are sampled, from 0 to 1; a
+    /// caller's own sampling decision (traceparent or B3) is followed.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_TRACING_SAMPLING_RATE",
+        default_value = "1",
+        value_parser = parse_sampling_rate
+    )]
+    tracing_sampling_rate: f64,
+    /// The `service.name` of the spans.
+    #[arg(
+        long,
+        env = "THROTTLEGATE_TRACING_SERVICE_NAME",
+        default_value = "throttlegate"
+    )]
+    tracing_service_name: String,
+    /// The `service.namespace` of the spans [default: none].
+    #[arg(long, env = "THROTTLEGATE_TRACING_SERVICE_NAMESPACE")]
+    tracing_service_namespace: Option<String>,
+    /// The `service.instance.id` of the spans [default: a random UUID].
+    #[arg(long, env = "THROTTLEGATE_TRACING_SERVICE_INSTANCE_ID")]
+    tracing_service_instance_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TraceProtocolArg {
+    Http,
+    Grpc,
+}
+
+fn parse_sampling_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if (0.0..=1.0).contains(&rate) => Ok(rate),
+        _ => Err(format!("'{text}' is not a number from 0 to 1")),
+    }
+}
+
+/// The `--tracing*` flags as [`app::Settings`] takes them; `None`: off.
+fn trace_settings(args: TraceArgs) -> Option<TraceSettings> {
+    if args.tracing == Switch::Off {
+        return None;
+    }
+    let (protocol, default_endpoint) = match args.tracing_protocol {
+        TraceProtocolArg::Http => (OtlpProtocol::Http, "http://localhost:4318"),
+        TraceProtocolArg::Grpc => (OtlpProtocol::Grpc, "http://localhost:4317"),
+    };
+    Some(TraceSettings {
+        endpoint: args
+            .tracing_endpoint
+            .unwrap_or_else(|| default_endpoint.to_owned()),
+        protocol,
+        sampling_rate: args.tracing_sampling_rate,
+        service_name: args.tracing_service_name,
+        service_namespace: args.tracing_service_namespace,
+        service_instance_id: args.tracing_service_instance_id,
+    })
 }
 
 /// What one client may hold of the servers.
@@ -608,8 +786,8 @@ fn ratelimit_stats_settings(args: RatelimitStatsArgs) -> RatelimitStatsSettings 
         statsd: args.statsd_addr.map(|addr| StatsdSettings {
             addr,
             protocol: match args.statsd_protocol {
-                StatsdProtocolArg::Tcp => Protocol::Tcp,
-                StatsdProtocolArg::Udp => Protocol::Udp,
+                StatsdProtocolArg::Tcp => StatsdProtocol::Tcp,
+                StatsdProtocolArg::Udp => StatsdProtocol::Udp,
             },
             flush_interval: Duration::from_millis(args.statsd_flush_interval_ms),
             tags: args.statsd_tag,
@@ -695,6 +873,7 @@ fn main() -> ExitCode {
         Some(Command::CheckConfig(args)) => check_config(&args),
         Some(Command::Simulate(args)) => simulate(args),
         Some(Command::PrintLua(args)) => print_lua(&args),
+        Some(Command::Check(args)) => check(args),
         Some(Command::Serve(args)) => serve(*args, log_filter, &warnings, &refusals),
         None => serve(cli.serve, log_filter, &warnings, &refusals),
     }
@@ -977,6 +1156,7 @@ fn settings(args: ServeArgs) -> Settings {
         json_logs: args.log_format == LogFormat::Json,
         log_filter: None,
         ratelimit_stats: ratelimit_stats_settings(args.ratelimit_stats),
+        traces: trace_settings(args.traces),
     }
 }
 
@@ -1026,7 +1206,12 @@ mod tests {
         match cli.command {
             Some(Command::Serve(args)) => *args,
             None => cli.serve,
-            Some(Command::CheckConfig(_) | Command::Simulate(_) | Command::PrintLua(_)) => {
+            Some(
+                Command::CheckConfig(_)
+                | Command::Simulate(_)
+                | Command::PrintLua(_)
+                | Command::Check(_),
+            ) => {
                 panic!("not serve")
             }
         }
@@ -1135,7 +1320,7 @@ mod tests {
         );
         let statsd = settings.statsd.expect("on");
         assert_eq!(statsd.addr, "exporter:9125");
-        assert_eq!(statsd.protocol, Protocol::Tcp);
+        assert_eq!(statsd.protocol, StatsdProtocol::Tcp);
         assert_eq!(statsd.flush_interval, Duration::from_secs(2));
         assert_eq!(
             statsd.tags,
@@ -1150,8 +1335,46 @@ mod tests {
             .statsd
             .expect("on");
         assert_eq!(statsd.addr, "localhost:8125");
-        assert_eq!(statsd.protocol, Protocol::Udp);
+        assert_eq!(statsd.protocol, StatsdProtocol::Udp);
         assert_eq!(statsd.tag_format, TagFormat::DogStatsd);
+    }
+
+    /// Tracing is off unless asked for; their variables turn it on, and
+    /// the endpoint's default follows the protocol.
+    #[test]
+    fn tracing_flags_and_variables_become_trace_settings() {
+        assert_eq!(
+            trace_settings(serve_args(&[], &["throttlegate"]).traces),
+            None
+        );
+        let on = trace_settings(
+            serve_args(
+                &[
+                    ("TRACING_ENABLED", "true"),
+                    ("TRACING_EXPORTER_PROTOCOL", "grpc"),
+                ],
+                &["throttlegate"],
+            )
+            .traces,
+        )
+        .expect("tracing on");
+        assert_eq!(on.endpoint, "http://localhost:4317");
+        assert_eq!(on.protocol, OtlpProtocol::Grpc);
+        assert_eq!(on.service_name, "RateLimit");
+        assert_eq!(on.sampling_rate, 1.0);
+        let http = trace_settings(
+            serve_args(
+                &[("TRACING_SAMPLING_RATE", "0.01")],
+                &["throttlegate", "--tracing", "on"],
+            )
+            .traces,
+        )
+        .expect("tracing on");
+        assert_eq!(http.endpoint, "http://localhost:4318");
+        assert_eq!(http.service_name, "throttlegate");
+        assert_eq!(http.sampling_rate, 0.01);
+        assert!(parse_sampling_rate("1.5").is_err());
+        assert!(parse_sampling_rate("-0.1").is_err());
     }
 
     #[test]

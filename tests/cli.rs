@@ -589,3 +589,225 @@ fn a_near_limit_ratio_outside_0_to_1_is_refused() {
         );
     }
 }
+
+// === check ===
+
+/// `check` against `service` with `args` after `--addr`.
+fn check(addr: &str, args: &[&str]) -> Output {
+    let mut all = vec!["check", "--addr", addr];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+/// `POST /json` with `body`; the response's body.
+async fn post_json(addr: SocketAddr, body: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let request = format!(
+        "POST /json HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut response))
+        .await
+        .expect("a response within 10 s")
+        .expect("read the response");
+    let response = String::from_utf8(response).expect("utf-8");
+    let (head, body) = response.split_once("\r\n\r\n").expect("head and body");
+    assert!(head.starts_with("HTTP/1.1 200"), "{response}");
+    body.to_owned()
+}
+
+fn stdout_json(out: &Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|err| panic!("stdout is not JSON ({err}): {out:?}"))
+}
+
+/// `check` prints the answer in the proto3 JSON `/json` writes, exit code
+/// 0 for OK and 3 for OVER_LIMIT, and `--hits` is the request's cost.
+#[tokio::test]
+async fn check_asks_a_running_service_and_prints_its_answer() {
+    let mut service = Serve::yaml(GOOD).spawn();
+    service.connect().await;
+    let addr = service.grpc.to_string();
+
+    let ok = check(&addr, &["--domain", "api", "--descriptor", "user=alice"]);
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    let answer = stdout_json(&ok);
+    assert_eq!(answer["overallCode"], "OK", "{answer}");
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 1, "{answer}");
+    assert_eq!(
+        answer["statuses"][0]["currentLimit"],
+        serde_json::json!({"requestsPerUnit": 2, "unit": "MINUTE", "name": "per_user"})
+    );
+
+    let over = check(
+        &addr,
+        &[
+            "--domain",
+            "api",
+            "--descriptor",
+            "user=alice",
+            "--hits",
+            "2",
+        ],
+    );
+    assert_eq!(over.status.code(), Some(3), "{over:?}");
+    assert_eq!(stdout_json(&over)["overallCode"], "OVER_LIMIT");
+    // The denied request consumed nothing: one is still left.
+    let last = check(&addr, &["--domain", "api", "--descriptor", "user=alice"]);
+    assert_eq!(last.status.code(), Some(0), "{last:?}");
+    assert!(stdout_json(&last)["statuses"][0]["limitRemaining"].is_null());
+
+    // Two descriptors, two statuses, in order; an unknown domain's answer
+    // is byte for byte what `/json` writes for the same request.
+    let two = check(
+        &addr,
+        &[
+            "--domain",
+            "other",
+            "--descriptor",
+            "a=1",
+            "--descriptor",
+            "b=2,c=3",
+        ],
+    );
+    assert_eq!(two.status.code(), Some(0), "{two:?}");
+    let body = r#"{"domain":"other","descriptors":[{"entries":[{"key":"a","value":"1"}]},{"entries":[{"key":"b","value":"2"},{"key":"c","value":"3"}]}]}"#;
+    let json = post_json(service.http, body).await;
+    assert_eq!(
+        String::from_utf8_lossy(&two.stdout).trim_end(),
+        json.trim_end()
+    );
+    assert_eq!(
+        json.trim_end(),
+        r#"{"overallCode":"OK","statuses":[{"code":"OK"},{"code":"OK"}]}"#
+    );
+}
+
+/// A value holding `,` and `=` reaches the service whole through the
+/// escapes: it matches the rule written for it.
+#[tokio::test]
+async fn check_descriptor_escapes_carry_commas_and_equals_signs() {
+    let yaml = "domain: api\ndescriptors:\n  - key: path\n    value: \"a,b=c\"\n    rate_limit: {unit: hour, requests_per_unit: 7}\n";
+    let mut service = Serve::yaml(yaml).spawn();
+    service.connect().await;
+    let addr = service.grpc.to_string();
+    let matched = check(&addr, &["--domain", "api", "--descriptor", r"path=a\,b=c"]);
+    assert_eq!(matched.status.code(), Some(0), "{matched:?}");
+    let answer = stdout_json(&matched);
+    assert_eq!(answer["statuses"][0]["limitRemaining"], 6, "{answer}");
+    // Unescaped, the comma starts a second entry `b=c`: no rule matches.
+    let split = check(&addr, &["--domain", "api", "--descriptor", "path=a,b=c"]);
+    assert_eq!(split.status.code(), Some(0), "{split:?}");
+    assert!(stdout_json(&split)["statuses"][0]["currentLimit"].is_null());
+}
+
+#[test]
+fn check_without_a_service_or_with_bad_arguments_says_why() {
+    let addr = free_addr().to_string();
+    let out = check(&addr, &["--domain", "api", "--descriptor", "k=v"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!("error: cannot connect to {addr}")),
+        "{stderr}"
+    );
+    assert!(out.stdout.is_empty(), "{out:?}");
+
+    for (args, reason) in [
+        (
+            &["--domain", "api", "--descriptor", "novalue"][..],
+            "not key=value",
+        ),
+        (
+            &["--domain", "api", "--descriptor", r"k=a\b"][..],
+            "escapes only",
+        ),
+        (&["--domain", "api"][..], "--descriptor"),
+        (
+            &["--domain", "api", "--descriptor", "k=v", "--cert", "c.pem"][..],
+            "--key",
+        ),
+    ] {
+        let out = check(&addr, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(reason), "{args:?}: {stderr}");
+    }
+}
+
+/// Over TLS: the CA to trust, a client certificate for mutual TLS, and the
+/// server name to verify; each missing or wrong piece is a clear failure
+/// (exit code 1), never an answer.
+#[tokio::test]
+async fn check_speaks_tls_and_mutual_tls() {
+    use support::certs::Ca;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("check ca");
+    let ca_file = ca.write(dir.path(), "ca.pem");
+    let ca_file = ca_file.to_str().unwrap();
+    let server = ca.server_named("rl.internal").write(dir.path(), "server");
+    let client_ca = Ca::new("check client ca");
+    let client_ca_file = client_ca.write(dir.path(), "client-ca.pem");
+    let client = client_ca.client("envoy").write(dir.path(), "client");
+    let service = Serve::yaml(GOOD)
+        .args(&[
+            "--tls-cert",
+            server.cert(),
+            "--tls-key",
+            server.key(),
+            "--tls-client-ca",
+            client_ca_file.to_str().unwrap(),
+        ])
+        .spawn();
+    service
+        .wait_for_log("serving", Duration::from_secs(20))
+        .await;
+    let addr = service.grpc.to_string();
+    let ask = ["--domain", "api", "--descriptor", "user=bob"];
+    let with = |extra: &[&str]| {
+        let mut args = ask.to_vec();
+        args.extend_from_slice(extra);
+        check(&addr, &args)
+    };
+    let identity = ["--cert", client.cert(), "--key", client.key()];
+    let name = ["--server-name", "rl.internal"];
+
+    let ok = with(&[&["--ca-cert", ca_file][..], &identity, &name].concat());
+    assert_eq!(ok.status.code(), Some(0), "{ok:?}");
+    assert_eq!(stdout_json(&ok)["statuses"][0]["limitRemaining"], 1);
+
+    let failures: [(&str, Vec<&str>); 4] = [
+        ("plain text", vec![]),
+        (
+            "no client certificate",
+            [&["--ca-cert", ca_file][..], &name].concat(),
+        ),
+        (
+            "the address as the server name",
+            [&["--ca-cert", ca_file][..], &identity].concat(),
+        ),
+        (
+            "the public roots only",
+            [&["--tls"][..], &identity, &name].concat(),
+        ),
+    ];
+    for (what, extra) in failures {
+        let out = with(&extra);
+        assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("error: "), "{what}: {stderr}");
+        assert!(out.stdout.is_empty(), "{what}: {out:?}");
+    }
+    // None of the refused calls was decided.
+    let again = with(&[&["--ca-cert", ca_file][..], &identity, &name].concat());
+    assert_eq!(again.status.code(), Some(0), "{again:?}");
+    assert!(stdout_json(&again)["statuses"][0]["limitRemaining"].is_null());
+    let https = check(
+        &format!("https://{addr}"),
+        &[&ask[..], &["--ca-cert", ca_file], &identity, &name].concat(),
+    );
+    assert_eq!(https.status.code(), Some(3), "{https:?}");
+}

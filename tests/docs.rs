@@ -439,22 +439,34 @@ fn marked(mark: &str) -> Vec<(String, Block, Option<Block>)> {
     found
 }
 
-/// Each block marked [`SERVED`] (the README's curl calls on `/json`) runs
-/// under bash against a fresh service, and prints exactly the block after it
-/// (the README's OK with 9 left, then OVER_LIMIT with status 429: the two
-/// calls fall within the limit's second, curl starting in milliseconds).
+/// Each block marked [`SERVED`] (the README's `throttlegate check` calls
+/// and its curl calls on `/json`) runs under bash, with the built binary
+/// first on `PATH`, against a fresh service, and prints exactly the block
+/// after it (the README's OK with 9 left, then OVER_LIMIT: the two calls
+/// fall within the limit's second, each starting in milliseconds).
 #[tokio::test]
 async fn calls_on_the_example_config_print_what_the_docs_show() {
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_throttlegate"))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     for (file, block, shown) in marked(SERVED) {
         assert!(
-            block.info.starts_with("sh") && block.text.contains("localhost:8080"),
-            "{file}: a block marked <!-- {SERVED} --> is an sh block calling localhost:8080"
+            block.info.starts_with("sh")
+                && (block.text.contains("localhost:8080") || block.text.contains("localhost:8081")),
+            "{file}: a block marked <!-- {SERVED} --> is an sh block calling localhost:8080 or :8081"
         );
         let shown = shown.unwrap_or_else(|| panic!("{file}: no output after\n{}", block.text));
         let service = serve_the_example().await;
         let out = Command::new("bash")
             .args(["-euo", "pipefail", "-c", &at_ports(&block.text, &service)])
             .current_dir(repo())
+            .env("PATH", &path)
             .output()
             .expect("run bash");
         let stdout = String::from_utf8_lossy(&out.stdout);

@@ -40,6 +40,7 @@ mod overrides;
 mod plan;
 mod request;
 mod resend;
+mod traced;
 
 pub use answer::{Code, CurrentLimit, Decision, Status};
 pub use headers::HeaderNames;
@@ -51,6 +52,7 @@ pub use request::{
 pub use over_limit::OverLimitCache;
 use plan::Plan;
 pub use resend::{MAX_RESENDS, RESEND_WITHIN};
+pub use traced::{BackendCall, BackendCallTimes};
 
 /// What to answer when the backend fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -281,7 +283,8 @@ impl Limiter {
         let send_by = answer_by.map(|it| it.checked_sub(MIN_BACKEND_TIME).unwrap_or(it));
         // Decided before any deadline could pass: nothing to bound.
         if shared.backend.answers_at_once() {
-            return match shared.call_backend(&rules, &plan, None).await {
+            let traced = caller.traced.as_deref();
+            return match shared.call_backend(&rules, &plan, None, traced).await {
                 Ok(verdict) => Ok(shared.answer(domain, &plan, Some(&verdict))),
                 Err(error) => shared.on_backend_error(&plan, error),
             };
@@ -303,7 +306,7 @@ impl Limiter {
             }
             return shared.failure_answer(&plan, backends::Error::Deadline);
         }
-        let mut pending = Pending::start(planned, caller.method, send_by, charge);
+        let mut pending = Pending::start(planned, &caller, send_by, charge);
         let finished = match answer_by {
             None => Some((&mut pending).await),
             Some(answer_by) => tokio::time::timeout_at(answer_by.into(), &mut pending)
@@ -329,13 +332,17 @@ impl Limiter {
     }
 }
 
-/// Who asks for a decision: by which method, and until when.
-#[derive(Debug, Clone, Copy)]
+/// Who asks for a decision: by which method, until when, and whether it
+/// traces the backend call.
+#[derive(Debug, Clone)]
 pub struct Caller {
     pub method: Method,
     /// When the caller gives up (its `grpc-timeout`, or the server's
     /// request timeout); `None`: it waits as long as the backend takes.
     pub deadline: Option<Instant>,
+    /// Where the backend call is recorded for the caller's trace; `None`
+    /// (not traced): nothing is recorded.
+    pub traced: Option<Arc<BackendCall>>,
 }
 
 impl Caller {
@@ -343,6 +350,7 @@ impl Caller {
         Caller {
             method,
             deadline: None,
+            traced: None,
         }
     }
 }
@@ -380,8 +388,14 @@ struct Pending {
 impl Pending {
     /// Starts `planned`; with `charge`, a call dropped or failed unwritten
     /// is sent again (`resend`).
-    fn start(planned: resend::PlannedCall, method: Method, send_by: Option<Instant>, charge: bool) -> Pending {
+    fn start(
+        planned: resend::PlannedCall,
+        caller: &Caller,
+        send_by: Option<Instant>,
+        charge: bool,
+    ) -> Pending {
         let progress = backends::Progress::new(backends::Stage::Decide);
+        let traced = caller.traced.clone();
         let late = {
             let resend::PlannedCall {
                 shared,
@@ -407,7 +421,8 @@ impl Pending {
                 domain,
                 plan,
             } = &planned;
-            let verdict = match shared.call_backend(rules, plan, Some(&call)).await {
+            let called = shared.call_backend(rules, plan, Some(&call), traced.as_deref());
+            let verdict = match called.await {
                 Ok(verdict) => verdict,
                 Err(error) => {
                     if charge && call.progress.get() != backends::Stage::Backend {
@@ -428,7 +443,7 @@ impl Pending {
         Pending {
             finish: Some(finish),
             progress,
-            method,
+            method: caller.method,
             metrics,
             unsent,
         }
@@ -523,14 +538,17 @@ impl Shared {
     }
 
     /// The backend's verdict on the plan's checks, timed; one outcome per
-    /// check, or a protocol error. Full counters are remembered.
+    /// check, or a protocol error. Full counters are remembered; with
+    /// `traced`, the call is recorded there for the caller's trace.
     async fn call_backend(
         &self,
         rules: &Arc<RuleSet>,
         plan: &Plan,
         call: Option<&CallContext>,
+        traced: Option<&BackendCall>,
     ) -> Result<Verdict, backends::Error> {
         let sent_us = self.over_limit.as_ref().map(OverLimitCache::now_us);
+        let wall = traced.map(|_| std::time::SystemTime::now());
         let started = Instant::now();
         let res = match call {
             Some(call) => self.backend.decide_within(&plan.checks, call).await,
@@ -538,6 +556,14 @@ impl Shared {
         };
         if !matches!(res, Err(backends::Error::Deadline)) {
             self.backend_metrics.observe_latency(started.elapsed());
+            if let (Some(traced), Some(wall)) = (traced, wall) {
+                traced.record(BackendCallTimes {
+                    backend: self.backend.name(),
+                    started: wall,
+                    took: started.elapsed(),
+                    error: res.as_ref().err().map(ToString::to_string),
+                });
+            }
         }
         let verdict = res?;
         if verdict.outcomes.len() != plan.checks.len() {

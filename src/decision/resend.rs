@@ -136,7 +136,7 @@ impl PlannedCall {
                 progress: progress.clone(),
                 late: Some(late),
             };
-            match shared.call_backend(rules, plan, Some(&call)).await {
+            match shared.call_backend(rules, plan, Some(&call), None).await {
                 Ok(verdict) => {
                     shared.count_resent(rules, domain, plan, &verdict);
                     return true;

@@ -52,7 +52,7 @@ const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// How lines travel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
+pub enum StatsdProtocol {
     Tcp,
     Udp,
 }
@@ -71,7 +71,7 @@ pub enum TagFormat {
 pub struct StatsdSettings {
     /// `host:port`, resolved at each connection.
     pub addr: String,
-    pub protocol: Protocol,
+    pub protocol: StatsdProtocol,
     pub flush_interval: Duration,
     /// `(key, value)` on every line.
     pub tags: Vec<(String, String)>,
@@ -287,7 +287,7 @@ pub fn tag_text(tags: &[(String, String)], format: TagFormat) -> String {
 async fn send(
     mut rx: mpsc::Receiver<Batch>,
     addr: String,
-    protocol: Protocol,
+    protocol: StatsdProtocol,
     timeout: Duration,
     metrics: Arc<Metrics>,
 ) {
@@ -366,9 +366,9 @@ enum Link {
 }
 
 impl Link {
-    async fn connect(addr: &str, protocol: Protocol) -> std::io::Result<Link> {
+    async fn connect(addr: &str, protocol: StatsdProtocol) -> std::io::Result<Link> {
         match protocol {
-            Protocol::Tcp => {
+            StatsdProtocol::Tcp => {
                 let target = resolve(addr).await?;
                 let socket = if target.is_ipv4() {
                     TcpSocket::new_v4()?
@@ -380,7 +380,7 @@ impl Link {
                 stream.set_nodelay(true)?;
                 Ok(Link::Tcp(stream))
             }
-            Protocol::Udp => {
+            StatsdProtocol::Udp => {
                 let target = resolve(addr).await?;
                 let local = if target.is_ipv4() {
                     "0.0.0.0:0"

@@ -29,10 +29,13 @@ pub fn command() -> Command {
 }
 
 fn clear_env(command: &mut Command) {
-    use throttlegate::compat::{TRANSLATED, TRANSLATED_XDS, UNSUPPORTED, UNSUPPORTED_PREFIXES};
+    use throttlegate::compat::{
+        TRACING_VARIABLES, TRANSLATED, TRANSLATED_XDS, UNSUPPORTED, UNSUPPORTED_PREFIXES,
+    };
     for (key, _) in std::env::vars() {
         let envoyproxy = TRANSLATED.contains(&key.as_str())
             || TRANSLATED_XDS.contains(&key.as_str())
+            || TRACING_VARIABLES.contains(&key.as_str())
             || UNSUPPORTED.contains(&key.as_str())
             || UNSUPPORTED_PREFIXES.iter().any(|it| key.starts_with(it));
         if key.starts_with("THROTTLEGATE_") || key == "RUST_LOG" || envoyproxy {

@@ -329,6 +329,7 @@ async fn a_deadline_too_close_for_the_backend_is_answered_at_once_through_the_fa
     use std::time::{Duration, Instant};
     let (limiter, backend) = slow_limiter(Duration::ZERO, crate::testing::default_options());
     let caller = crate::decision::Caller {
+        traced: None,
         method: crate::metrics::Method::ShouldRateLimit,
         deadline: Some(Instant::now() + Duration::from_micros(2500)),
     };
@@ -366,6 +367,7 @@ async fn a_slow_backend_is_answered_through_the_failure_mode_before_the_deadline
     let (limiter, _backend) = slow_limiter(Duration::from_millis(60), options);
     let deadline = Instant::now() + Duration::from_millis(20);
     let caller = crate::decision::Caller {
+        traced: None,
         method: crate::metrics::Method::ShouldRateLimit,
         deadline: Some(deadline),
     };

@@ -1,8 +1,10 @@
 //! The gRPC server: the rate-limit service ([`service`]), the rate-limit
 //! quota service ([`rlqs`]), health ([`health`]), reflection
 //! ([`reflection`]) and the response `layers`,
-//! within connection limits, through the stages of a graceful stop.
+//! within connection limits, through the stages of a graceful stop; and
+//! [`client`], the one call `throttlegate check` makes.
 
+pub mod client;
 pub mod health;
 mod layers;
 pub mod reflection;
@@ -11,6 +13,7 @@ mod routes;
 mod server;
 pub mod service;
 mod threads;
+mod traced;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +26,7 @@ use tokio::net::TcpListener;
 use crate::decision::Limiter;
 use crate::metrics::Metrics;
 use crate::quota::QuotaBook;
+use crate::traces::Tracing;
 use crate::transport::grpc::health::HealthReports;
 use crate::transport::grpc::reflection::{ShortStatus, reflection_v1, reflection_v1alpha};
 use crate::transport::grpc::rlqs::QuotaService;
@@ -64,6 +68,8 @@ pub struct App {
     pub drain_timeout: Duration,
     /// TLS on every connection (offering ALPN `h2`); `None`: plain text.
     pub tls: Option<TlsAcceptor>,
+    /// Traces of `ShouldRateLimit` decisions; `None`: tracing off.
+    pub traces: Option<Arc<Tracing>>,
 }
 
 /// What one client may hold of the gRPC server: connections, streams, time.
@@ -154,7 +160,8 @@ pub async fn serve_limited(
 ) -> Result<(), Error> {
     let health = app.health.clone().following(shutdown.clone());
     let (reports, health_service) = HealthReports::start(health).await;
-    let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone());
+    let rate_limit = RateLimitService::new(app.limiter.clone(), app.metrics.clone())
+        .with_traces(app.traces.clone());
     let services = Services {
         health: health_service,
         reflection_v1: ShortStatus(reflection_v1()),

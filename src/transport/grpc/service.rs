@@ -26,11 +26,13 @@ use prost::Message as _;
 use tonic::body::Body;
 use tonic::codegen::http;
 
-use crate::decision::{self, Caller, Limiter};
+use crate::decision::{self, BackendCall, Caller, Limiter};
 use crate::metrics::{Method, Metrics};
 use crate::proto::envoy::service::ratelimit::v3 as rls;
+use crate::traces::{DecisionTrace, Tracing};
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
 use crate::transport::grpc::layers::{MAX_STATUS_MESSAGE, cap_status_message};
+use crate::transport::grpc::traced;
 use crate::transport::wire::{self, from_wire};
 
 /// The path of the one method served.
@@ -45,11 +47,23 @@ pub struct RateLimitService {
     limiter: Arc<Limiter>,
     /// Where calls in flight are counted.
     metrics: Arc<Metrics>,
+    /// `None`: tracing off, and a call costs nothing for it but this test.
+    traces: Option<Arc<Tracing>>,
 }
 
 impl RateLimitService {
     pub fn new(limiter: Arc<Limiter>, metrics: Arc<Metrics>) -> Self {
-        Self { limiter, metrics }
+        Self {
+            limiter,
+            metrics,
+            traces: None,
+        }
+    }
+
+    /// Traces each sampled decision with `traces`.
+    pub fn with_traces(mut self, traces: Option<Arc<Tracing>>) -> Self {
+        self.traces = traces;
+        self
     }
 
     /// Readies the backend for this thread's first request (see
@@ -68,11 +82,19 @@ impl RateLimitService {
     ) -> impl Future<Output = http::Response<Reply>> + Send + 'static {
         let refused = identity_encoding(request.headers()).err();
         let arrived = Instant::now();
+        let trace = match &self.traces {
+            None => None,
+            Some(traces) => traces.begin(request.headers()),
+        };
         async move {
             if let Some(status) = refused {
+                if let Some(trace) = trace {
+                    traced::refused(trace, &status);
+                }
                 return status_response(status).map(Either::Right);
             }
-            self.answer(request.into_body(), arrived, timeout).await
+            self.answer(request.into_body(), arrived, timeout, trace)
+                .await
         }
     }
 
@@ -80,37 +102,51 @@ impl RateLimitService {
     /// accepted at `arrived`: a decision, or the status that says why
     /// there is none. Decided by `arrived + timeout`, through the failure
     /// mode when the backend cannot answer by then.
-    async fn answer<B>(self, body: B, arrived: Instant, timeout: Duration) -> http::Response<Reply>
+    async fn answer<B>(
+        self,
+        body: B,
+        arrived: Instant,
+        timeout: Duration,
+        trace: Option<DecisionTrace>,
+    ) -> http::Response<Reply>
     where
         B: http_body::Body<Data = Bytes> + Unpin,
         B::Error: Into<tonic::codegen::StdError>,
     {
         let _in_flight = self.metrics.track_in_flight();
-        let refused = |status| status_response(status).map(Either::Right);
+        let refused = |trace: Option<DecisionTrace>, status: tonic::Status| {
+            if let Some(trace) = trace {
+                traced::refused(trace, &status);
+            }
+            status_response(status).map(Either::Right)
+        };
         let reading = Reading(Some(&self.metrics));
         let message = read_message(body).await;
         reading.done();
         let message = match message {
             Ok(message) => message,
-            Err(status) => return refused(status),
+            Err(status) => return refused(trace, status),
         };
         let request = match rls::RateLimitRequest::decode(message) {
             Ok(request) => request,
-            Err(error) => return refused(malformed(&error.to_string())),
+            Err(error) => return refused(trace, malformed(&error.to_string())),
         };
+        let traced = trace.as_ref().map(|_| Arc::new(BackendCall::default()));
         let caller = Caller {
             method: Method::ShouldRateLimit,
             deadline: arrived.checked_add(timeout),
+            traced: traced.clone(),
         };
-        let decided = self
-            .limiter
-            .decide_within(&from_wire(request), caller)
-            .await;
+        let request = from_wire(request);
+        let decided = self.limiter.decide_within(&request, caller).await;
         self.metrics
             .observe_decision_latency(Method::ShouldRateLimit, arrived.elapsed());
+        if let (Some(trace), Some(traced)) = (trace, traced) {
+            traced::decided(trace, &request.domain, &decided, &traced);
+        }
         match decided {
             Ok(decision) => answer_response(&decision),
-            Err(error) => refused(to_status(error)),
+            Err(error) => status_response(to_status(error)).map(Either::Right),
         }
     }
 }

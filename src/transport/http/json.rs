@@ -2,6 +2,8 @@
 //! messages (camelCase names, enum names; snake_case names are accepted
 //! too), like envoyproxy/ratelimit's endpoint, for curl-based debugging.
 //! Units and codes are named by [`crate::transport::wire`], as on gRPC.
+//! The answer is written from the wire message ([`response_json`]), so
+//! `throttlegate check` prints what it got over gRPC in the same form.
 
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
@@ -11,6 +13,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::decision;
 use crate::metrics::Method;
+use crate::proto::envoy::config::core::v3::HeaderValue;
+use crate::proto::envoy::service::ratelimit::v3 as rls;
+use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code as WireCode, rate_limit::Unit as WireUnit,
+};
 use crate::rules::Unit;
 use crate::transport::http::App;
 use crate::transport::wire;
@@ -49,7 +56,8 @@ pub(super) async fn decide(
                 decision::Code::Ok => StatusCode::OK,
                 decision::Code::OverLimit => StatusCode::TOO_MANY_REQUESTS,
             };
-            (status, axum::Json(JsonResponse::from(decision))).into_response()
+            let response = wire::to_wire(decision);
+            (status, axum::Json(JsonResponse::from(&response))).into_response()
         }
         Err(decision::Error::InvalidArgument(message)) => {
             (StatusCode::BAD_REQUEST, message).into_response()
@@ -187,21 +195,30 @@ impl JsonRequest {
 
 // === response JSON ===
 
+/// The proto3 JSON of an answer, as `/json` writes it (compact): also what
+/// `throttlegate check` prints for the answer it got over gRPC, so both
+/// speak one form.
+pub fn response_json(response: &rls::RateLimitResponse) -> String {
+    serde_json::to_string(&JsonResponse::from(response)).unwrap_or_default()
+}
+
 /// Fields at their default value are omitted, as proto3 JSON does.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonResponse {
-    overall_code: &'static str,
+    overall_code: JsonEnum,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     statuses: Vec<JsonStatus>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     response_headers_to_add: Vec<JsonHeader>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    request_headers_to_add: Vec<JsonHeader>,
 }
 
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct JsonStatus {
-    code: &'static str,
+    code: JsonEnum,
     #[serde(skip_serializing_if = "Option::is_none")]
     current_limit: Option<JsonLimit>,
     #[serde(skip_serializing_if = "is_zero")]
@@ -216,7 +233,7 @@ struct JsonStatus {
 struct JsonLimit {
     #[serde(skip_serializing_if = "is_zero")]
     requests_per_unit: u32,
-    unit: &'static str,
+    unit: JsonEnum,
     #[serde(skip_serializing_if = "str::is_empty")]
     name: String,
 }
@@ -227,33 +244,70 @@ struct JsonHeader {
     value: String,
 }
 
+/// An enum value by name, or by number when this build does not know it
+/// (proto3 JSON's rule: a peer may send values added after us).
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum JsonEnum {
+    Name(&'static str),
+    Number(i32),
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-impl From<decision::Decision> for JsonResponse {
-    fn from(decision: decision::Decision) -> Self {
+fn code(number: i32) -> JsonEnum {
+    WireCode::try_from(number).map_or(JsonEnum::Number(number), |it| {
+        JsonEnum::Name(it.as_str_name())
+    })
+}
+
+fn unit(number: i32) -> JsonEnum {
+    WireUnit::try_from(number).map_or(JsonEnum::Number(number), |it| {
+        JsonEnum::Name(it.as_str_name())
+    })
+}
+
+/// A proto3 JSON Duration: seconds, with the nanoseconds as a fraction
+/// when there are any (`"1s"`, `"1.500000000s"`).
+fn duration(it: &prost_types::Duration) -> String {
+    if it.nanos == 0 {
+        format!("{}s", it.seconds)
+    } else {
+        format!("{}.{:09}s", it.seconds, it.nanos.unsigned_abs())
+    }
+}
+
+fn headers(list: &[HeaderValue]) -> Vec<JsonHeader> {
+    list.iter()
+        .map(|it| JsonHeader {
+            key: it.key.clone(),
+            value: it.value.clone(),
+        })
+        .collect()
+}
+
+impl From<&rls::RateLimitResponse> for JsonResponse {
+    fn from(response: &rls::RateLimitResponse) -> Self {
         JsonResponse {
-            overall_code: wire::code_name(decision.overall),
-            statuses: decision
+            overall_code: code(response.overall_code),
+            statuses: response
                 .statuses
-                .into_iter()
+                .iter()
                 .map(|it| JsonStatus {
-                    code: wire::code_name(it.code),
-                    current_limit: it.current_limit.map(|limit| JsonLimit {
+                    code: code(it.code),
+                    current_limit: it.current_limit.as_ref().map(|limit| JsonLimit {
                         requests_per_unit: limit.requests_per_unit,
-                        unit: wire::unit_name(limit.unit),
-                        name: limit.name.to_string(),
+                        unit: unit(limit.unit),
+                        name: limit.name.clone(),
                     }),
                     limit_remaining: it.limit_remaining,
-                    duration_until_reset: it.duration_until_reset_s.map(|s| format!("{s}s")),
+                    duration_until_reset: it.duration_until_reset.as_ref().map(duration),
                 })
                 .collect(),
-            response_headers_to_add: decision
-                .headers
-                .into_iter()
-                .map(|(key, value)| JsonHeader { key, value })
-                .collect(),
+            response_headers_to_add: headers(&response.response_headers_to_add),
+            request_headers_to_add: headers(&response.request_headers_to_add),
         }
     }
 }

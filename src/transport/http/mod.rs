@@ -1,7 +1,7 @@
 //! The HTTP side: `/healthcheck`, `/json` (the decision over JSON, see
 //! `json`), `/rlconfig`, `/metrics`.
 
-mod json;
+pub mod json;
 pub mod ratelimit_stats;
 
 use std::pin::Pin;
