@@ -175,7 +175,7 @@ async fn an_update_under_traffic_changes_decisions_without_an_error() {
             "{answers:?}"
         );
     }
-    assert!(total > 40, "traffic ran: {total} requests");
+    assert!(total > 20, "traffic ran: {total} requests");
     service.stop().await;
 }
 
@@ -186,13 +186,13 @@ async fn a_bad_update_is_nacked_with_the_reason_and_the_last_good_rules_stay() {
     let mut service = subscribed(&server, &[]);
     let mut client = service.client().await;
     server.wait_for_ack("1", WITHIN).await;
-    let mut bad = per_minute("api", "user", 5);
+    let mut bad = per_minute("edge", "user", 5);
     bad.descriptors[0].rate_limit.as_mut().unwrap().unit = RateLimitUnit::Unknown as i32;
     let duplicate = RateLimitConfig {
         name: "api-again".to_owned(),
         ..per_minute("api", "path", 5)
     };
-    server.push("2", vec![bad, duplicate]);
+    server.push("2", vec![per_minute("api", "user", 5), bad, duplicate]);
     let nack = server
         .wait_for(WITHIN, |it| it.error_detail.is_some())
         .await;
@@ -205,7 +205,7 @@ async fn a_bad_update_is_nacked_with_the_reason_and_the_last_good_rules_stay() {
     assert_eq!(detail.code, 3, "INVALID_ARGUMENT");
     assert_eq!(
         detail.message,
-        "api: invalid rate limit unit 'UNKNOWN'\napi-again: duplicate domain 'api' in config file"
+        "edge: invalid rate limit unit 'UNKNOWN'\napi-again: duplicate domain 'api' in config file"
     );
     // Still one per minute, from version 1.
     assert_eq!(
@@ -400,7 +400,9 @@ async fn rules_arrive_over_mutual_tls_and_not_without_a_client_certificate() {
     );
     let mut client = service.client().await;
     let started = Instant::now();
-    service.wait_for_log("xDS: ", WITHIN).await;
+    service
+        .wait_for_log("the rules in force stay", WITHIN)
+        .await;
     assert!(other.requests().is_empty(), "{:?}", other.requests());
     let refused = decide(&mut client, "api", "user", "a").await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable);
