@@ -435,7 +435,7 @@ fn xds_flags(args: XdsArgs) -> Result<Option<XdsFlags>, String> {
                 .to_owned(),
         );
     }
-    let tls = args.config_xds_tls.then(|| XdsTls {
+    let tls = args.config_xds_tls.then_some(XdsTls {
         ca: args.config_xds_tls_ca,
         cert: args.config_xds_tls_cert,
         key: args.config_xds_tls_key,
