@@ -542,7 +542,7 @@ fn xds_flags(args: XdsArgs) -> Result<Option<XdsFlags>, String> {
                 .to_owned(),
         );
     }
-    let tls = args.config_xds_tls.then(|| XdsTls {
+    let tls = args.config_xds_tls.then_some(XdsTls {
         ca: args.config_xds_tls_ca,
         cert: args.config_xds_tls_cert,
         key: args.config_xds_tls_key,
@@ -1271,6 +1271,56 @@ mod tests {
             assert!(args.redis_tls_skip_hostname_verification);
             assert!(!args.redis_tls_insecure);
         }
+    }
+
+    /// Envoy Gateway's variables for rules over xDS become the xDS flags,
+    /// and its runtime directory no config path.
+    #[test]
+    fn xds_variables_become_the_xds_settings() {
+        let env = [
+            ("RUNTIME_ROOT", "/data"),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+            ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+            ("CONFIG_GRPC_XDS_SERVER_URL", "envoy-gateway:18001"),
+            ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
+            ("CONFIG_GRPC_XDS_NODE_METADATA", "a=1,b=2"),
+            ("CONFIG_GRPC_XDS_SERVER_USE_TLS", "true"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", "/certs/tls.crt"),
+            ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", "/certs/tls.key"),
+            ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", "/certs/ca.crt"),
+            ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+        ];
+        let mut args = serve_args(&env, &["throttlegate"]);
+        assert_eq!(args.config, None);
+        let xds = xds_flags(std::mem::take(&mut args.xds))
+            .unwrap()
+            .expect("rules over xds");
+        assert!(xds.force_start);
+        let settings = xds.settings;
+        assert_eq!(
+            settings.server,
+            Target::parse("envoy-gateway:18001").unwrap()
+        );
+        assert_eq!(settings.node_id, "envoy-ratelimit");
+        assert_eq!(
+            settings.node_metadata,
+            [
+                ("a".to_owned(), "1".to_owned()),
+                ("b".to_owned(), "2".to_owned())
+            ]
+        );
+        assert_eq!(settings.retry_interval, Duration::from_secs(3));
+        assert_eq!(
+            settings.tls,
+            Some(XdsTls {
+                ca: Some(PathBuf::from("/certs/ca.crt")),
+                cert: Some(PathBuf::from("/certs/tls.crt")),
+                key: Some(PathBuf::from("/certs/tls.key")),
+                server_name: None,
+            })
+        );
+        let plain = serve_args(&[], &["throttlegate"]);
+        assert!(xds_flags(plain.xds).unwrap().is_none());
     }
 
     #[test]
