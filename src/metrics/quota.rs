@@ -4,7 +4,7 @@
 //! (else `_unmatched`), never a bucket's values.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -121,15 +121,20 @@ impl QuotaMetrics {
             .inc();
     }
 
+    /// Requests a proxy reported; each count saturates at `u64::MAX`
+    /// (a proxy's numbers are its own, and a counter never goes back).
     pub fn record_reported(&self, domain: &Arc<str>, rule: &Arc<str>, allowed: u64, denied: u64) {
         for (kind, count) in [("allowed", allowed), ("denied", denied)] {
-            self.reported
-                .get_or_create(&KindLabels {
-                    domain: domain.clone(),
-                    rule: rule.clone(),
-                    kind,
-                })
-                .inc_by(count);
+            let counter = self.reported.get_or_create(&KindLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+                kind,
+            });
+            let _ = counter
+                .inner()
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |it| {
+                    Some(it.saturating_add(count))
+                });
         }
     }
 
@@ -151,5 +156,31 @@ impl QuotaMetrics {
                 rule: rule.clone(),
             })
             .set(i64::try_from(per_window).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_requests_saturate_instead_of_wrapping() {
+        let mut registry = Registry::default();
+        let metrics = QuotaMetrics::register(&mut registry);
+        let (domain, rule): (Arc<str>, Arc<str>) = (Arc::from("d"), Arc::from("r"));
+        metrics.record_reported(&domain, &rule, u64::MAX, 1);
+        metrics.record_reported(&domain, &rule, 5, u64::MAX);
+        let read = |kind| {
+            metrics
+                .reported
+                .get_or_create(&KindLabels {
+                    domain: domain.clone(),
+                    rule: rule.clone(),
+                    kind,
+                })
+                .get()
+        };
+        assert_eq!(read("allowed"), u64::MAX);
+        assert_eq!(read("denied"), u64::MAX);
     }
 }

@@ -616,6 +616,14 @@ fn proto_duration(us: u64) -> prost_types::Duration {
     }
 }
 
+/// `ns` nanoseconds as a protobuf duration (saturating).
+fn nanos_duration(ns: u128) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(ns % 1_000_000_000).unwrap_or(0),
+    }
+}
+
 /// The action telling a proxy to enforce `grant` on the bucket `id`.
 fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
     use types::rate_limit_strategy::{BlanketRule, Strategy};
@@ -625,7 +633,7 @@ fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
         Grant::Tokens(bucket) => Strategy::TokenBucket(types::TokenBucket {
             max_tokens: bucket.max_tokens,
             tokens_per_fill: Some(bucket.tokens_per_fill),
-            fill_interval: Some(proto_duration(bucket.fill_interval_us)),
+            fill_interval: Some(nanos_duration(bucket.fill_interval_ns())),
             name: String::new(),
         }),
     };
