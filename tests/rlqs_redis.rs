@@ -109,7 +109,7 @@ async fn run(books: [Arc<QuotaBook>; 2], rounds: usize, settle: usize) -> Vec<u6
                     250
                 };
                 let reported = book
-                    .report(member, 0, &outbox, &pool, budget, Some(asked(demand)))
+                    .report(member, 0, 0, &outbox, &pool, budget, Some(asked(demand)))
                     .await
                     .expect("a share");
                 outbox.put(0, reported.grant, Some(reported.order), book.now());

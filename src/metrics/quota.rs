@@ -56,6 +56,7 @@ pub struct QuotaMetrics {
     reported: Family<KindLabels, Counter>,
     assigned: Family<RuleLabels, Gauge<i64, AtomicI64>>,
     unanswered: Family<RuleLabels, Counter>,
+    mismatches: Family<RuleLabels, Counter>,
 }
 
 impl QuotaMetrics {
@@ -67,6 +68,7 @@ impl QuotaMetrics {
             reported: Family::default(),
             assigned: Family::default(),
             unanswered: Family::default(),
+            mismatches: Family::default(),
         };
         registry.register(
             "rlqs_streams",
@@ -97,6 +99,11 @@ impl QuotaMetrics {
             "rlqs_unanswered_reports",
             "RLQS reports left unanswered because the shared budget could not be read or written in Redis, by domain and rule (the proxy keeps its assignment until it expires, then its fallback)",
             metrics.unanswered.clone(),
+        );
+        registry.register(
+            "rlqs_rule_mismatches",
+            "RLQS reports into a pool whose instances' rules give it different budgets (a reload not yet everywhere), by domain and rule; the lowest budget applies until they agree",
+            metrics.mismatches.clone(),
         );
         metrics
     }
@@ -142,6 +149,17 @@ impl QuotaMetrics {
     /// be read or written.
     pub fn record_unanswered(&self, domain: &Arc<str>, rule: &Arc<str>) {
         self.unanswered
+            .get_or_create(&RuleLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+            })
+            .inc();
+    }
+
+    /// A report of a bucket of `rule` into a pool whose instances disagree
+    /// on its budget.
+    pub fn record_rule_mismatch(&self, domain: &Arc<str>, rule: &Arc<str>) {
+        self.mismatches
             .get_or_create(&RuleLabels {
                 domain: domain.clone(),
                 rule: rule.clone(),
