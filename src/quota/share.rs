@@ -17,28 +17,16 @@
 //! The invariant every change keeps: the shares the proxies hold (active
 //! members and held ones) add up to at most `L`.
 //!
-//! A proxy that reconnects (to the same instance or another) reports from
-//! a new stream, so as a new member. Envoy sends nothing naming itself,
-//! so a member carries a *proxy key* (its stream's peer address with the
-//! bucket, made by the transport): a member takes over a member of the
-//! same key that has *departed* (its stream closed, or silent for
-//! [`GONE_AFTER_US`]) and had last reported before the new one joined
-//! (a predecessor, not another proxy at the same address reporting
-//! alongside): its demands, and the share its proxy holds until the new
-//! member's own is delivered; the departed member is forgotten, so a
-//! proxy's share is counted once, not twice.
-//!
-//! Each instance *claims* the budget its rules give the pool at every
-//! report; while instances disagree (one reloaded, one not), the pool's
-//! budget is the lowest claim of the last [`STALE_AFTER_US`] (the
-//! smallest rate; of equal rates the shorter window), so no instance's
-//! proxies get more than every instance's rules allow.
-//!
-//! A pool is born with a random *incarnation*; its epochs count its
-//! decisions within that incarnation only. A pool lost (Redis restarted
-//! without persistence, flushed, its key expired) is rebuilt by the next
-//! report with a new incarnation and epochs starting again, so grants are
-//! only ever ordered by epoch within one incarnation.
+//! A reconnected proxy reports from a new stream, as a new member; Envoy
+//! sends nothing naming itself, so a member carries a *proxy key* (made
+//! by the transport from the peer address and the bucket) and takes over
+//! a *departed* member of its key (stream closed, or silent for
+//! [`GONE_AFTER_US`]) that last reported before it joined: its demands,
+//! and the share its proxy holds until the new one's is delivered.
+//! Instances *claim* the budget their rules give a pool at each report;
+//! the lowest claim of the last [`STALE_AFTER_US`] applies. A pool's
+//! epochs count its decisions within its random *incarnation*: a pool
+//! lost in Redis is rebuilt with a new one. docs/rlqs.md explains each.
 
 use std::collections::BTreeMap;
 
@@ -301,7 +289,7 @@ impl Pool {
     ) -> (Vec<Change>, bool) {
         self.claims.insert(instance, Claim { budget, at: now });
         self.claims
-            .retain(|_, it| now.saturating_sub(it.at) <= STALE_AFTER_US);
+            .retain(|_, it| now - it.at.min(now) <= STALE_AFTER_US);
         let lowest = self
             .claims
             .values()
@@ -500,16 +488,13 @@ fn random_nonzero(seed: Micros) -> u64 {
 }
 
 impl Member {
-    /// Its stream closed, or it missed a report: a new member of its proxy
-    /// takes it over.
+    /// Its stream closed, or it missed a report.
     fn has_departed(&self, now: Micros) -> bool {
         !self.live || now.saturating_sub(self.last_report) > GONE_AFTER_US
     }
 
-    /// Takes over `old`, a departed member of the same proxy: its demands
-    /// when this one has none yet, and the share the proxy holds when
-    /// this one has delivered none (the proxy enforces `old`'s until it
-    /// reads this one's).
+    /// Takes over `old`, its proxy's departed member: its demands, and
+    /// the share the proxy holds until this one's own is delivered.
     fn take_over(&mut self, old: Member) {
         if self.demands.is_empty() {
             self.demands = old.demands;
@@ -636,8 +621,7 @@ impl Pool {
                     per_window,
                     window_us,
                 };
-                pool.claims
-                    .insert(number(instance)?, Claim { budget, at });
+                pool.claims.insert(number(instance)?, Claim { budget, at });
                 continue;
             }
             if name == BUDGET_FIELD {
