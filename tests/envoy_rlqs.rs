@@ -648,12 +648,13 @@ async fn add_decisions(service: &mut ServiceProcess, count: usize) -> tokio::tas
     for _ in 0..count {
         send.send(report.clone()).await.expect("queued");
     }
-    let mut answers =
-        rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(service.connect().await)
-            .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(reports))
-            .await
-            .expect("stream opened")
-            .into_inner();
+    let mut answers = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(
+        service.connect().await,
+    )
+    .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(reports))
+    .await
+    .expect("stream opened")
+    .into_inner();
     tokio::spawn(async move {
         let _send = send;
         while let Some(Ok(_)) = answers.next().await {}
@@ -669,7 +670,8 @@ async fn a_redis_restart_costs_a_proxy_no_admissions() {
         return;
     };
     let mut redis = RedisServer::start();
-    let (mut service, _dir) = start_service_with(&rules(PER_MINUTE), &["--redis-url", &redis.url()]).await;
+    let (mut service, _dir) =
+        start_service_with(&rules(PER_MINUTE), &["--redis-url", &redis.url()]).await;
     let envoy = start_envoy(&bin, &[service.grpc]);
     let start = Instant::now();
     let (end, restart_at) = (50.0, 15.0);
@@ -678,12 +680,17 @@ async fn a_redis_restart_costs_a_proxy_no_admissions() {
     let driver = tokio::spawn(drive(envoy.addr("HTTP"), "shared", 8.0, start, until));
     tokio::time::sleep(Duration::from_secs(8)).await;
     let pump = add_decisions(&mut service, 150).await;
-    tokio::time::sleep(Duration::from_secs_f64(restart_at - start.elapsed().as_secs_f64())).await;
+    tokio::time::sleep(Duration::from_secs_f64(
+        restart_at - start.elapsed().as_secs_f64(),
+    ))
+    .await;
     redis.restart();
     let sent = driver.await.expect("the client ran");
     pump.abort();
     let unanswered = service
-        .metric_or_zero("throttlegate_rlqs_unanswered_reports_total{domain=\"rlqs\",rule=\"name_shared\"}")
+        .metric_or_zero(
+            "throttlegate_rlqs_unanswered_reports_total{domain=\"rlqs\",rule=\"name_shared\"}",
+        )
         .await;
     let steps = per_step(&sent, 5.0, end, 5.0);
     // After the old assignment would have expired (15 s) and one report
@@ -755,7 +762,10 @@ async fn a_reload_changing_only_the_window_reaches_envoy() {
     let until = start + Duration::from_secs_f64(end);
     let driver = tokio::spawn(drive(envoy.addr("HTTP"), "shared", 10.0, start, until));
     tokio::time::sleep(Duration::from_secs_f64(reload_at)).await;
-    let hourly = rules(PER_MINUTE).replace("unit: minute, requests_per_unit: 300", "unit: hour, requests_per_unit: 300");
+    let hourly = rules(PER_MINUTE).replace(
+        "unit: minute, requests_per_unit: 300",
+        "unit: hour, requests_per_unit: 300",
+    );
     assert_ne!(hourly, rules(PER_MINUTE));
     std::fs::write(dir.path().join("rules.yaml"), hourly).expect("rewrite the rules");
     service.signal("HUP");
@@ -774,11 +784,15 @@ async fn a_reload_changing_only_the_window_reaches_envoy() {
     let (before, _) = counted(&sent, 5.0, reload_at);
     let (after, denied) = counted(&sent, from, end);
     // 300 an hour: its rate over the time, one burst, one of rounding.
-    let bound = (PER_MINUTE as f64 * (end - from) / 3600.0).ceil() as u64 + max_burst(PER_MINUTE) + 1;
+    let bound =
+        (PER_MINUTE as f64 * (end - from) / 3600.0).ceil() as u64 + max_burst(PER_MINUTE) + 1;
     println!(
         "before the reload {before} admitted in {} s (300/min); from {from:.1} s (reload at {reloaded:.1} s \
          + one report cycle) to {end} s: {after} admitted, {denied} denied (bound {bound} at 300/hour)",
         reload_at - 5.0
     );
-    assert!(after <= bound, "{after} admitted after 300/hour, bound {bound}");
+    assert!(
+        after <= bound,
+        "{after} admitted after 300/hour, bound {bound}"
+    );
 }

@@ -645,7 +645,9 @@ async fn a_lost_pool_is_answered_again(args: &[&str], lose: impl AsyncFnOnce()) 
     report_rounds(&proxies, 3).await;
     let after: Vec<u64> = proxies.iter().map(StreamProxy::latest).collect();
     let unanswered = service
-        .metric_or_zero("throttlegate_rlqs_unanswered_reports_total{domain=\"quota\",rule=\"name_shared\"}")
+        .metric_or_zero(
+            "throttlegate_rlqs_unanswered_reports_total{domain=\"quota\",rule=\"name_shared\"}",
+        )
         .await;
     println!(
         "shares {before:?} before the pool was lost (150 decisions); first answer after it {took:?}; \
@@ -712,7 +714,9 @@ async fn a_reconnecting_proxy_keeps_its_share(args: &[&str]) {
     let took = again.answered_within(50, REPORT_CYCLE).await;
     let reconnected = again.latest();
     drop(again);
-    println!("a proxy alone held {held} a minute; reconnected to the other instance, answered after {took:?} with {reconnected}");
+    println!(
+        "a proxy alone held {held} a minute; reconnected to the other instance, answered after {took:?} with {reconnected}"
+    );
     assert_eq!(held, LIMIT);
     assert!(took.is_some(), "not answered within {REPORT_CYCLE:?}");
     assert_eq!(reconnected, LIMIT, "its share again, not DENY_ALL");
@@ -734,7 +738,9 @@ async fn a_reconnecting_proxy_keeps_its_share(args: &[&str]) {
             lowest = lowest.min(steady.latest());
         }
     }
-    println!("a steady proxy at 120 a minute beside one reconnecting every second: its lowest share {lowest}");
+    println!(
+        "a steady proxy at 120 a minute beside one reconnecting every second: its lowest share {lowest}"
+    );
     assert!(lowest >= 120, "pushed below its demand: {lowest}");
 }
 
@@ -766,8 +772,9 @@ async fn the_write_script_stores_a_pool_of_many_members() {
             let fields: Vec<(String, String)> = (1..=MEMBERS)
                 .map(|id| (id.to_string(), format!("1:0:0:{far}:{now}:1:{id}:{now}")))
                 .collect();
-            *stored = Pool::from_fields(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())), budget)
-                .expect("well-formed members");
+            *stored =
+                Pool::from_fields(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())), budget)
+                    .expect("well-formed members");
         })
         .await
         .expect("a pool of many members written");
@@ -820,4 +827,53 @@ async fn reports_crowding_into_one_pool_are_all_answered() {
         "1,200 reports from 400 streams on two instances into one pool in {took:?}: {failed} not answered"
     );
     assert_eq!(failed, 0);
+}
+
+/// Two instances on one Redis, one reloaded to 60 a minute while the
+/// other still says 300: the proxies of both together hold at most 60
+/// (the lowest wins), and the mismatch is counted and logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_whose_rules_disagree_apply_the_lowest() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let dir = tempfile::tempdir().unwrap();
+    let paths = [dir.path().join("a.yaml"), dir.path().join("b.yaml")];
+    let mut instances = Vec::new();
+    for path in &paths {
+        std::fs::write(path, RULES).unwrap();
+        let mut service = Serve::config(path).args(&["--redis-url", &url]).spawn();
+        service.connect().await;
+        instances.push(service);
+    }
+    let mut instances: [ServiceProcess; 2] = instances.try_into().ok().unwrap();
+    let proxies = proxies_on(&mut instances).await;
+    assert_one_budget(&proxies, "before the reload");
+    let lower = RULES.replace("requests_per_unit: 300", "requests_per_unit: 60");
+    std::fs::write(&paths[1], lower).unwrap();
+    instances[1].signal("HUP");
+    let deadline = Instant::now() + ANSWER;
+    while instances[1]
+        .metric_or_zero("throttlegate_config_reloads_total{result=\"ok\"}")
+        .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "the reload did not happen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    report_rounds(&proxies, 4).await;
+    let shares: Vec<u64> = proxies.iter().map(StreamProxy::latest).collect();
+    let series = "throttlegate_rlqs_rule_mismatches_total{domain=\"quota\",rule=\"name_shared\"}";
+    let mismatches =
+        instances[0].metric_or_zero(series).await + instances[1].metric_or_zero(series).await;
+    let logged = instances
+        .iter()
+        .any(|it| it.log().contains("different budgets"));
+    println!(
+        "one instance at 60 a minute, the other at 300: latest shares {shares:?} (sum {}); \
+         {mismatches} mismatched reports counted, logged: {logged}",
+        shares.iter().sum::<u64>()
+    );
+    assert!(shares.iter().sum::<u64>() <= 60, "{shares:?}");
+    assert!(mismatches >= 1.0);
+    assert!(logged);
 }

@@ -243,10 +243,14 @@ impl QuotaBook {
         }
         let is_local = |id: MemberId| self.is_local(id);
         let apply = |entry: &mut Pool, now: Micros| {
-            let (mut changes, disagree) =
-                entry.claim_budget(self.instance, budget, now, &is_local);
+            let (mut changes, disagree) = entry.claim_budget(self.instance, budget, now, &is_local);
             changes.extend(entry.report_by(member, proxy, usage, now, &is_local));
-            (changes, entry.committed(), entry.budget().window_us, disagree)
+            (
+                changes,
+                entry.committed(),
+                entry.budget().window_us,
+                disagree,
+            )
         };
         let (changes, committed, window_us, disagree) = match &self.store {
             Store::Memory(pools) => {

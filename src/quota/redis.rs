@@ -187,7 +187,10 @@ impl RedisPools {
     fn end_turn(&self, name: &str, turn: Arc<tokio::sync::Mutex<()>>) {
         let mut writing = lock_map(&self.writing);
         drop(turn);
-        if writing.get(name).is_some_and(|it| Arc::strong_count(it) == 1) {
+        if writing
+            .get(name)
+            .is_some_and(|it| Arc::strong_count(it) == 1)
+        {
             writing.remove(name);
         }
     }

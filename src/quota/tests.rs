@@ -486,7 +486,11 @@ fn a_flapping_proxy_cannot_push_a_steady_one_below_its_fair_share() {
         pool.report_by(flapper, 9, asked(240), now, &all);
         assert!(pool.committed() <= 300);
         if second >= 15 {
-            assert!(share(&pool, 1) >= 120, "second {second}: {}", share(&pool, 1));
+            assert!(
+                share(&pool, 1) >= 120,
+                "second {second}: {}",
+                share(&pool, 1)
+            );
         }
         now += 1_000_000;
     }
@@ -556,7 +560,9 @@ fn a_rebuilt_pool_starts_another_incarnation() {
     let mut lost = Pool::new(BUDGET);
     let mut last = None;
     for step in 0..150 {
-        last = lost.report_from(1, asked(600), 1_000_000_000 + step, &all).pop();
+        last = lost
+            .report_from(1, asked(600), 1_000_000_000 + step, &all)
+            .pop();
     }
     let last = last.expect("a change");
     let mut rebuilt = Pool::new(BUDGET);
