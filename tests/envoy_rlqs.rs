@@ -607,3 +607,192 @@ descriptors:
     );
     assert!(deny_all >= 1.0);
 }
+
+// === what the field brings: a Redis restart, an instance restart, a
+// window-only reload ===
+
+/// Admitted requests of `sent` per `step` seconds from `from` to `to`.
+fn per_step(sent: &Sent, from: f64, to: f64, step: f64) -> Vec<u64> {
+    let mut out = Vec::new();
+    let mut at = from;
+    while at < to {
+        out.push(counted(sent, at, (at + step).min(to)).0);
+        at += step;
+    }
+    out
+}
+
+/// Reports bucket `{name: shared}` of domain `rlqs` `count` times at once
+/// on a stream of its own that asks nothing (so its share is 0): the pool
+/// has made that many more decisions, as one that lived for hours has.
+/// The stream stays open (its answers read) until the handle is dropped.
+async fn add_decisions(service: &mut ServiceProcess, count: usize) -> tokio::task::JoinHandle<()> {
+    use throttlegate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
+    use tokio_stream::StreamExt;
+    let (send, reports) = tokio::sync::mpsc::channel(count + 1);
+    let report = rlqs::RateLimitQuotaUsageReports {
+        domain: "rlqs".to_owned(),
+        bucket_quota_usages: vec![rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage {
+            bucket_id: Some(rlqs::BucketId {
+                bucket: [("name".to_owned(), "shared".to_owned())].into(),
+            }),
+            time_elapsed: Some(prost_types::Duration {
+                seconds: 5,
+                nanos: 0,
+            }),
+            num_requests_allowed: 0,
+            num_requests_denied: 0,
+            last_report: None,
+        }],
+    };
+    for _ in 0..count {
+        send.send(report.clone()).await.expect("queued");
+    }
+    let mut answers = rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient::new(
+        service.connect().await,
+    )
+    .stream_rate_limit_quotas(tokio_stream::wrappers::ReceiverStream::new(reports))
+    .await
+    .expect("stream opened")
+    .into_inner();
+    tokio::spawn(async move {
+        let _send = send;
+        while let Some(Ok(_)) = answers.next().await {}
+    })
+}
+
+/// Redis restarts empty (no persistence) under a pool that made many
+/// decisions: the proxy's next report rebuilds the pool and is answered,
+/// so the proxy keeps admitting at the budget's rate.
+#[tokio::test]
+async fn a_redis_restart_costs_a_proxy_no_admissions() {
+    let Some(bin) = envoy_bin("a_redis_restart_costs_a_proxy_no_admissions") else {
+        return;
+    };
+    let mut redis = RedisServer::start();
+    let (mut service, _dir) =
+        start_service_with(&rules(PER_MINUTE), &["--redis-url", &redis.url()]).await;
+    let envoy = start_envoy(&bin, &[service.grpc]);
+    let start = Instant::now();
+    let (end, restart_at) = (50.0, 15.0);
+    let until = start + Duration::from_secs_f64(end);
+    // 8 a second against 300 a minute (5 a second).
+    let driver = tokio::spawn(drive(envoy.addr("HTTP"), "shared", 8.0, start, until));
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let pump = add_decisions(&mut service, 150).await;
+    tokio::time::sleep(Duration::from_secs_f64(
+        restart_at - start.elapsed().as_secs_f64(),
+    ))
+    .await;
+    redis.restart();
+    let sent = driver.await.expect("the client ran");
+    pump.abort();
+    let unanswered = service
+        .metric_or_zero(
+            "throttlegate_rlqs_unanswered_reports_total{domain=\"rlqs\",rule=\"name_shared\"}",
+        )
+        .await;
+    let steps = per_step(&sent, 5.0, end, 5.0);
+    // After the old assignment would have expired (15 s) and one report
+    // cycle more: only a pool rebuilt and answered admits then.
+    let from = restart_at + 16.0;
+    let (after, denied) = counted(&sent, from, end);
+    let expected = (PER_MINUTE as f64 * (end - from) / 60.0) as u64;
+    println!(
+        "admitted per 5 s from 5 s (Redis restarted at {restart_at} s, after 150 extra decisions): {steps:?}; \
+         from {from} s to {end} s: {after} admitted, {denied} denied (the budget's rate: {expected}); \
+         {unanswered} reports unanswered"
+    );
+    assert!(
+        after * 10 >= expected * 8,
+        "{after} admitted after the restart, the budget's rate is {expected}"
+    );
+}
+
+/// An instance stops gracefully (SIGTERM) while its proxy, alone over
+/// the budget, admits at the budget's rate: the proxy reconnects to the
+/// other instance and keeps admitting, its share taken over rather than
+/// held against it.
+#[tokio::test]
+async fn an_instance_restart_costs_its_proxy_no_admissions() {
+    let Some(bin) = envoy_bin("an_instance_restart_costs_its_proxy_no_admissions") else {
+        return;
+    };
+    let redis = RedisServer::start();
+    let rules = rules(PER_MINUTE);
+    let (a, _dir_a) = start_service_with(&rules, &["--redis-url", &redis.url()]).await;
+    let (b, _dir_b) = start_service_with(&rules, &["--redis-url", &redis.url()]).await;
+    let envoy = start_envoy_with(&bin, failover_cluster(a.grpc, b.grpc));
+    let start = Instant::now();
+    let (end, stop_at) = (45.0, 15.0);
+    let until = start + Duration::from_secs_f64(end);
+    let driver = tokio::spawn(drive(envoy.addr("HTTP"), "shared", 8.0, start, until));
+    tokio::time::sleep(Duration::from_secs_f64(stop_at)).await;
+    a.stop().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while streams(&b).await < 1 {
+        assert!(Instant::now() < deadline, "the proxy did not move to B");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let moved = start.elapsed().as_secs_f64();
+    let sent = driver.await.expect("the client ran");
+    let steps = per_step(&sent, 5.0, end, 5.0);
+    let (after, denied) = counted(&sent, moved + 1.0, moved + 11.0);
+    let (before, _) = counted(&sent, 5.0, stop_at);
+    println!(
+        "admitted per 5 s from 5 s (A stopped at {stop_at} s, the proxy on B at {moved:.1} s): {steps:?}; \
+         {before} admitted in the 10 s before the stop; from 1 s to 11 s after the move: {after} admitted, \
+         {denied} denied (the budget's rate: 50)"
+    );
+    assert!(after >= 35, "{after} admitted in 10 s after the move");
+}
+
+/// A reload that changes only the window (300 a minute, then 300 an
+/// hour): the proxy enforces the new bucket within a report cycle.
+#[tokio::test]
+async fn a_reload_changing_only_the_window_reaches_envoy() {
+    let Some(bin) = envoy_bin("a_reload_changing_only_the_window_reaches_envoy") else {
+        return;
+    };
+    let (service, dir) = start_service(&rules(PER_MINUTE)).await;
+    let envoy = start_envoy(&bin, &[service.grpc]);
+    let start = Instant::now();
+    let reload_at = 15.0;
+    let end = 40.0;
+    let until = start + Duration::from_secs_f64(end);
+    let driver = tokio::spawn(drive(envoy.addr("HTTP"), "shared", 10.0, start, until));
+    tokio::time::sleep(Duration::from_secs_f64(reload_at)).await;
+    let hourly = rules(PER_MINUTE).replace(
+        "unit: minute, requests_per_unit: 300",
+        "unit: hour, requests_per_unit: 300",
+    );
+    assert_ne!(hourly, rules(PER_MINUTE));
+    std::fs::write(dir.path().join("rules.yaml"), hourly).expect("rewrite the rules");
+    service.signal("HUP");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while service
+        .metric("throttlegate_config_reloads_total{result=\"ok\"}")
+        .await
+        < 1.0
+    {
+        assert!(Instant::now() < deadline, "the reload did not happen");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reloaded = start.elapsed().as_secs_f64();
+    let sent = driver.await.expect("the client ran");
+    let from = reloaded + 6.0;
+    let (before, _) = counted(&sent, 5.0, reload_at);
+    let (after, denied) = counted(&sent, from, end);
+    // 300 an hour: its rate over the time, one burst, one of rounding.
+    let bound =
+        (PER_MINUTE as f64 * (end - from) / 3600.0).ceil() as u64 + max_burst(PER_MINUTE) + 1;
+    println!(
+        "before the reload {before} admitted in {} s (300/min); from {from:.1} s (reload at {reloaded:.1} s \
+         + one report cycle) to {end} s: {after} admitted, {denied} denied (bound {bound} at 300/hour)",
+        reload_at - 5.0
+    );
+    assert!(
+        after <= bound,
+        "{after} admitted after 300/hour, bound {bound}"
+    );
+}

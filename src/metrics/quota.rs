@@ -4,7 +4,7 @@
 //! (else `_unmatched`), never a bucket's values.
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -56,6 +56,7 @@ pub struct QuotaMetrics {
     reported: Family<KindLabels, Counter>,
     assigned: Family<RuleLabels, Gauge<i64, AtomicI64>>,
     unanswered: Family<RuleLabels, Counter>,
+    mismatches: Family<RuleLabels, Counter>,
 }
 
 impl QuotaMetrics {
@@ -67,6 +68,7 @@ impl QuotaMetrics {
             reported: Family::default(),
             assigned: Family::default(),
             unanswered: Family::default(),
+            mismatches: Family::default(),
         };
         registry.register(
             "rlqs_streams",
@@ -98,6 +100,11 @@ impl QuotaMetrics {
             "RLQS reports left unanswered because the shared budget could not be read or written in Redis, by domain and rule (the proxy keeps its assignment until it expires, then its fallback)",
             metrics.unanswered.clone(),
         );
+        registry.register(
+            "rlqs_rule_mismatches",
+            "RLQS reports into a pool whose instances' rules give it different budgets (a reload not yet everywhere), by domain and rule; the lowest budget applies until they agree",
+            metrics.mismatches.clone(),
+        );
         metrics
     }
 
@@ -121,15 +128,20 @@ impl QuotaMetrics {
             .inc();
     }
 
+    /// Requests a proxy reported; each count saturates at `u64::MAX`
+    /// (a proxy's numbers are its own, and a counter never goes back).
     pub fn record_reported(&self, domain: &Arc<str>, rule: &Arc<str>, allowed: u64, denied: u64) {
         for (kind, count) in [("allowed", allowed), ("denied", denied)] {
-            self.reported
-                .get_or_create(&KindLabels {
-                    domain: domain.clone(),
-                    rule: rule.clone(),
-                    kind,
-                })
-                .inc_by(count);
+            let counter = self.reported.get_or_create(&KindLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+                kind,
+            });
+            let _ = counter
+                .inner()
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |it| {
+                    Some(it.saturating_add(count))
+                });
         }
     }
 
@@ -144,6 +156,17 @@ impl QuotaMetrics {
             .inc();
     }
 
+    /// A report of a bucket of `rule` into a pool whose instances disagree
+    /// on its budget.
+    pub fn record_rule_mismatch(&self, domain: &Arc<str>, rule: &Arc<str>) {
+        self.mismatches
+            .get_or_create(&RuleLabels {
+                domain: domain.clone(),
+                rule: rule.clone(),
+            })
+            .inc();
+    }
+
     pub fn set_assigned(&self, domain: &Arc<str>, rule: &Arc<str>, per_window: u64) {
         self.assigned
             .get_or_create(&RuleLabels {
@@ -151,5 +174,31 @@ impl QuotaMetrics {
                 rule: rule.clone(),
             })
             .set(i64::try_from(per_window).unwrap_or(i64::MAX));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reported_requests_saturate_instead_of_wrapping() {
+        let mut registry = Registry::default();
+        let metrics = QuotaMetrics::register(&mut registry);
+        let (domain, rule): (Arc<str>, Arc<str>) = (Arc::from("d"), Arc::from("r"));
+        metrics.record_reported(&domain, &rule, u64::MAX, 1);
+        metrics.record_reported(&domain, &rule, 5, u64::MAX);
+        let read = |kind| {
+            metrics
+                .reported
+                .get_or_create(&KindLabels {
+                    domain: domain.clone(),
+                    rule: rule.clone(),
+                    kind,
+                })
+                .get()
+        };
+        assert_eq!(read("allowed"), u64::MAX);
+        assert_eq!(read("denied"), u64::MAX);
     }
 }

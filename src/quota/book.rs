@@ -19,7 +19,7 @@ use crate::clock::{Clock, Micros};
 use super::bucket::Grant;
 use super::mapping::PoolKey;
 use super::redis::{Error, RedisPools};
-use super::share::{Budget, Change, MemberId, MemberView, Pool, Usage};
+use super::share::{Budget, Change, MemberId, MemberView, Pool, ProxyKey, Usage};
 
 /// A stream's bucket, numbered by the stream.
 pub type Slot = u32;
@@ -40,12 +40,16 @@ struct Pending {
     latest: HashMap<Slot, Order>,
 }
 
-/// Where a grant was decided: the pool (by its key's hash) and its epoch.
-/// Two reports decided concurrently can reach an outbox in either order;
-/// an older decision of the same pool never replaces a newer one.
+/// Where a grant was decided: the pool (by its key's hash), its
+/// incarnation and its epoch. Two reports decided concurrently can reach
+/// an outbox in either order; an older decision of the same incarnation
+/// of the same pool never replaces a newer one. Epochs of different
+/// incarnations are never compared: a pool lost and rebuilt starts its
+/// epochs again, and its first grant replaces whatever the lost one sent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Order {
     pub pool: u64,
+    pub incarnation: u64,
     pub epoch: u64,
 }
 
@@ -64,6 +68,7 @@ impl Outbox {
                 Some(order) => {
                     if let Some(latest) = pending.latest.get(&slot)
                         && latest.pool == order.pool
+                        && latest.incarnation == order.incarnation
                         && latest.epoch > order.epoch
                     {
                         return;
@@ -138,6 +143,9 @@ pub struct Reported {
     pub committed: u64,
     /// Where the reporter's grant was decided (for [`Outbox::put`]).
     pub order: Order,
+    /// The instances sharing the pool have rules giving it different
+    /// budgets; the lowest is applied.
+    pub disagree: bool,
 }
 
 /// What `/rlconfig` shows of one pool.
@@ -205,13 +213,15 @@ impl QuotaBook {
         member & !0xffff_ffff == self.instance
     }
 
-    /// `member` (the bucket `slot` of the stream writing to `outbox`)
-    /// reported `usage` of a bucket in `pool` with `budget`. Its own grant
-    /// is returned; every other local member whose share changed gets its
-    /// new grant in its outbox.
+    /// `member` (the bucket `slot` of the stream writing to `outbox`, of
+    /// the proxy `proxy`) reported `usage` of a bucket in `pool` with
+    /// `budget`. Its own grant is returned; every other local member
+    /// whose share changed gets its new grant in its outbox.
+    #[allow(clippy::too_many_arguments)]
     pub async fn report(
         &self,
         member: MemberId,
+        proxy: ProxyKey,
         slot: Slot,
         outbox: &Arc<Outbox>,
         pool: &PoolKey,
@@ -233,11 +243,16 @@ impl QuotaBook {
         }
         let is_local = |id: MemberId| self.is_local(id);
         let apply = |entry: &mut Pool, now: Micros| {
-            let mut changes = entry.set_budget_from(budget, now, &is_local);
-            changes.extend(entry.report_from(member, usage, now, &is_local));
-            (changes, entry.committed(), entry.budget().window_us)
+            let (mut changes, disagree) = entry.claim_budget(self.instance, budget, now, &is_local);
+            changes.extend(entry.report_by(member, proxy, usage, now, &is_local));
+            (
+                changes,
+                entry.committed(),
+                entry.budget().window_us,
+                disagree,
+            )
         };
-        let (changes, committed, window_us) = match &self.store {
+        let (changes, committed, window_us, disagree) = match &self.store {
             Store::Memory(pools) => {
                 let now = self.now();
                 let mut pools = lock(pools);
@@ -270,20 +285,24 @@ impl QuotaBook {
             committed,
             order: Order {
                 pool: pool_id,
+                incarnation: 0,
                 epoch: 0,
             },
+            disagree,
         };
         let subscribers = lock(&self.subscribers);
         for Change {
             member: id,
             share,
             changed,
+            incarnation,
             epoch,
         } in changes
         {
             let grant = Grant::for_share(share, window_us);
             let order = Order {
                 pool: pool_id,
+                incarnation,
                 epoch,
             };
             if id == member {

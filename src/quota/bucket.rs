@@ -7,6 +7,15 @@
 //! assignment the proxy admits at most `b + (s − b) = s`. A share of 1
 //! has nothing left to refill with: it refills one token per two windows,
 //! which still admits at most one per window. A share of 0 is DENY_ALL.
+//!
+//! Envoy tells a new token bucket from the one it has by `max_tokens`,
+//! `tokens_per_fill` and the *nanoseconds* of `fill_interval` only (not
+//! its seconds): two buckets differing only in whole seconds of interval
+//! (300 a minute, then 300 an hour; or a share of 1, refilled every 2 W,
+//! then 2, refilled every W) would look the same and the new one be
+//! ignored. So every interval is sent with a tag in its nanoseconds below
+//! the microsecond ([`TokenBucket::fill_interval_ns`]), which differs
+//! between intervals of different whole seconds.
 
 use crate::clock::Micros;
 
@@ -20,6 +29,24 @@ pub struct TokenBucket {
     pub max_tokens: u32,
     pub tokens_per_fill: u32,
     pub fill_interval_us: Micros,
+}
+
+/// Intervals whose whole seconds differ by less than this many seconds
+/// get distinct tags (a prime, so the usual windows do: a second, a
+/// minute, an hour, a day, a week, 30 days, a year).
+const INTERVAL_TAGS: u64 = 997;
+
+impl TokenBucket {
+    /// The fill interval as sent to Envoy, in nanoseconds: the interval,
+    /// plus its whole seconds modulo [`INTERVAL_TAGS`] as nanoseconds
+    /// below the microsecond (under 1 µs longer, so the bucket admits no
+    /// more than the share). Two intervals of different whole seconds
+    /// differ in their nanoseconds unless the seconds are a multiple of
+    /// 997 s apart.
+    pub fn fill_interval_ns(&self) -> u128 {
+        let tag = (self.fill_interval_us / 1_000_000) % INTERVAL_TAGS;
+        u128::from(self.fill_interval_us) * 1_000 + u128::from(tag)
+    }
 }
 
 /// What one bucket of one proxy is told to do.
@@ -114,6 +141,61 @@ mod tests {
                 fill_interval_us: MINUTE,
             })
         );
+    }
+
+    /// What Envoy compares to tell a new bucket from the one it has.
+    fn as_envoy_compares(grant: Grant) -> Option<(u32, u32, u128)> {
+        match grant {
+            Grant::Tokens(it) => Some((
+                it.max_tokens,
+                it.tokens_per_fill,
+                it.fill_interval_ns() % 1_000_000_000,
+            )),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn envoy_tells_apart_buckets_that_differ_only_in_whole_seconds() {
+        const SECOND: Micros = 1_000_000;
+        let windows = [
+            SECOND,
+            MINUTE,
+            60 * MINUTE,
+            24 * 60 * MINUTE,
+            7 * 24 * 60 * MINUTE,
+            30 * 24 * 60 * MINUTE,
+            365 * 24 * 60 * MINUTE,
+        ];
+        for share in [1, 2, 3, 300] {
+            for (i, a) in windows.iter().enumerate() {
+                for b in &windows[i + 1..] {
+                    let (one, other) = (Grant::for_share(share, *a), Grant::for_share(share, *b));
+                    assert_ne!(
+                        as_envoy_compares(one),
+                        as_envoy_compares(other),
+                        "share {share}: {a} µs and {b} µs look the same to Envoy"
+                    );
+                }
+            }
+        }
+        // A share moving between 1 and 2 per window.
+        assert_ne!(
+            as_envoy_compares(Grant::for_share(1, MINUTE)),
+            as_envoy_compares(Grant::for_share(2, MINUTE))
+        );
+    }
+
+    #[test]
+    fn the_tag_lengthens_the_interval_by_under_a_microsecond() {
+        for window in [1_000_000, MINUTE, 3_600_000_000, 1_234_567] {
+            let Grant::Tokens(bucket) = Grant::for_share(300, window) else {
+                panic!("a share of 300 is a token bucket");
+            };
+            let ns = bucket.fill_interval_ns();
+            let exact = u128::from(bucket.fill_interval_us) * 1_000;
+            assert!(ns >= exact && ns < exact + 1_000, "{window}: {ns}");
+        }
     }
 
     #[test]

@@ -17,10 +17,11 @@
 //! How connections are opened is given ([`Connect`]): `app` gives the
 //! backend's settings, TLS included.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -47,13 +48,18 @@ local t = redis.call('TIME')
 return {t[1], t[2], redis.call('HGETALL', KEYS[1])}
 ";
 
+/// Fields are written 500 at a time (1,000 values): Lua's `unpack` fails past a few
+/// thousand values (its C stack), whatever the member count.
 const WRITE: &str = r"
 local current = redis.call('HGET', KEYS[1], 'v') or ''
 if current ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
 if #ARGV > 2 then
   local next = tostring((tonumber(current) or 0) + 1)
-  redis.call('HSET', KEYS[1], 'v', next, unpack(ARGV, 3))
+  redis.call('HSET', KEYS[1], 'v', next)
+  for first = 3, #ARGV, 1000 do
+    redis.call('HSET', KEYS[1], unpack(ARGV, first, math.min(first + 999, #ARGV)))
+  end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 1
@@ -105,6 +111,9 @@ pub struct RedisPools {
     opened: AtomicU64,
     read: redis::Script,
     write: redis::Script,
+    /// One lock per pool being written by this instance: its reports take
+    /// turns, so that only other instances' writes make one retry.
+    writing: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// The connection calls are sent on, and its number.
@@ -136,6 +145,7 @@ impl RedisPools {
             opened: AtomicU64::new(0),
             read: redis::Script::new(READ),
             write: redis::Script::new(WRITE),
+            writing: Mutex::default(),
         }
     }
 
@@ -157,15 +167,47 @@ impl RedisPools {
         change: impl Fn(&mut Pool, Micros) -> R,
     ) -> Result<R, Error> {
         let name = format!("throttlegate:rlqs:{}", key.as_str());
-        let (mut current, kept) = self.current().await?;
-        match self
-            .attempt(&name, key, budget, &change, &mut current)
-            .await
+        let turn = self.turn(&name);
+        let _turn = turn.lock().await;
+        let outcome = self.update_in_turn(&name, key, budget, change).await;
+        drop(_turn);
+        self.end_turn(&name, turn);
+        outcome
+    }
+
+    /// This instance's lock of the pool `name`.
+    fn turn(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock_map(&self.writing)
+            .entry(name.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Forgets the lock of `name` once nobody else holds or waits for it.
+    fn end_turn(&self, name: &str, turn: Arc<tokio::sync::Mutex<()>>) {
+        let mut writing = lock_map(&self.writing);
+        drop(turn);
+        if writing
+            .get(name)
+            .is_some_and(|it| Arc::strong_count(it) == 1)
         {
+            writing.remove(name);
+        }
+    }
+
+    async fn update_in_turn<R>(
+        &self,
+        name: &str,
+        key: &PoolKey,
+        budget: Budget,
+        change: impl Fn(&mut Pool, Micros) -> R,
+    ) -> Result<R, Error> {
+        let (mut current, kept) = self.current().await?;
+        match self.attempt(name, key, budget, &change, &mut current).await {
             Err(Error::Redis(err)) if kept && is_connection_failure(&err) => {
                 self.forget(current.number);
                 let (mut current, _) = self.current().await?;
-                self.attempt(&name, key, budget, &change, &mut current)
+                self.attempt(name, key, budget, &change, &mut current)
                     .await
                     .inspect_err(|err| self.forget_after(err, current.number))
             }
@@ -184,7 +226,14 @@ impl RedisPools {
         current: &mut Current,
     ) -> Result<R, Error> {
         let connection = &mut current.connection;
-        for _ in 0..MAX_ATTEMPTS {
+        for attempt in 0..MAX_ATTEMPTS {
+            if attempt > 0 {
+                // Another instance wrote in between: wait a little (more
+                // after each miss, and at random) so that contending
+                // instances stop meeting.
+                let most = 200 * (1u64 << attempt.min(5));
+                tokio::time::sleep(Duration::from_micros(jitter(most))).await;
+            }
             let (seconds, micros, fields): (u64, u64, Vec<(String, String)>) =
                 within(self.read.key(name).invoke_async(connection)).await??;
             let now = seconds * 1_000_000 + micros;
@@ -255,6 +304,19 @@ fn is_connection_failure(err: &RedisError) -> bool {
         || err.is_connection_refusal()
         || err.is_unrecoverable_error()
         || matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
+}
+
+/// A number of microseconds below `most`, at random.
+fn jitter(most: u64) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let random = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    random % most.max(1)
+}
+
+fn lock_map<T>(map: &Mutex<T>) -> MutexGuard<'_, T> {
+    map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn lock(slot: &Mutex<Option<Current>>) -> MutexGuard<'_, Option<Current>> {

@@ -16,6 +16,17 @@
 //!
 //! The invariant every change keeps: the shares the proxies hold (active
 //! members and held ones) add up to at most `L`.
+//!
+//! A reconnected proxy reports from a new stream, as a new member; Envoy
+//! sends nothing naming itself, so a member carries a *proxy key* (made
+//! by the transport from the peer address and the bucket) and takes over
+//! a *departed* member of its key (stream closed, or silent for
+//! [`GONE_AFTER_US`]) that last reported before it joined: its demands,
+//! and the share its proxy holds until the new one's is delivered.
+//! Instances *claim* the budget their rules give a pool at each report;
+//! the lowest claim of the last [`STALE_AFTER_US`] applies. A pool's
+//! epochs count its decisions within its random *incarnation*: a pool
+//! lost in Redis is rebuilt with a new one. docs/rlqs.md explains each.
 
 use std::collections::BTreeMap;
 
@@ -28,6 +39,10 @@ pub const REPORT_INTERVAL_US: Micros = 5_000_000;
 pub const ASSIGNMENT_TTL_US: Micros = 3 * REPORT_INTERVAL_US;
 /// A member silent for this long is no longer given a share.
 pub const STALE_AFTER_US: Micros = 3 * REPORT_INTERVAL_US;
+/// A member whose stream is open but that has not reported for this long
+/// (one and a half report intervals: it missed a report) has departed:
+/// a new member of the same proxy key takes it over.
+pub const GONE_AFTER_US: Micros = 3 * REPORT_INTERVAL_US / 2;
 /// Reports over a shorter time are read as covering this much: a new
 /// bucket's first report covers almost no time.
 const MIN_ELAPSED_US: Micros = 1_000_000;
@@ -43,6 +58,10 @@ pub const DEMAND_REPORTS: usize = 3;
 
 /// One member of a pool: one stream's report of one bucket.
 pub type MemberId = u64;
+
+/// What recognises one proxy's bucket across its streams (0: unknown,
+/// never taken over).
+pub type ProxyKey = u64;
 
 /// `per_window` requests per `window_us`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,8 +100,10 @@ pub struct Change {
     /// False when only the assignment's time to live is renewed (the
     /// reporting member is always answered).
     pub changed: bool,
-    /// The pool's epoch when it was decided: of two grants to one member,
-    /// the one of the later epoch is the one to enforce.
+    /// The pool's incarnation and epoch when it was decided: of two
+    /// grants to one member of one incarnation, the one of the later
+    /// epoch is the one to enforce.
+    pub incarnation: u64,
     pub epoch: u64,
 }
 
@@ -100,14 +121,29 @@ struct Member {
     last_report: Micros,
     /// Its stream is open.
     live: bool,
+    /// Its proxy's key (0: unknown).
+    proxy: ProxyKey,
+    /// Its first report.
+    joined: Micros,
+}
+
+/// The budget one instance's rules give a pool, and when it last said so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Claim {
+    budget: Budget,
+    at: Micros,
 }
 
 /// One budget and the members sharing it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pool {
     budget: Budget,
-    /// Counts the pool's decisions.
+    /// Counts the pool's decisions within its incarnation.
     epoch: u64,
+    /// Random and nonzero once the pool has decided anything.
+    incarnation: u64,
+    /// By instance: the budget its rules give the pool.
+    claims: BTreeMap<u64, Claim>,
     members: BTreeMap<MemberId, Member>,
 }
 
@@ -125,6 +161,8 @@ impl Pool {
         Pool {
             budget,
             epoch: 0,
+            incarnation: 0,
+            claims: BTreeMap::new(),
             members: BTreeMap::new(),
         }
     }
@@ -169,17 +207,58 @@ impl Pool {
         now: Micros,
         is_local: &dyn Fn(MemberId) -> bool,
     ) -> Vec<Change> {
+        self.report_by(member, 0, usage, now, is_local)
+    }
+
+    /// [`Pool::report_from`] by a member of the proxy `proxy`, which
+    /// takes over the departed members of that proxy (see the module's
+    /// documentation).
+    pub fn report_by(
+        &mut self,
+        member: MemberId,
+        proxy: ProxyKey,
+        usage: Option<Usage>,
+        now: Micros,
+        is_local: &dyn Fn(MemberId) -> bool,
+    ) -> Vec<Change> {
         self.forget_expired(now);
         let budget = self.budget;
-        let entry = self.members.entry(member).or_insert(Member {
+        self.members.entry(member).or_insert(Member {
             demands: Vec::new(),
             share: None,
             enforced: None,
             expires_at: now,
             last_report: now,
             live: true,
+            proxy,
+            joined: now,
         });
+        let joined = self.members.get(&member).map_or(now, |it| it.joined);
+        if proxy != 0 {
+            let departed: Vec<MemberId> = self
+                .members
+                .iter()
+                .filter(|(id, it)| {
+                    **id != member
+                        && it.proxy == proxy
+                        && it.last_report <= joined
+                        && it.has_departed(now)
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            for id in departed {
+                if let Some(old) = self.members.remove(&id)
+                    && let Some(entry) = self.members.get_mut(&member)
+                {
+                    entry.take_over(old);
+                }
+            }
+        }
+        let Some(entry) = self.members.get_mut(&member) else {
+            return Vec::new();
+        };
         entry.live = true;
+        entry.proxy = proxy;
         entry.last_report = now;
         if let Some(usage) = usage.filter(|it| it.elapsed_us > 0) {
             if entry.demands.len() >= DEMAND_REPORTS {
@@ -194,6 +273,39 @@ impl Pool {
     /// once, and those that must shrink are returned.
     pub fn set_budget(&mut self, budget: Budget, now: Micros) -> Vec<Change> {
         self.set_budget_from(budget, now, &|_| true)
+    }
+
+    /// Instance `instance` (whose rules give the pool `budget`) reports:
+    /// its claim is renewed, and the pool's budget becomes the lowest
+    /// claim of the last [`STALE_AFTER_US`] (see the module's
+    /// documentation). Returns the changes, and whether the claims
+    /// disagree.
+    pub fn claim_budget(
+        &mut self,
+        instance: u64,
+        budget: Budget,
+        now: Micros,
+        is_local: &dyn Fn(MemberId) -> bool,
+    ) -> (Vec<Change>, bool) {
+        self.claims.insert(instance, Claim { budget, at: now });
+        self.claims
+            .retain(|_, it| now - it.at.min(now) <= STALE_AFTER_US);
+        let lowest = self
+            .claims
+            .values()
+            .map(|it| it.budget)
+            .min_by(|a, b| {
+                let rate = |it: &Budget, other: &Budget| {
+                    u128::from(it.per_window) * u128::from(other.window_us.max(1))
+                };
+                rate(a, b)
+                    .cmp(&rate(b, a))
+                    .then(a.window_us.cmp(&b.window_us))
+                    .then(a.per_window.cmp(&b.per_window))
+            })
+            .unwrap_or(budget);
+        let disagree = self.claims.values().any(|it| it.budget != lowest);
+        (self.set_budget_from(lowest, now, is_local), disagree)
     }
 
     /// [`Pool::set_budget`] by the instance whose members `is_local` tells.
@@ -262,6 +374,9 @@ impl Pool {
         reporter: Option<MemberId>,
         is_local: &dyn Fn(MemberId) -> bool,
     ) -> Vec<Change> {
+        if self.incarnation == 0 {
+            self.incarnation = random_nonzero(now);
+        }
         self.epoch += 1;
         let limit = self.budget.per_window;
         let held: u64 = self
@@ -350,6 +465,7 @@ impl Pool {
                     member: *id,
                     share,
                     changed,
+                    incarnation: self.incarnation,
                     epoch: self.epoch,
                 };
                 if reporter == Some(*id) {
@@ -363,7 +479,33 @@ impl Pool {
     }
 }
 
+/// A random nonzero number (for a pool's incarnation).
+fn random_nonzero(seed: Micros) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u64(seed);
+    hasher.finish().max(1)
+}
+
 impl Member {
+    /// Its stream closed, or it missed a report.
+    fn has_departed(&self, now: Micros) -> bool {
+        !self.live || now.saturating_sub(self.last_report) > GONE_AFTER_US
+    }
+
+    /// Takes over `old`, its proxy's departed member: its demands, and
+    /// the share the proxy holds until this one's own is delivered.
+    fn take_over(&mut self, old: Member) {
+        if self.demands.is_empty() {
+            self.demands = old.demands;
+        }
+        if self.enforced.is_none() {
+            self.share = old.share;
+            self.enforced = old.enforced;
+            self.expires_at = old.expires_at;
+        }
+    }
+
     /// Requests per window it wants: the highest of its recent reports;
     /// `None` until a report covered some time.
     fn demand(&self) -> Option<u64> {
@@ -387,12 +529,18 @@ impl Member {
 pub const BUDGET_FIELD: &str = "budget";
 /// The hash field of a pool's epoch.
 pub const EPOCH_FIELD: &str = "epoch";
+/// The hash field of a pool's incarnation.
+pub const INCARNATION_FIELD: &str = "incarnation";
+/// The prefix of the hash field of one instance's claim (`rule:<instance>`).
+pub const CLAIM_PREFIX: &str = "rule:";
 
 impl Pool {
     /// The pool as hash fields: [`BUDGET_FIELD`] `per_window:window_us`,
-    /// and per member its id (decimal) `demands:share:enforced:expires_at:
-    /// last_report:live`, with `-` for a value not known (`demands`: its
-    /// recent demands, oldest first, joined by `,`).
+    /// [`EPOCH_FIELD`], [`INCARNATION_FIELD`], per instance's claim
+    /// [`CLAIM_PREFIX`]`<instance>` `per_window:window_us:at`, and per
+    /// member its id (decimal) `demands:share:enforced:expires_at:
+    /// last_report:live:proxy:joined`, with `-` for a value not known (`demands`:
+    /// its recent demands, oldest first, joined by `,`).
     pub fn to_fields(&self) -> Vec<(String, String)> {
         let show = |it: Option<u64>| it.map_or_else(|| "-".to_owned(), |it| it.to_string());
         let show_all = |it: &[u64]| {
@@ -408,18 +556,30 @@ impl Pool {
                 format!("{}:{}", self.budget.per_window, self.budget.window_us),
             ),
             (EPOCH_FIELD.to_owned(), self.epoch.to_string()),
+            (INCARNATION_FIELD.to_owned(), self.incarnation.to_string()),
         ];
+        for (instance, claim) in &self.claims {
+            fields.push((
+                format!("{CLAIM_PREFIX}{instance}"),
+                format!(
+                    "{}:{}:{}",
+                    claim.budget.per_window, claim.budget.window_us, claim.at
+                ),
+            ));
+        }
         for (id, member) in &self.members {
             fields.push((
                 id.to_string(),
                 format!(
-                    "{}:{}:{}:{}:{}:{}",
+                    "{}:{}:{}:{}:{}:{}:{}:{}",
                     show_all(&member.demands),
                     show(member.share),
                     show(member.enforced),
                     member.expires_at,
                     member.last_report,
-                    u8::from(member.live)
+                    u8::from(member.live),
+                    member.proxy,
+                    member.joined
                 ),
             ));
         }
@@ -446,6 +606,24 @@ impl Pool {
                 pool.epoch = number(value)?;
                 continue;
             }
+            if name == INCARNATION_FIELD {
+                pool.incarnation = number(value)?;
+                continue;
+            }
+            if let Some(instance) = name.strip_prefix(CLAIM_PREFIX) {
+                let mut parts = value.split(':').map(number);
+                let (Some(Some(per_window)), Some(Some(window_us)), Some(Some(at)), None) =
+                    (parts.next(), parts.next(), parts.next(), parts.next())
+                else {
+                    return None;
+                };
+                let budget = Budget {
+                    per_window,
+                    window_us,
+                };
+                pool.claims.insert(number(instance)?, Claim { budget, at });
+                continue;
+            }
             if name == BUDGET_FIELD {
                 let (per_window, window_us) = value.split_once(':')?;
                 pool.budget = Budget {
@@ -458,9 +636,13 @@ impl Pool {
                 continue;
             };
             let parts: Vec<&str> = value.split(':').collect();
-            let [demand, share, enforced, expires_at, last_report, live] = parts[..] else {
-                return None;
-            };
+            // Six parts: stored before members carried a proxy key.
+            let (demand, share, enforced, expires_at, last_report, live, proxy, joined) =
+                match parts[..] {
+                    [a, b, c, d, e, f] => (a, b, c, d, e, f, "0", "0"),
+                    [a, b, c, d, e, f, g, h] => (a, b, c, d, e, f, g, h),
+                    _ => return None,
+                };
             let demands = if demand == "-" {
                 Vec::new()
             } else {
@@ -481,6 +663,8 @@ impl Pool {
                     expires_at: number(expires_at)?,
                     last_report: number(last_report)?,
                     live: live == "1",
+                    proxy: number(proxy)?,
+                    joined: number(joined)?,
                 },
             );
         }

@@ -2,7 +2,8 @@ use proptest::prelude::*;
 
 use super::mapping::{Resolution, descriptor, resolve};
 use super::share::{
-    ASSIGNMENT_TTL_US, Budget, DEMAND_REPORTS, MemberId, Pool, REPORT_INTERVAL_US, Usage, max_min,
+    ASSIGNMENT_TTL_US, Budget, DEMAND_REPORTS, GONE_AFTER_US, MemberId, Pool, REPORT_INTERVAL_US,
+    Usage, max_min,
 };
 use crate::testing::rules_from;
 
@@ -424,4 +425,175 @@ fn a_share_lowered_by_another_instance_counts_until_delivered() {
     let changes = pool.report_from(2, asked(600), now + 3, &even);
     assert_eq!(changes[0].share, 150, "{changes:?}");
     assert_eq!(pool.committed(), 300);
+}
+
+// === reconnects, reloads on some instances, lost pools ===
+
+#[test]
+fn a_reconnected_proxy_takes_over_its_departed_member() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    let all = |_: MemberId| true;
+    for _ in 0..3 {
+        pool.report_by(1, 7, asked(600), now, &all);
+        now += REPORT_INTERVAL_US;
+    }
+    assert_eq!(share(&pool, 1), 300);
+    // Its stream ends; the proxy reconnects as member 2: it is answered
+    // with the share its proxy holds, not DENY_ALL behind its own.
+    pool.leave(1, now);
+    let changes = pool.report_by(2, 7, asked(600), now + 1, &all);
+    assert_eq!(changes[0].member, 2);
+    assert_eq!(changes[0].share, 300, "{changes:?}");
+    assert_eq!(pool.share_of(1), None, "the departed member is forgotten");
+    assert_eq!(pool.committed(), 300);
+}
+
+#[test]
+fn a_member_that_missed_a_report_is_taken_over_and_a_live_one_never() {
+    let mut pool = Pool::new(BUDGET);
+    let now = 1_000_000_000;
+    let all = |_: MemberId| true;
+    pool.report_by(1, 7, asked(600), now, &all);
+    // Another stream of the same proxy key while member 1 still reports:
+    // both count.
+    pool.report_by(2, 7, asked(600), now + REPORT_INTERVAL_US, &all);
+    assert!(pool.share_of(1).is_some());
+    assert!(pool.committed() <= 300);
+    // Member 1's instance died: it stops reporting, its stream still
+    // marked open. Once it missed a report, member 2 takes it over.
+    let later = now + REPORT_INTERVAL_US + GONE_AFTER_US + 1;
+    pool.report_by(2, 7, asked(600), later, &all);
+    assert_eq!(pool.share_of(1), None);
+    pool.report_by(2, 7, asked(600), later + REPORT_INTERVAL_US, &all);
+    assert_eq!(share(&pool, 2), 300);
+}
+
+#[test]
+fn a_flapping_proxy_cannot_push_a_steady_one_below_its_fair_share() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    let all = |_: MemberId| true;
+    // Proxy 7 steady at 120 a minute, proxy 9 reconnecting every second
+    // (a new member each time) asking 240.
+    let mut flapper = 100;
+    for second in 0..60u64 {
+        if second % 5 == 0 {
+            pool.report_by(1, 7, asked(120), now, &all);
+        }
+        pool.leave(flapper, now);
+        flapper += 1;
+        pool.report_by(flapper, 9, asked(240), now, &all);
+        assert!(pool.committed() <= 300);
+        if second >= 15 {
+            assert!(
+                share(&pool, 1) >= 120,
+                "second {second}: {}",
+                share(&pool, 1)
+            );
+        }
+        now += 1_000_000;
+    }
+    assert_eq!(pool.members(now).count(), 2, "one member per proxy");
+}
+
+#[test]
+fn instances_whose_rules_disagree_apply_the_lowest_until_they_agree() {
+    let mut pool = Pool::new(BUDGET);
+    let mut now = 1_000_000_000;
+    let odd = |id: MemberId| id % 2 == 1;
+    let even = |id: MemberId| id.is_multiple_of(2);
+    let lower = Budget {
+        per_window: 60,
+        window_us: MINUTE,
+    };
+    let (_, disagree) = pool.claim_budget(1, BUDGET, now, &odd);
+    assert!(!disagree);
+    pool.report_from(1, asked(600), now, &odd);
+    // Instance 2 reloaded to 60 a minute; instance 1 still says 300.
+    let (_, disagree) = pool.claim_budget(2, lower, now + 1, &even);
+    assert!(disagree);
+    assert_eq!(pool.budget(), lower);
+    let (_, disagree) = pool.claim_budget(1, BUDGET, now + 2, &odd);
+    assert!(disagree, "still disagreeing");
+    assert_eq!(pool.budget(), lower, "the lowest wins, whoever reports");
+    let changes = pool.report_from(1, asked(600), now + 2, &odd);
+    assert!(changes[0].share <= 60, "{changes:?}");
+    // A lower rate over a longer window is lower: 300 an hour.
+    let hourly = Budget {
+        per_window: 300,
+        window_us: 60 * MINUTE,
+    };
+    pool.claim_budget(1, hourly, now + 3, &odd);
+    assert_eq!(pool.budget(), hourly);
+    // Both at 60 a minute: they agree.
+    pool.claim_budget(1, lower, now + 4, &odd);
+    let (_, disagree) = pool.claim_budget(2, lower, now + 5, &even);
+    assert!(!disagree);
+    // A claim not renewed for a while no longer counts.
+    now += super::share::STALE_AFTER_US + 10;
+    let (_, disagree) = pool.claim_budget(1, BUDGET, now, &odd);
+    assert!(!disagree);
+    assert_eq!(pool.budget(), BUDGET);
+}
+
+#[test]
+fn the_stored_pool_keeps_claims_incarnation_and_proxy_keys() {
+    let mut pool = Pool::new(BUDGET);
+    let now = 1_000_000_000;
+    let all = |_: MemberId| true;
+    pool.claim_budget(3, BUDGET, now, &all);
+    let changes = pool.report_by(1, 7, asked(600), now, &all);
+    assert_ne!(changes[0].incarnation, 0);
+    let fields = pool.to_fields();
+    let read = Pool::from_fields(fields.iter().map(|(k, v)| (k.as_str(), v.as_str())), BUDGET)
+        .expect("read back");
+    assert_eq!(read, pool);
+    // A member stored before members had a proxy key still reads.
+    let old = [("budget", "300:60000000"), ("5", "-:-:-:1:1:1")];
+    assert!(Pool::from_fields(old, BUDGET).is_some());
+}
+
+#[test]
+fn a_rebuilt_pool_starts_another_incarnation() {
+    let all = |_: MemberId| true;
+    let mut lost = Pool::new(BUDGET);
+    let mut last = None;
+    for step in 0..150 {
+        last = lost
+            .report_from(1, asked(600), 1_000_000_000 + step, &all)
+            .pop();
+    }
+    let last = last.expect("a change");
+    let mut rebuilt = Pool::new(BUDGET);
+    let first = rebuilt.report_from(1, asked(600), 2_000_000_000, &all)[0];
+    assert!(first.epoch < last.epoch);
+    assert_ne!(first.incarnation, last.incarnation);
+}
+
+#[test]
+fn an_outbox_takes_a_grant_of_a_new_incarnation_whatever_its_epoch() {
+    use super::book::{Order, Outbox};
+    use super::bucket::Grant;
+    let outbox = Outbox::new();
+    let old = Order {
+        pool: 1,
+        incarnation: 11,
+        epoch: 150,
+    };
+    outbox.put(0, Grant::DenyAll, Some(old), 0);
+    // An older decision of the same incarnation is dropped...
+    let older = Order { epoch: 149, ..old };
+    outbox.put(0, Grant::AllowAll, Some(older), 0);
+    let rebuilt = Order {
+        pool: 1,
+        incarnation: 12,
+        epoch: 1,
+    };
+    let taken = futures_util::FutureExt::now_or_never(outbox.take()).expect("waiting");
+    assert_eq!(taken[&0], Grant::DenyAll);
+    // ...one of a rebuilt pool is taken, though its epoch is lower.
+    outbox.put(0, Grant::AllowAll, Some(rebuilt), 0);
+    let taken = futures_util::FutureExt::now_or_never(outbox.take()).expect("waiting");
+    assert_eq!(taken[&0], Grant::AllowAll);
 }

@@ -352,6 +352,16 @@ impl ServiceProcess {
             .and_then(|value| value.trim().parse().ok())
             .unwrap_or_else(|| panic!("no {series} in\n{text}"))
     }
+
+    /// [`ServiceProcess::metric`], 0 while the series is not exposed (a
+    /// counter never incremented).
+    pub async fn metric_or_zero(&self, series: &str) -> f64 {
+        let text = http_get(self.http, "/metrics").await;
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
 }
 
 impl Drop for ServiceProcess {

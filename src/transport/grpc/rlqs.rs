@@ -67,6 +67,12 @@ const TICK: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ConnectionTag(pub usize);
 
+/// The address of the proxy a request came from (the server sets it): a
+/// proxy's bucket is recognised by it across the proxy's streams (see
+/// [`proxy_key`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerIp(pub Option<std::net::IpAddr>);
+
 /// The RLQS service: the rules from the limiter, the shares in the book.
 #[derive(Clone)]
 pub struct QuotaService {
@@ -195,6 +201,7 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<rlqs::RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let tag = request.extensions().get::<ConnectionTag>().copied();
+        let peer = request.extensions().get::<PeerIp>().and_then(|it| it.0);
         let permit = self.streams.admit(tag)?;
         let shared = Arc::new(StreamShared {
             outbox: Outbox::new(),
@@ -205,6 +212,7 @@ impl RateLimitQuotaService for QuotaService {
             service: self.clone(),
             shared: shared.clone(),
             domain: None,
+            peer,
             buckets: HashMap::new(),
             flood: Flood::new(),
         };
@@ -294,6 +302,8 @@ struct QuotaStream {
     service: QuotaService,
     shared: Arc<StreamShared>,
     domain: Option<String>,
+    /// The proxy's address, when known.
+    peer: Option<std::net::IpAddr>,
     /// By the bucket's entries, sorted by key.
     buckets: HashMap<Vec<(String, String)>, Bucket>,
     flood: Flood,
@@ -416,6 +426,7 @@ impl QuotaStream {
                         .book
                         .report(
                             member,
+                            proxy_key(self.peer, &domain, &owned),
                             slot,
                             &self.shared.outbox,
                             &pool,
@@ -449,6 +460,17 @@ impl QuotaStream {
                         );
                     }
                     metrics.set_assigned(&domain_label, &rule_label, outcome.committed);
+                    if outcome.disagree {
+                        metrics.record_rule_mismatch(&domain_label, &rule_label);
+                        if let Some(suppressed) = self.service.log.admit() {
+                            tracing::warn!(
+                                domain = %domain_label,
+                                rule = %rule_label,
+                                suppressed,
+                                "instances sharing a quota pool have rules giving it different budgets; the lowest applies until they agree"
+                            );
+                        }
+                    }
                     (outcome.grant, Some(outcome.order))
                 }
                 other => {
@@ -616,6 +638,28 @@ fn proto_duration(us: u64) -> prost_types::Duration {
     }
 }
 
+/// What recognises a proxy's bucket across its streams: its address, the
+/// domain and the bucket's entries (0 when the address is unknown: never
+/// recognised). Two proxies behind one address reporting one bucket look
+/// the same: docs/rlqs.md says what that costs.
+fn proxy_key(peer: Option<std::net::IpAddr>, domain: &str, entries: &[(String, String)]) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    let Some(peer) = peer else {
+        return 0;
+    };
+    BuildHasherDefault::<DefaultHasher>::default()
+        .hash_one((peer, domain, entries))
+        .max(1)
+}
+
+/// `ns` nanoseconds as a protobuf duration (saturating).
+fn nanos_duration(ns: u128) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(ns / 1_000_000_000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(ns % 1_000_000_000).unwrap_or(0),
+    }
+}
+
 /// The action telling a proxy to enforce `grant` on the bucket `id`.
 fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
     use types::rate_limit_strategy::{BlanketRule, Strategy};
@@ -625,7 +669,7 @@ fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
         Grant::Tokens(bucket) => Strategy::TokenBucket(types::TokenBucket {
             max_tokens: bucket.max_tokens,
             tokens_per_fill: Some(bucket.tokens_per_fill),
-            fill_interval: Some(proto_duration(bucket.fill_interval_us)),
+            fill_interval: Some(nanos_duration(bucket.fill_interval_ns())),
             name: String::new(),
         }),
     };
