@@ -20,7 +20,7 @@
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -46,26 +46,46 @@ use rlqs::rate_limit_quota_response::bucket_action::{
 };
 use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
 
+mod claims;
+mod seats;
+
+pub use claims::{CLAIM_HOLD_US, MAX_POOL_CLAIMS, MAX_POOLS_PER_CLIENT, PeerAddress};
+use claims::PoolClaims;
+
+pub use seats::{
+    ConnectionTag, MAX_STREAMS, MAX_STREAMS_PER_CONNECTION, MAX_UNREPORTED_PER_CONNECTION,
+    MAX_UNREPORTED_STREAMS,
+};
+use seats::{Seat, Seats};
+
 /// Distinct buckets one stream may report.
 pub const MAX_BUCKETS_PER_STREAM: usize = 4096;
-/// RLQS streams one connection may hold open (Envoy opens one).
-pub const MAX_STREAMS_PER_CONNECTION: usize = 16;
-/// RLQS streams open on the server at once.
-pub const MAX_STREAMS: usize = 16_384;
+/// Bytes of one bucket id's keys and values at most.
+pub const MAX_BUCKET_ID_BYTES: usize = 4096;
+/// Bytes one stream may hold for the bucket ids it reported, counted as
+/// [`stored_bytes`] does.
+pub const MAX_BUCKET_BYTES_PER_STREAM: usize = 2 * 1024 * 1024;
+/// Counted per bucket on top of its keys and values: its place in the
+/// stream's map, slot list and outbox, its member and the id's header.
+pub const BUCKET_OVERHEAD_BYTES: usize = 256;
+/// Counted per entry of a bucket id on top of its bytes.
+pub const ENTRY_OVERHEAD_BYTES: usize = 32;
 /// Report messages a stream may send at once...
 pub const REPORT_BURST: u32 = 200;
 /// ...and per second after that.
 pub const REPORTS_PER_SECOND: u32 = 50;
 /// A stream whose answers wait unread this long is ended.
 pub const UNREAD_LIMIT: Duration = Duration::from_micros(3 * REPORT_INTERVAL_US);
-/// How often a stream checks its outbox is being read, and old shares
-/// are swept.
+/// A stream that has reported no bucket this long after it opened is
+/// ended (Envoy reports as soon as it opens one).
+pub const FIRST_REPORT_WITHIN: Duration = Duration::from_secs(10);
+/// A stream that has sent no report this long is ended (Envoy reports
+/// every bucket each reporting interval, 5 s by default; its assignments
+/// have expired long before).
+pub const SILENT_LIMIT: Duration = Duration::from_micros(4 * ASSIGNMENT_TTL_US);
+/// How often a stream checks its deadlines and its outbox is being read,
+/// and old shares are swept.
 const TICK: Duration = Duration::from_secs(1);
-
-/// Which connection a request came on (the server sets it), so streams
-/// can be counted per connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnectionTag(pub usize);
 
 /// The RLQS service: the rules from the limiter, the shares in the book.
 #[derive(Clone)]
@@ -76,65 +96,9 @@ pub struct QuotaService {
     book: Arc<QuotaBook>,
     metrics: QuotaMetrics,
     shutdown: Shutdown,
-    streams: Arc<StreamCounts>,
-}
-
-#[derive(Debug)]
-struct StreamCounts {
-    per_connection: Mutex<HashMap<ConnectionTag, usize>>,
-    total: AtomicUsize,
-    last_sweep: AtomicU64,
-    metrics: QuotaMetrics,
-}
-
-/// One open stream's place in [`StreamCounts`], given back on drop.
-struct StreamPermit {
-    counts: Arc<StreamCounts>,
-    tag: Option<ConnectionTag>,
-}
-
-impl Drop for StreamPermit {
-    fn drop(&mut self) {
-        self.counts.total.fetch_sub(1, Ordering::Relaxed);
-        self.counts.metrics.add_streams(-1);
-        if let Some(tag) = self.tag {
-            let mut per = lock(&self.counts.per_connection);
-            if let Some(count) = per.get_mut(&tag) {
-                *count -= 1;
-                if *count == 0 {
-                    per.remove(&tag);
-                }
-            }
-        }
-    }
-}
-
-impl StreamCounts {
-    fn admit(self: &Arc<Self>, tag: Option<ConnectionTag>) -> Result<StreamPermit, Status> {
-        if self.total.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS {
-            self.total.fetch_sub(1, Ordering::Relaxed);
-            return Err(Status::resource_exhausted(format!(
-                "the server holds {MAX_STREAMS} rate-limit quota streams already"
-            )));
-        }
-        self.metrics.add_streams(1);
-        let mut permit = StreamPermit {
-            counts: self.clone(),
-            tag: None,
-        };
-        if let Some(tag) = tag {
-            let mut per = lock(&self.per_connection);
-            let count = per.entry(tag).or_default();
-            if *count >= MAX_STREAMS_PER_CONNECTION {
-                return Err(Status::resource_exhausted(format!(
-                    "at most {MAX_STREAMS_PER_CONNECTION} rate-limit quota streams per connection"
-                )));
-            }
-            *count += 1;
-            permit.tag = Some(tag);
-        }
-        Ok(permit)
-    }
+    seats: Arc<Seats>,
+    claims: Arc<PoolClaims>,
+    last_sweep: Arc<AtomicU64>,
 }
 
 impl QuotaService {
@@ -151,13 +115,11 @@ impl QuotaService {
             book,
             metrics: metrics.clone(),
             shutdown,
-            streams: Arc::new(StreamCounts {
-                per_connection: Mutex::default(),
-                total: AtomicUsize::new(0),
-                last_sweep: AtomicU64::new(0),
-                metrics,
-            }),
+            seats: Seats::new(metrics),
+            claims: Arc::new(PoolClaims::default()),
+            last_sweep: Arc::new(AtomicU64::new(0)),
         }
+        .sweeping()
     }
 
     /// The generated server around it, with the server's message bound.
@@ -171,15 +133,58 @@ impl QuotaService {
     /// asks.
     fn sweep_now_and_then(&self) {
         let now = self.book.now();
-        let last = self.streams.last_sweep.load(Ordering::Relaxed);
+        let last = self.last_sweep.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= TICK.as_micros() as u64
             && self
-                .streams
                 .last_sweep
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
             self.book.sweep();
+            self.claims.sweep(now);
+        }
+    }
+
+    /// Sweeps every [`TICK`] in a task of its own, so that what expired
+    /// is forgotten with no stream open (until the server stops).
+    fn sweeping(self) -> QuotaService {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let service = self.clone();
+            runtime.spawn(async move {
+                let closing = service.shutdown.closing();
+                tokio::pin!(closing);
+                let mut tick = tokio::time::interval(TICK);
+                loop {
+                    tokio::select! {
+                        () = &mut closing => break,
+                        _ = tick.tick() => service.sweep_now_and_then(),
+                    }
+                }
+            });
+        }
+        self
+    }
+
+    /// `resolution`, or DENY_ALL when its pool would be one more than the
+    /// client may keep alive ([`MAX_POOLS_PER_CLIENT`], [`MAX_POOL_CLAIMS`]).
+    fn within_claims(
+        &self,
+        client: Option<std::net::IpAddr>,
+        resolution: Resolution,
+        now: u64,
+    ) -> Resolution {
+        match resolution {
+            Resolution::Shared { rule, pool, .. } if !self.claims.claim(client, &pool, now) => {
+                if let Some(suppressed) = self.log.admit() {
+                    tracing::warn!(
+                        client = ?client,
+                        suppressed,
+                        "a client reported more pools than it may keep; the bucket is denied"
+                    );
+                }
+                Resolution::Blocked { rule }
+            }
+            other => other,
         }
     }
 }
@@ -195,7 +200,8 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<rlqs::RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let tag = request.extensions().get::<ConnectionTag>().copied();
-        let permit = self.streams.admit(tag)?;
+        let client = request.extensions().get::<PeerAddress>().map(|it| it.0);
+        let seat = self.seats.admit(tag)?;
         let shared = Arc::new(StreamShared {
             outbox: Outbox::new(),
             ids: Mutex::new(Vec::new()),
@@ -206,7 +212,12 @@ impl RateLimitQuotaService for QuotaService {
             shared: shared.clone(),
             domain: None,
             buckets: HashMap::new(),
+            stored_bytes: 0,
             flood: Flood::new(),
+            seat,
+            client,
+            opened: self.book.now(),
+            last_report: None,
         };
         let reports = request.into_inner();
         let task = tokio::spawn(async move {
@@ -217,17 +228,30 @@ impl RateLimitQuotaService for QuotaService {
             shared,
             end: end_rx,
             _task: AbortOnDrop(task),
-            _permit: permit,
         };
         Ok(Response::new(Box::pin(writer.into_stream())))
     }
 }
 
 /// What a stream's reader and writer share: the outbox and the bucket id
-/// of each slot.
+/// of each slot (the same allocation as the key of the reader's bucket).
 struct StreamShared {
     outbox: Arc<Outbox>,
-    ids: Mutex<Vec<rlqs::BucketId>>,
+    ids: Mutex<Vec<StoredId>>,
+}
+
+/// A bucket id as a stream keeps it, once: its entries sorted by key.
+type StoredId = Arc<[(Box<str>, Box<str>)]>;
+
+/// What a bucket id counts against [`MAX_BUCKET_BYTES_PER_STREAM`]: its
+/// keys' and values' bytes, [`ENTRY_OVERHEAD_BYTES`] per entry and
+/// [`BUCKET_OVERHEAD_BYTES`].
+pub fn stored_bytes(entries: &[(&str, &str)]) -> usize {
+    BUCKET_OVERHEAD_BYTES
+        + entries
+            .iter()
+            .map(|(key, value)| key.len() + value.len() + ENTRY_OVERHEAD_BYTES)
+            .sum::<usize>()
 }
 
 /// Aborts the reader when the answer stream is dropped (the proxy left).
@@ -245,7 +269,6 @@ struct Writer {
     /// The reader's last word: the status the stream ends with.
     end: oneshot::Receiver<Status>,
     _task: AbortOnDrop,
-    _permit: StreamPermit,
 }
 
 impl Writer {
@@ -295,8 +318,17 @@ struct QuotaStream {
     shared: Arc<StreamShared>,
     domain: Option<String>,
     /// By the bucket's entries, sorted by key.
-    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    buckets: HashMap<StoredId, Bucket>,
+    /// What the stream's bucket ids count, by [`stored_bytes`].
+    stored_bytes: usize,
     flood: Flood,
+    /// Given back when the reader ends, whatever the writer does.
+    seat: Seat,
+    /// The client's address, for [`PoolClaims`].
+    client: Option<std::net::IpAddr>,
+    opened: u64,
+    /// When the last report with a bucket came.
+    last_report: Option<u64>,
 }
 
 impl QuotaStream {
@@ -314,16 +346,31 @@ impl QuotaStream {
                 () = &mut closing => {
                     break Status::unavailable("the server is shutting down; reconnect");
                 }
+                () = self.seat.displaced() => {
+                    break Status::resource_exhausted(format!(
+                        "displaced by a newer stream: the server holds {MAX_UNREPORTED_STREAMS} \
+                         streams that have not reported yet"
+                    ));
+                }
                 _ = tick.tick() => {
                     self.service.sweep_now_and_then();
-                    if let Err(status) = self.check_read() {
+                    if let Err(status) = self.check_read().and_then(|()| self.check_silence()) {
+                        if status.message().contains("unread") {
+                            // Nothing more is written: the ids go now.
+                            drop(std::mem::take(&mut *lock(&self.shared.ids)));
+                        }
                         break status;
                     }
                 }
                 message = reports.message() => match message {
                     Ok(Some(message)) => {
+                        let has_buckets = !message.bucket_quota_usages.is_empty();
                         if let Err(status) = self.report(message).await {
                             break status;
+                        }
+                        if has_buckets {
+                            self.last_report = Some(self.service.book.now());
+                            self.seat.reported();
                         }
                     }
                     Ok(None) => break Status::ok(""),
@@ -333,6 +380,27 @@ impl QuotaStream {
         };
         self.leave_all();
         status
+    }
+
+    /// Ends a stream that has not reported within [`FIRST_REPORT_WITHIN`]
+    /// of opening, or not for [`SILENT_LIMIT`] since.
+    fn check_silence(&self) -> Result<(), Status> {
+        let now = self.service.book.now();
+        match self.last_report {
+            None if now.saturating_sub(self.opened) >= FIRST_REPORT_WITHIN.as_micros() as u64 => {
+                Err(Status::deadline_exceeded(format!(
+                    "no report within {} s of opening; the stream is closed",
+                    FIRST_REPORT_WITHIN.as_secs()
+                )))
+            }
+            Some(at) if now.saturating_sub(at) >= SILENT_LIMIT.as_micros() as u64 => {
+                Err(Status::deadline_exceeded(format!(
+                    "no report for {} s; the stream is closed",
+                    SILENT_LIMIT.as_secs()
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn check_read(&self) -> Result<(), Status> {
@@ -382,14 +450,8 @@ impl QuotaStream {
             validate_bucket(&id)?;
             let entries = quota::descriptor(&id.bucket);
             let resolution = quota::resolve(&rules, &domain, &entries);
-            let owned: Vec<(String, String)> = entries
-                .iter()
-                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-                .collect();
-            let (slot, member, was_in_pool) = {
-                let bucket = self.bucket(owned.clone(), id)?;
-                (bucket.slot, bucket.member, bucket.in_pool)
-            };
+            let resolution = self.service.within_claims(self.client, resolution, now);
+            let (key, slot, member, was_in_pool) = self.bucket(&entries)?;
             let reported = Usage {
                 allowed: usage.num_requests_allowed,
                 denied: usage.num_requests_denied,
@@ -406,7 +468,7 @@ impl QuotaStream {
                 reported.denied,
             );
             let in_pool = matches!(resolution, Resolution::Shared { .. });
-            if let Some(bucket) = self.buckets.get_mut(&owned) {
+            if let Some(bucket) = self.buckets.get_mut(&key) {
                 bucket.in_pool = in_pool;
             }
             let (grant, order) = match resolution {
@@ -468,32 +530,48 @@ impl QuotaStream {
         Ok(())
     }
 
-    /// The stream's bucket for `entries`, added (with `id`) when new.
+    /// The stream's bucket for `entries` (its key, slot, member and
+    /// whether it is in a pool), added when new and within the stream's
+    /// bounds.
     fn bucket(
         &mut self,
-        entries: Vec<(String, String)>,
-        id: rlqs::BucketId,
-    ) -> Result<&mut Bucket, Status> {
-        let count = self.buckets.len();
-        match self.buckets.entry(entries) {
-            std::collections::hash_map::Entry::Occupied(it) => Ok(it.into_mut()),
-            std::collections::hash_map::Entry::Vacant(it) => {
-                if count >= MAX_BUCKETS_PER_STREAM {
-                    return Err(Status::resource_exhausted(format!(
-                        "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
-                    )));
-                }
-                let mut ids = lock(&self.shared.ids);
-                let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
-                ids.push(id);
-                self.service.metrics.add_buckets(1);
-                Ok(it.insert(Bucket {
-                    slot,
-                    member: self.service.book.member_id(),
-                    in_pool: false,
-                }))
-            }
+        entries: &[(&str, &str)],
+    ) -> Result<(StoredId, Slot, quota::share::MemberId, bool), Status> {
+        let probe: StoredId = entries
+            .iter()
+            .map(|(key, value)| (Box::from(*key), Box::from(*value)))
+            .collect();
+        if let Some((key, bucket)) = self.buckets.get_key_value(&probe) {
+            return Ok((key.clone(), bucket.slot, bucket.member, bucket.in_pool));
         }
+        if self.buckets.len() >= MAX_BUCKETS_PER_STREAM {
+            return Err(Status::resource_exhausted(format!(
+                "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
+            )));
+        }
+        let bytes = stored_bytes(entries);
+        if self.stored_bytes + bytes > MAX_BUCKET_BYTES_PER_STREAM {
+            return Err(Status::resource_exhausted(format!(
+                "a stream may keep at most {MAX_BUCKET_BYTES_PER_STREAM} bytes of bucket ids"
+            )));
+        }
+        self.stored_bytes += bytes;
+        self.service.metrics.add_bucket_bytes(bytes as i64);
+        let mut ids = lock(&self.shared.ids);
+        let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
+        ids.push(probe.clone());
+        drop(ids);
+        self.service.metrics.add_buckets(1);
+        let member = self.service.book.member_id();
+        self.buckets.insert(
+            probe.clone(),
+            Bucket {
+                slot,
+                member,
+                in_pool: false,
+            },
+        );
+        Ok((probe, slot, member, false))
     }
 
     async fn leave(&self, member: quota::share::MemberId) {
@@ -526,6 +604,10 @@ impl QuotaStream {
         }
         let count = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
         self.service.metrics.add_buckets(-count);
+        self.service
+            .metrics
+            .add_bucket_bytes(-i64::try_from(self.stored_bytes).unwrap_or(i64::MAX));
+        self.stored_bytes = 0;
         self.buckets.clear();
     }
 }
@@ -586,6 +668,12 @@ fn validate_bucket(id: &rlqs::BucketId) -> Result<(), Status> {
             "a bucket_id with an empty key or value",
         ));
     }
+    let bytes: usize = id.bucket.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if bytes > MAX_BUCKET_ID_BYTES {
+        return Err(Status::resource_exhausted(format!(
+            "a bucket_id of {bytes} bytes (at most {MAX_BUCKET_ID_BYTES})"
+        )));
+    }
     Ok(())
 }
 
@@ -617,7 +705,7 @@ fn proto_duration(us: u64) -> prost_types::Duration {
 }
 
 /// The action telling a proxy to enforce `grant` on the bucket `id`.
-fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
+fn action(id: &StoredId, grant: Grant) -> BucketAction {
     use types::rate_limit_strategy::{BlanketRule, Strategy};
     let strategy = match grant {
         Grant::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
@@ -630,7 +718,12 @@ fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
         }),
     };
     BucketAction {
-        bucket_id: Some(id.clone()),
+        bucket_id: Some(rlqs::BucketId {
+            bucket: id
+                .iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+        }),
         bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
             assignment_time_to_live: Some(proto_duration(ASSIGNMENT_TTL_US)),
             rate_limit_strategy: Some(types::RateLimitStrategy {
