@@ -17,8 +17,8 @@ use rlqs::rate_limit_quota_response::bucket_action::BucketAction as Action;
 use rlqs::rate_limit_quota_service_client::RateLimitQuotaServiceClient;
 use rlqs::rate_limit_quota_usage_reports::BucketQuotaUsage;
 use throttlegate::clock::ManualClock;
-use throttlegate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use throttlegate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
+use throttlegate::proto::envoy::r#type::v3::rate_limit_strategy::{BlanketRule, Strategy};
 use throttlegate::transport::grpc::rlqs::{
     FIRST_REPORT_WITHIN, MAX_BUCKET_BYTES_PER_STREAM, MAX_BUCKET_ID_BYTES, MAX_POOLS_PER_CLIENT,
     MAX_UNREPORTED_PER_CONNECTION, MAX_UNREPORTED_STREAMS, SILENT_LIMIT, stored_bytes,
@@ -99,7 +99,10 @@ impl Proxy {
                 let Some(Action::QuotaAssignmentAction(assignment)) = action.bucket_action else {
                     panic!("not an assignment");
                 };
-                (value, assignment.rate_limit_strategy.unwrap().strategy.unwrap())
+                (
+                    value,
+                    assignment.rate_limit_strategy.unwrap().strategy.unwrap(),
+                )
             })
             .collect()
     }
@@ -298,7 +301,9 @@ async fn the_bytes_a_stream_keeps_for_bucket_ids_are_bounded() {
         let values: Vec<String> = (first..(first + 10).min(fit)).map(longest).collect();
         let buckets: Vec<(&str, &str)> = values.iter().map(|it| ("tenant", it.as_str())).collect();
         proxy.send(report(&buckets)).await;
-        proxy.answers_for(&buckets.iter().map(|it| it.1).collect::<Vec<_>>()).await;
+        proxy
+            .answers_for(&buckets.iter().map(|it| it.1).collect::<Vec<_>>())
+            .await;
     }
     assert_eq!(bytes(), (fit * each) as f64);
     assert_eq!(metric(&service, "throttlegate_rlqs_buckets"), fit as f64);
@@ -309,7 +314,10 @@ async fn the_bytes_a_stream_keeps_for_bucket_ids_are_bounded() {
     proxy.send(report(&[("tenant", &longest(fit))])).await;
     let status = proxy.end().await;
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    assert!(status.message().contains("bytes of bucket ids"), "{status:?}");
+    assert!(
+        status.message().contains("bytes of bucket ids"),
+        "{status:?}"
+    );
     until("the stream's bytes given back", || bytes() == 0.0).await;
 }
 

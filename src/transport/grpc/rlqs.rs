@@ -10,13 +10,21 @@
 //! What one proxy can hold is bounded, and a stream going past a bound is
 //! ended with a status saying which, never affecting another stream:
 //! messages up to [`MAX_MESSAGE_BYTES`] (RESOURCE_EXHAUSTED), at most
-//! [`MAX_BUCKETS_PER_STREAM`] buckets (RESOURCE_EXHAUSTED), reports at
-//! most [`REPORTS_PER_SECOND`] a second after a burst of [`REPORT_BURST`]
-//! (RESOURCE_EXHAUSTED), [`MAX_STREAMS_PER_CONNECTION`] streams per
-//! connection and [`MAX_STREAMS`] in all (RESOURCE_EXHAUSTED at the
-//! start), answers left unread for [`UNREAD_LIMIT`] (RESOURCE_EXHAUSTED),
-//! a missing or changed domain and a malformed bucket id
-//! (INVALID_ARGUMENT). Streams end with UNAVAILABLE when the server closes.
+//! [`MAX_BUCKETS_PER_STREAM`] buckets, bucket ids of at most
+//! [`MAX_BUCKET_ID_BYTES`] and [`MAX_BUCKET_BYTES_PER_STREAM`] in all
+//! (each kept once, counted by [`stored_bytes`]), reports at most
+//! [`REPORTS_PER_SECOND`] a second after a burst of [`REPORT_BURST`]
+//! (RESOURCE_EXHAUSTED), streams per connection and in all, streams not
+//! reported yet within a budget of their own (`seats`: RESOURCE_EXHAUSTED
+//! at the start, or for the oldest unreported one when displaced), a first
+//! report within [`FIRST_REPORT_WITHIN`] and none silent for
+//! [`SILENT_LIMIT`] (DEADLINE_EXCEEDED), answers left unread for
+//! [`UNREAD_LIMIT`] (RESOURCE_EXHAUSTED), a missing or changed domain and
+//! a malformed bucket id (INVALID_ARGUMENT). Streams end with UNAVAILABLE
+//! when the server closes. A stream's seat is held by its reader, so it
+//! is given back as soon as the stream is ended, whatever its proxy reads.
+//! The pools a client address keeps alive are bounded too (`claims`): a
+//! bucket past that bound is answered DENY_ALL.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -35,8 +43,7 @@ use crate::metrics::{AssignmentKind, Metrics, QuotaMetrics};
 use crate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::proto::envoy::r#type::v3 as types;
 use crate::quota::{
-    self, ASSIGNMENT_TTL_US, Grant, MAX_BUCKET_ENTRIES, Outbox, QuotaBook, REPORT_INTERVAL_US,
-    Resolution, Slot, Usage,
+    self, ASSIGNMENT_TTL_US, Grant, Outbox, QuotaBook, REPORT_INTERVAL_US, Resolution, Slot, Usage,
 };
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
 use crate::transport::shutdown::Shutdown;
@@ -47,10 +54,17 @@ use rlqs::rate_limit_quota_response::bucket_action::{
 use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
 
 mod claims;
+mod ids;
 mod seats;
 
-pub use claims::{CLAIM_HOLD_US, MAX_POOL_CLAIMS, MAX_POOLS_PER_CLIENT, PeerAddress};
+pub use ids::{
+    BUCKET_OVERHEAD_BYTES, ENTRY_OVERHEAD_BYTES, MAX_BUCKET_BYTES_PER_STREAM, MAX_BUCKET_ID_BYTES,
+    stored_bytes,
+};
+use ids::{StoredId, validate_bucket};
+
 use claims::PoolClaims;
+pub use claims::{CLAIM_HOLD_US, MAX_POOL_CLAIMS, MAX_POOLS_PER_CLIENT, PeerAddress};
 
 pub use seats::{
     ConnectionTag, MAX_STREAMS, MAX_STREAMS_PER_CONNECTION, MAX_UNREPORTED_PER_CONNECTION,
@@ -60,16 +74,6 @@ use seats::{Seat, Seats};
 
 /// Distinct buckets one stream may report.
 pub const MAX_BUCKETS_PER_STREAM: usize = 4096;
-/// Bytes of one bucket id's keys and values at most.
-pub const MAX_BUCKET_ID_BYTES: usize = 4096;
-/// Bytes one stream may hold for the bucket ids it reported, counted as
-/// [`stored_bytes`] does.
-pub const MAX_BUCKET_BYTES_PER_STREAM: usize = 2 * 1024 * 1024;
-/// Counted per bucket on top of its keys and values: its place in the
-/// stream's map, slot list and outbox, its member and the id's header.
-pub const BUCKET_OVERHEAD_BYTES: usize = 256;
-/// Counted per entry of a bucket id on top of its bytes.
-pub const ENTRY_OVERHEAD_BYTES: usize = 32;
 /// Report messages a stream may send at once...
 pub const REPORT_BURST: u32 = 200;
 /// ...and per second after that.
@@ -164,29 +168,6 @@ impl QuotaService {
         }
         self
     }
-
-    /// `resolution`, or DENY_ALL when its pool would be one more than the
-    /// client may keep alive ([`MAX_POOLS_PER_CLIENT`], [`MAX_POOL_CLAIMS`]).
-    fn within_claims(
-        &self,
-        client: Option<std::net::IpAddr>,
-        resolution: Resolution,
-        now: u64,
-    ) -> Resolution {
-        match resolution {
-            Resolution::Shared { rule, pool, .. } if !self.claims.claim(client, &pool, now) => {
-                if let Some(suppressed) = self.log.admit() {
-                    tracing::warn!(
-                        client = ?client,
-                        suppressed,
-                        "a client reported more pools than it may keep; the bucket is denied"
-                    );
-                }
-                Resolution::Blocked { rule }
-            }
-            other => other,
-        }
-    }
 }
 
 type Answers = Pin<Box<dyn Stream<Item = Result<rlqs::RateLimitQuotaResponse, Status>> + Send>>;
@@ -238,20 +219,6 @@ impl RateLimitQuotaService for QuotaService {
 struct StreamShared {
     outbox: Arc<Outbox>,
     ids: Mutex<Vec<StoredId>>,
-}
-
-/// A bucket id as a stream keeps it, once: its entries sorted by key.
-type StoredId = Arc<[(Box<str>, Box<str>)]>;
-
-/// What a bucket id counts against [`MAX_BUCKET_BYTES_PER_STREAM`]: its
-/// keys' and values' bytes, [`ENTRY_OVERHEAD_BYTES`] per entry and
-/// [`BUCKET_OVERHEAD_BYTES`].
-pub fn stored_bytes(entries: &[(&str, &str)]) -> usize {
-    BUCKET_OVERHEAD_BYTES
-        + entries
-            .iter()
-            .map(|(key, value)| key.len() + value.len() + ENTRY_OVERHEAD_BYTES)
-            .sum::<usize>()
 }
 
 /// Aborts the reader when the answer stream is dropped (the proxy left).
@@ -355,10 +322,6 @@ impl QuotaStream {
                 _ = tick.tick() => {
                     self.service.sweep_now_and_then();
                     if let Err(status) = self.check_read().and_then(|()| self.check_silence()) {
-                        if status.message().contains("unread") {
-                            // Nothing more is written: the ids go now.
-                            drop(std::mem::take(&mut *lock(&self.shared.ids)));
-                        }
                         break status;
                     }
                 }
@@ -369,8 +332,10 @@ impl QuotaStream {
                             break status;
                         }
                         if has_buckets {
+                            if self.last_report.is_none() {
+                                self.seat.reported();
+                            }
                             self.last_report = Some(self.service.book.now());
-                            self.seat.reported();
                         }
                     }
                     Ok(None) => break Status::ok(""),
@@ -403,12 +368,16 @@ impl QuotaStream {
         }
     }
 
+    /// Ends a stream whose answers wait unread for [`UNREAD_LIMIT`],
+    /// giving back its bucket ids at once.
     fn check_read(&self) -> Result<(), Status> {
         let Some(since) = self.shared.outbox.waiting_since() else {
             return Ok(());
         };
         let waited = self.service.book.now().saturating_sub(since);
         if waited >= UNREAD_LIMIT.as_micros() as u64 {
+            // Nothing more is written: the ids go now.
+            drop(std::mem::take(&mut *lock(&self.shared.ids)));
             return Err(Status::resource_exhausted(format!(
                 "assignments left unread for {} s; the stream is closed",
                 UNREAD_LIMIT.as_secs()
@@ -450,7 +419,10 @@ impl QuotaStream {
             validate_bucket(&id)?;
             let entries = quota::descriptor(&id.bucket);
             let resolution = quota::resolve(&rules, &domain, &entries);
-            let resolution = self.service.within_claims(self.client, resolution, now);
+            let resolution =
+                self.service
+                    .claims
+                    .bound(self.client, resolution, now, &self.service.log);
             let (key, slot, member, was_in_pool) = self.bucket(&entries)?;
             let reported = Usage {
                 allowed: usage.num_requests_allowed,
@@ -649,34 +621,6 @@ impl Flood {
     }
 }
 
-fn validate_bucket(id: &rlqs::BucketId) -> Result<(), Status> {
-    if id.bucket.is_empty() {
-        return Err(Status::invalid_argument("a bucket_id without entries"));
-    }
-    if id.bucket.len() > MAX_BUCKET_ENTRIES {
-        return Err(Status::invalid_argument(format!(
-            "a bucket_id with {} entries (at most {MAX_BUCKET_ENTRIES})",
-            id.bucket.len()
-        )));
-    }
-    if id
-        .bucket
-        .iter()
-        .any(|(key, value)| key.is_empty() || value.is_empty())
-    {
-        return Err(Status::invalid_argument(
-            "a bucket_id with an empty key or value",
-        ));
-    }
-    let bytes: usize = id.bucket.iter().map(|(k, v)| k.len() + v.len()).sum();
-    if bytes > MAX_BUCKET_ID_BYTES {
-        return Err(Status::resource_exhausted(format!(
-            "a bucket_id of {bytes} bytes (at most {MAX_BUCKET_ID_BYTES})"
-        )));
-    }
-    Ok(())
-}
-
 /// A failed read as the status the stream ends with: too large a message
 /// is RESOURCE_EXHAUSTED, one that does not decode INVALID_ARGUMENT.
 fn read_failure(status: Status) -> Status {
@@ -718,12 +662,7 @@ fn action(id: &StoredId, grant: Grant) -> BucketAction {
         }),
     };
     BucketAction {
-        bucket_id: Some(rlqs::BucketId {
-            bucket: id
-                .iter()
-                .map(|(key, value)| (key.to_string(), value.to_string()))
-                .collect(),
-        }),
+        bucket_id: Some(ids::bucket_id(id)),
         bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
             assignment_time_to_live: Some(proto_duration(ASSIGNMENT_TTL_US)),
             rate_limit_strategy: Some(types::RateLimitStrategy {

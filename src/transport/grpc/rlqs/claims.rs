@@ -14,7 +14,8 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::quota::{ASSIGNMENT_TTL_US, PoolKey};
+use crate::log_gate::LogGate;
+use crate::quota::{ASSIGNMENT_TTL_US, PoolKey, Resolution};
 
 /// Pools one client address may keep alive at once.
 pub const MAX_POOLS_PER_CLIENT: usize = 8192;
@@ -67,6 +68,30 @@ impl PoolClaims {
         true
     }
 
+    /// `resolution`, or DENY_ALL when its pool would be one more than
+    /// `client` may keep alive (logged through `log`).
+    pub(super) fn bound(
+        &self,
+        client: Option<IpAddr>,
+        resolution: Resolution,
+        now: u64,
+        log: &LogGate,
+    ) -> Resolution {
+        match resolution {
+            Resolution::Shared { rule, pool, .. } if !self.claim(client, &pool, now) => {
+                if let Some(suppressed) = log.admit() {
+                    tracing::warn!(
+                        client = ?client,
+                        suppressed,
+                        "a client reported more pools than it may keep alive; the bucket is denied"
+                    );
+                }
+                Resolution::Blocked { rule }
+            }
+            other => other,
+        }
+    }
+
     /// Forgets claims older than [`CLAIM_HOLD_US`], and gives back the
     /// memory of those forgotten.
     pub(super) fn sweep(&self, now: u64) {
@@ -102,7 +127,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::quota::Resolution;
     use crate::testing::rules_from;
 
     fn pool(tenant: &str) -> PoolKey {
@@ -112,10 +136,12 @@ mod tests {
                 "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
             );
         }
-        RULES.with(|rules| match crate::quota::resolve(rules, "d", &[("tenant", tenant)]) {
-            Resolution::Shared { pool, .. } => pool,
-            other => panic!("{other:?}"),
-        })
+        RULES.with(
+            |rules| match crate::quota::resolve(rules, "d", &[("tenant", tenant)]) {
+                Resolution::Shared { pool, .. } => pool,
+                other => panic!("{other:?}"),
+            },
+        )
     }
 
     #[test]
@@ -147,7 +173,11 @@ mod tests {
         let mut n = 0usize;
         'fill: for client in 0..=255u8 {
             for _ in 0..MAX_POOLS_PER_CLIENT {
-                if !claims.claim(Some(IpAddr::from([10, 0, 1, client])), &pool(&n.to_string()), 0) {
+                if !claims.claim(
+                    Some(IpAddr::from([10, 0, 1, client])),
+                    &pool(&n.to_string()),
+                    0,
+                ) {
                     break 'fill;
                 }
                 n += 1;

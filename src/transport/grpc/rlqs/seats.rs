@@ -227,11 +227,17 @@ mod tests {
         for n in 0..MAX_UNREPORTED_STREAMS {
             idle.push(seats.admit(Some(ConnectionTag(1 + n))).unwrap());
         }
-        assert_eq!(seats.counts(), (1 + MAX_UNREPORTED_STREAMS, MAX_UNREPORTED_STREAMS));
+        assert_eq!(
+            seats.counts(),
+            (1 + MAX_UNREPORTED_STREAMS, MAX_UNREPORTED_STREAMS)
+        );
         // One more: the oldest unreported stream is told to end and its
         // seat is free at once; the reported one stays.
         let newest = seats.admit(Some(ConnectionTag(usize::MAX))).unwrap();
-        assert_eq!(seats.counts(), (1 + MAX_UNREPORTED_STREAMS, MAX_UNREPORTED_STREAMS));
+        assert_eq!(
+            seats.counts(),
+            (1 + MAX_UNREPORTED_STREAMS, MAX_UNREPORTED_STREAMS)
+        );
         tokio::time::timeout(std::time::Duration::from_secs(1), idle[0].displaced())
             .await
             .expect("the oldest is displaced");
@@ -242,7 +248,10 @@ mod tests {
         );
         // Its drop later counts nothing twice.
         drop(idle.remove(0));
-        assert_eq!(seats.counts(), (1 + MAX_UNREPORTED_STREAMS, MAX_UNREPORTED_STREAMS));
+        assert_eq!(
+            seats.counts(),
+            (1 + MAX_UNREPORTED_STREAMS, MAX_UNREPORTED_STREAMS)
+        );
         drop(newest);
         drop(idle);
         drop(proxy);
