@@ -188,18 +188,7 @@ impl RateLimitQuotaService for QuotaService {
             ids: Mutex::new(Vec::new()),
         });
         let (end_tx, end_rx) = oneshot::channel();
-        let reader = QuotaStream {
-            service: self.clone(),
-            shared: shared.clone(),
-            domain: None,
-            buckets: HashMap::new(),
-            stored_bytes: 0,
-            flood: Flood::new(),
-            seat,
-            client,
-            opened: self.book.now(),
-            last_report: None,
-        };
+        let reader = QuotaStream::new(self.clone(), shared.clone(), seat, client);
         let reports = request.into_inner();
         let task = tokio::spawn(async move {
             let status = reader.run(reports).await;
@@ -299,6 +288,26 @@ struct QuotaStream {
 }
 
 impl QuotaStream {
+    fn new(
+        service: QuotaService,
+        shared: Arc<StreamShared>,
+        seat: Seat,
+        client: Option<std::net::IpAddr>,
+    ) -> QuotaStream {
+        QuotaStream {
+            opened: service.book.now(),
+            service,
+            shared,
+            domain: None,
+            buckets: HashMap::new(),
+            stored_bytes: 0,
+            flood: Flood::new(),
+            seat,
+            client,
+            last_report: None,
+        }
+    }
+
     /// Reads reports until the proxy closes its side (OK), the server
     /// closes (UNAVAILABLE) or the stream breaks a bound; every share it
     /// held is then left to expire.
@@ -681,4 +690,47 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::metrics::Metrics;
+    use crate::testing::{default_options, limiter, memory_backend, rules_from};
+
+    #[tokio::test]
+    async fn a_bucket_id_is_kept_once_and_counted_once() {
+        let clock = ManualClock::new(0);
+        let rules = rules_from(
+            "ids.yaml",
+            "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+        );
+        let limiter = limiter(
+            rules,
+            memory_backend(&clock),
+            default_options(),
+            Metrics::new(),
+        );
+        let book = Arc::new(QuotaBook::new(Arc::new(clock)));
+        let (_control, shutdown) = crate::transport::grpc::shutdown_channel();
+        let service = QuotaService::new(Arc::new(limiter), book, &Metrics::new(), shutdown);
+        let seat = service.seats.admit(None).unwrap();
+        let shared = Arc::new(StreamShared {
+            outbox: Outbox::new(),
+            ids: Mutex::new(Vec::new()),
+        });
+        let mut stream = QuotaStream::new(service, shared.clone(), seat, None);
+        let value = "v".repeat(1000);
+        let entries = [("tenant", value.as_str())];
+        let (key, slot, ..) = stream.bucket(&entries).unwrap();
+        let (again, ..) = stream.bucket(&entries).unwrap();
+        // The map's key and the id the answers carry are one allocation:
+        // held by the map, the slot list and the two handles here.
+        assert!(Arc::ptr_eq(&key, &again));
+        assert!(Arc::ptr_eq(&key, &lock(&shared.ids)[slot as usize]));
+        assert_eq!(Arc::strong_count(&key), 4);
+        assert_eq!(stream.stored_bytes, stored_bytes(&entries));
+        assert_eq!(stored_bytes(&entries), 256 + 32 + "tenant".len() + 1000);
+    }
 }
