@@ -971,14 +971,17 @@ fn descriptor_budget(redis_sockets: u64) -> DescriptorBudget {
 /// on a cluster. The primaries are not known before connecting, so the
 /// seeds count, and never fewer than the three primaries a cluster has at
 /// least (an operator listing a few seeds of a larger cluster sets the
-/// caps). Without Redis the reserve for it is kept all the same: it is
-/// small.
+/// caps). The quota pools (RLQS) hold one connection more: two sockets
+/// on a server (the one kept and one being opened to replace it, or the
+/// Sentinel asked for the master), one per node on a cluster. Without
+/// Redis the reserve for it is kept all the same: it is small.
 fn redis_sockets(flags: &RedisFlags, serving_threads: usize) -> u64 {
     let pool = u64::from(flags.pool_size);
     if flags.cluster_nodes.is_empty() {
-        return pool * (1 + serving_threads as u64);
+        return pool * (1 + serving_threads as u64) + 2;
     }
-    pool * (flags.cluster_nodes.len() as u64).max(3)
+    let nodes = (flags.cluster_nodes.len() as u64).max(3);
+    pool * nodes + nodes
 }
 
 /// Both servers' limits, with the connection caps not given derived from
@@ -1198,17 +1201,19 @@ mod tests {
 
     #[test]
     fn a_cluster_reserves_its_pool_once_per_node() {
-        assert_eq!(redis_sockets(&flags(8, &[]), 0), 8);
-        // One seed of a cluster that has at least three primaries.
-        assert_eq!(redis_sockets(&flags(8, &["a:1"]), 0), 24);
+        // The pool, and the quota pools' two sockets.
+        assert_eq!(redis_sockets(&flags(8, &[]), 0), 8 + 2);
+        // One seed of a cluster that has at least three primaries: the
+        // pool and the quota pools' connection to each.
+        assert_eq!(redis_sockets(&flags(8, &["a:1"]), 0), 24 + 3);
         let six = ["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"];
-        assert_eq!(redis_sockets(&flags(4, &six), 0), 24);
+        assert_eq!(redis_sockets(&flags(4, &six), 0), 24 + 6);
     }
 
     #[test]
     fn each_serving_thread_reserves_a_pool_of_its_own() {
-        assert_eq!(redis_sockets(&flags(8, &[]), 2), 24);
+        assert_eq!(redis_sockets(&flags(8, &[]), 2), 24 + 2);
         // A cluster's connections stay on the shared runtime.
-        assert_eq!(redis_sockets(&flags(8, &["a:1"]), 2), 24);
+        assert_eq!(redis_sockets(&flags(8, &["a:1"]), 2), 24 + 3);
     }
 }

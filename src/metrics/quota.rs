@@ -52,6 +52,7 @@ impl AssignmentKind {
 pub struct QuotaMetrics {
     streams: Gauge<i64, AtomicI64>,
     buckets: Gauge<i64, AtomicI64>,
+    bucket_bytes: Gauge<i64, AtomicI64>,
     assignments: Family<KindLabels, Counter>,
     reported: Family<KindLabels, Counter>,
     assigned: Family<RuleLabels, Gauge<i64, AtomicI64>>,
@@ -64,6 +65,7 @@ impl QuotaMetrics {
         let metrics = QuotaMetrics {
             streams: Gauge::default(),
             buckets: Gauge::default(),
+            bucket_bytes: Gauge::default(),
             assignments: Family::default(),
             reported: Family::default(),
             assigned: Family::default(),
@@ -79,6 +81,11 @@ impl QuotaMetrics {
             "rlqs_buckets",
             "Buckets the open RLQS streams report",
             metrics.buckets.clone(),
+        );
+        registry.register(
+            "rlqs_bucket_id_bytes",
+            "Bytes the open RLQS streams keep for their bucket ids, as counted against the per-stream bound (keys, values and a fixed overhead per entry and per bucket)",
+            metrics.bucket_bytes.clone(),
         );
         registry.register(
             "rlqs_assignments",
@@ -116,6 +123,11 @@ impl QuotaMetrics {
     /// Buckets reported by open streams, up or down by `delta`.
     pub fn add_buckets(&self, delta: i64) {
         self.buckets.inc_by(delta);
+    }
+
+    /// Bytes kept for open streams' bucket ids, up or down by `delta`.
+    pub fn add_bucket_bytes(&self, delta: i64) {
+        self.bucket_bytes.inc_by(delta);
     }
 
     pub fn record_assignment(&self, domain: &Arc<str>, rule: &Arc<str>, kind: AssignmentKind) {

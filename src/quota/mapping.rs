@@ -164,20 +164,39 @@ fn tighter(a: Budget, b: Budget) -> std::cmp::Ordering {
     rate_a.cmp(&rate_b).then(a.window_us.cmp(&b.window_us))
 }
 
+/// The entries part of a pool key longer than this is written as `|%#`
+/// and the SHA-256 digest of it in 64 hex digits.
+pub const MAX_INLINE_ENTRIES_BYTES: usize = 256;
+
+/// The domain, the rule's path and the entries, each escaped; entries
+/// longer than [`MAX_INLINE_ENTRIES_BYTES`] as their digest, so a key
+/// made of client values is at most the domain and path (configured)
+/// plus 67 bytes past them. Escaping never writes `%#`, so a digest never
+/// equals an entries part written out.
 fn pool_key(domain: &Domain, levels: &[&Node], entries: &[(&str, &str)]) -> PoolKey {
     let mut key = String::new();
     let _ = write!(key, "{}", escape(domain.name()));
     if let Some(node) = levels.last() {
         let _ = write!(key, "|{}", escape(node.path()));
     }
+    let mut tail = String::new();
     for (level, (name, value)) in levels.iter().zip(entries) {
-        let _ = write!(key, "|{}=", escape(name));
+        let _ = write!(tail, "|{}=", escape(name));
         match level.value() {
             ValueMatcher::Wildcard(pattern) if level.share_threshold() => {
-                let _ = write!(key, "~{}", escape(pattern));
+                let _ = write!(tail, "~{}", escape(pattern));
             }
-            _ => key.push_str(&escape(value)),
+            _ => tail.push_str(&escape(value)),
         }
+    }
+    if tail.len() > MAX_INLINE_ENTRIES_BYTES {
+        use sha2::{Digest, Sha256};
+        key.push_str("|%#");
+        for byte in Sha256::digest(tail.as_bytes()) {
+            let _ = write!(key, "{byte:02x}");
+        }
+    } else {
+        key.push_str(&tail);
     }
     PoolKey(key.into())
 }
@@ -206,4 +225,46 @@ pub fn bucket_label(entries: &[(&str, &str)]) -> String {
         let _ = write!(label, "{}={}", escape(key), escape(value));
     }
     label
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::rules_from;
+
+    const PER_TENANT: &str = "
+domain: rlqs
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 10}
+";
+
+    fn pool_of(tenant: &str) -> PoolKey {
+        let rules = rules_from("rlqs.yaml", PER_TENANT);
+        match resolve(&rules, "rlqs", &[("tenant", tenant)]) {
+            Resolution::Shared { pool, .. } => pool,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_pool_key_of_long_values_is_bounded_and_still_one_per_value() {
+        let short = pool_of("acme");
+        assert_eq!(short.as_str(), "rlqs|tenant|tenant=acme");
+        // A 60 KB value (every byte escaped would triple it) gives a key
+        // of the domain, the path and 67 bytes.
+        let long = "|".repeat(60_000);
+        let key = pool_of(&long);
+        assert_eq!(key.as_str().len(), "rlqs|tenant".len() + 3 + 64, "{key:?}");
+        assert!(key.as_str().starts_with("rlqs|tenant|%#"), "{key:?}");
+        // Distinct values stay distinct pools; the same value the same.
+        let other = pool_of(&format!("{long}x"));
+        assert_ne!(key, other);
+        assert_eq!(key, pool_of(&long));
+        // The longest value kept as it is, and the shortest digested.
+        let inline = "a".repeat(MAX_INLINE_ENTRIES_BYTES - "|tenant=".len());
+        assert!(pool_of(&inline).as_str().ends_with(&inline));
+        let digested = format!("{inline}a");
+        assert!(pool_of(&digested).as_str().contains("|%#"));
+    }
 }

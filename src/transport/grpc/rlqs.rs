@@ -10,17 +10,25 @@
 //! What one proxy can hold is bounded, and a stream going past a bound is
 //! ended with a status saying which, never affecting another stream:
 //! messages up to [`MAX_MESSAGE_BYTES`] (RESOURCE_EXHAUSTED), at most
-//! [`MAX_BUCKETS_PER_STREAM`] buckets (RESOURCE_EXHAUSTED), reports at
-//! most [`REPORTS_PER_SECOND`] a second after a burst of [`REPORT_BURST`]
-//! (RESOURCE_EXHAUSTED), [`MAX_STREAMS_PER_CONNECTION`] streams per
-//! connection and [`MAX_STREAMS`] in all (RESOURCE_EXHAUSTED at the
-//! start), answers left unread for [`UNREAD_LIMIT`] (RESOURCE_EXHAUSTED),
-//! a missing or changed domain and a malformed bucket id
-//! (INVALID_ARGUMENT). Streams end with UNAVAILABLE when the server closes.
+//! [`MAX_BUCKETS_PER_STREAM`] buckets, bucket ids of at most
+//! [`MAX_BUCKET_ID_BYTES`] and [`MAX_BUCKET_BYTES_PER_STREAM`] in all
+//! (each kept once, counted by [`stored_bytes`]), reports at most
+//! [`REPORTS_PER_SECOND`] a second after a burst of [`REPORT_BURST`]
+//! (RESOURCE_EXHAUSTED), streams per connection and in all, streams not
+//! reported yet within a budget of their own (`seats`: RESOURCE_EXHAUSTED
+//! at the start, or for the oldest unreported one when displaced), a first
+//! report within [`FIRST_REPORT_WITHIN`] and none silent for
+//! [`SILENT_LIMIT`] (DEADLINE_EXCEEDED), answers left unread for
+//! [`UNREAD_LIMIT`] (RESOURCE_EXHAUSTED), a missing or changed domain and
+//! a malformed bucket id (INVALID_ARGUMENT). Streams end with UNAVAILABLE
+//! when the server closes. A stream's seat is held by its reader, so it
+//! is given back as soon as the stream is ended, whatever its proxy reads.
+//! The pools a client address keeps alive are bounded too (`claims`): a
+//! bucket past that bound is answered DENY_ALL.
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,8 +43,7 @@ use crate::metrics::{AssignmentKind, Metrics, QuotaMetrics};
 use crate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::proto::envoy::r#type::v3 as types;
 use crate::quota::{
-    self, ASSIGNMENT_TTL_US, Grant, MAX_BUCKET_ENTRIES, Outbox, QuotaBook, REPORT_INTERVAL_US,
-    Resolution, Slot, Usage,
+    self, ASSIGNMENT_TTL_US, Grant, Outbox, QuotaBook, REPORT_INTERVAL_US, Resolution, Slot, Usage,
 };
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
 use crate::transport::shutdown::Shutdown;
@@ -46,32 +53,43 @@ use rlqs::rate_limit_quota_response::bucket_action::{
 };
 use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
 
+mod claims;
+mod ids;
+mod seats;
+
+pub use ids::{
+    BUCKET_OVERHEAD_BYTES, ENTRY_OVERHEAD_BYTES, MAX_BUCKET_BYTES_PER_STREAM, MAX_BUCKET_ID_BYTES,
+    stored_bytes,
+};
+use ids::{StoredId, validate_bucket};
+
+use claims::PoolClaims;
+pub use claims::{CLAIM_HOLD_US, MAX_POOL_CLAIMS, MAX_POOLS_PER_CLIENT, PeerAddress};
+
+pub use seats::{
+    ConnectionTag, MAX_STREAMS, MAX_STREAMS_PER_CONNECTION, MAX_UNREPORTED_PER_CONNECTION,
+    MAX_UNREPORTED_STREAMS,
+};
+use seats::{Seat, Seats};
+
 /// Distinct buckets one stream may report.
 pub const MAX_BUCKETS_PER_STREAM: usize = 4096;
-/// RLQS streams one connection may hold open (Envoy opens one).
-pub const MAX_STREAMS_PER_CONNECTION: usize = 16;
-/// RLQS streams open on the server at once.
-pub const MAX_STREAMS: usize = 16_384;
 /// Report messages a stream may send at once...
 pub const REPORT_BURST: u32 = 200;
 /// ...and per second after that.
 pub const REPORTS_PER_SECOND: u32 = 50;
 /// A stream whose answers wait unread this long is ended.
 pub const UNREAD_LIMIT: Duration = Duration::from_micros(3 * REPORT_INTERVAL_US);
-/// How often a stream checks its outbox is being read, and old shares
-/// are swept.
+/// A stream that has reported no bucket this long after it opened is
+/// ended (Envoy reports as soon as it opens one).
+pub const FIRST_REPORT_WITHIN: Duration = Duration::from_secs(10);
+/// A stream that has sent no report this long is ended (Envoy reports
+/// every bucket each reporting interval, 5 s by default; its assignments
+/// have expired long before).
+pub const SILENT_LIMIT: Duration = Duration::from_micros(4 * ASSIGNMENT_TTL_US);
+/// How often a stream checks its deadlines and its outbox is being read,
+/// and old shares are swept.
 const TICK: Duration = Duration::from_secs(1);
-
-/// Which connection a request came on (the server sets it), so streams
-/// can be counted per connection.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ConnectionTag(pub usize);
-
-/// The address of the proxy a request came from (the server sets it): a
-/// proxy's bucket is recognised by it across the proxy's streams (see
-/// [`proxy_key`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PeerIp(pub Option<std::net::IpAddr>);
 
 /// The RLQS service: the rules from the limiter, the shares in the book.
 #[derive(Clone)]
@@ -82,65 +100,9 @@ pub struct QuotaService {
     book: Arc<QuotaBook>,
     metrics: QuotaMetrics,
     shutdown: Shutdown,
-    streams: Arc<StreamCounts>,
-}
-
-#[derive(Debug)]
-struct StreamCounts {
-    per_connection: Mutex<HashMap<ConnectionTag, usize>>,
-    total: AtomicUsize,
-    last_sweep: AtomicU64,
-    metrics: QuotaMetrics,
-}
-
-/// One open stream's place in [`StreamCounts`], given back on drop.
-struct StreamPermit {
-    counts: Arc<StreamCounts>,
-    tag: Option<ConnectionTag>,
-}
-
-impl Drop for StreamPermit {
-    fn drop(&mut self) {
-        self.counts.total.fetch_sub(1, Ordering::Relaxed);
-        self.counts.metrics.add_streams(-1);
-        if let Some(tag) = self.tag {
-            let mut per = lock(&self.counts.per_connection);
-            if let Some(count) = per.get_mut(&tag) {
-                *count -= 1;
-                if *count == 0 {
-                    per.remove(&tag);
-                }
-            }
-        }
-    }
-}
-
-impl StreamCounts {
-    fn admit(self: &Arc<Self>, tag: Option<ConnectionTag>) -> Result<StreamPermit, Status> {
-        if self.total.fetch_add(1, Ordering::Relaxed) >= MAX_STREAMS {
-            self.total.fetch_sub(1, Ordering::Relaxed);
-            return Err(Status::resource_exhausted(format!(
-                "the server holds {MAX_STREAMS} rate-limit quota streams already"
-            )));
-        }
-        self.metrics.add_streams(1);
-        let mut permit = StreamPermit {
-            counts: self.clone(),
-            tag: None,
-        };
-        if let Some(tag) = tag {
-            let mut per = lock(&self.per_connection);
-            let count = per.entry(tag).or_default();
-            if *count >= MAX_STREAMS_PER_CONNECTION {
-                return Err(Status::resource_exhausted(format!(
-                    "at most {MAX_STREAMS_PER_CONNECTION} rate-limit quota streams per connection"
-                )));
-            }
-            *count += 1;
-            permit.tag = Some(tag);
-        }
-        Ok(permit)
-    }
+    seats: Arc<Seats>,
+    claims: Arc<PoolClaims>,
+    last_sweep: Arc<AtomicU64>,
 }
 
 impl QuotaService {
@@ -157,13 +119,11 @@ impl QuotaService {
             book,
             metrics: metrics.clone(),
             shutdown,
-            streams: Arc::new(StreamCounts {
-                per_connection: Mutex::default(),
-                total: AtomicUsize::new(0),
-                last_sweep: AtomicU64::new(0),
-                metrics,
-            }),
+            seats: Seats::new(metrics),
+            claims: Arc::new(PoolClaims::default()),
+            last_sweep: Arc::new(AtomicU64::new(0)),
         }
+        .sweeping()
     }
 
     /// The generated server around it, with the server's message bound.
@@ -177,16 +137,36 @@ impl QuotaService {
     /// asks.
     fn sweep_now_and_then(&self) {
         let now = self.book.now();
-        let last = self.streams.last_sweep.load(Ordering::Relaxed);
+        let last = self.last_sweep.load(Ordering::Relaxed);
         if now.saturating_sub(last) >= TICK.as_micros() as u64
             && self
-                .streams
                 .last_sweep
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
             self.book.sweep();
+            self.claims.sweep(now);
         }
+    }
+
+    /// Sweeps every [`TICK`] in a task of its own, so that what expired
+    /// is forgotten with no stream open (until the server stops).
+    fn sweeping(self) -> QuotaService {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let service = self.clone();
+            runtime.spawn(async move {
+                let closing = service.shutdown.closing();
+                tokio::pin!(closing);
+                let mut tick = tokio::time::interval(TICK);
+                loop {
+                    tokio::select! {
+                        () = &mut closing => break,
+                        _ = tick.tick() => service.sweep_now_and_then(),
+                    }
+                }
+            });
+        }
+        self
     }
 }
 
@@ -201,21 +181,14 @@ impl RateLimitQuotaService for QuotaService {
         request: Request<Streaming<rlqs::RateLimitQuotaUsageReports>>,
     ) -> Result<Response<Answers>, Status> {
         let tag = request.extensions().get::<ConnectionTag>().copied();
-        let peer = request.extensions().get::<PeerIp>().and_then(|it| it.0);
-        let permit = self.streams.admit(tag)?;
+        let client = request.extensions().get::<PeerAddress>().map(|it| it.0);
+        let seat = self.seats.admit(tag)?;
         let shared = Arc::new(StreamShared {
             outbox: Outbox::new(),
             ids: Mutex::new(Vec::new()),
         });
         let (end_tx, end_rx) = oneshot::channel();
-        let reader = QuotaStream {
-            service: self.clone(),
-            shared: shared.clone(),
-            domain: None,
-            peer,
-            buckets: HashMap::new(),
-            flood: Flood::new(),
-        };
+        let reader = QuotaStream::new(self.clone(), shared.clone(), seat, client);
         let reports = request.into_inner();
         let task = tokio::spawn(async move {
             let status = reader.run(reports).await;
@@ -225,17 +198,16 @@ impl RateLimitQuotaService for QuotaService {
             shared,
             end: end_rx,
             _task: AbortOnDrop(task),
-            _permit: permit,
         };
         Ok(Response::new(Box::pin(writer.into_stream())))
     }
 }
 
 /// What a stream's reader and writer share: the outbox and the bucket id
-/// of each slot.
+/// of each slot (the same allocation as the key of the reader's bucket).
 struct StreamShared {
     outbox: Arc<Outbox>,
-    ids: Mutex<Vec<rlqs::BucketId>>,
+    ids: Mutex<Vec<StoredId>>,
 }
 
 /// Aborts the reader when the answer stream is dropped (the proxy left).
@@ -253,7 +225,6 @@ struct Writer {
     /// The reader's last word: the status the stream ends with.
     end: oneshot::Receiver<Status>,
     _task: AbortOnDrop,
-    _permit: StreamPermit,
 }
 
 impl Writer {
@@ -302,14 +273,42 @@ struct QuotaStream {
     service: QuotaService,
     shared: Arc<StreamShared>,
     domain: Option<String>,
-    /// The proxy's address, when known.
-    peer: Option<std::net::IpAddr>,
     /// By the bucket's entries, sorted by key.
-    buckets: HashMap<Vec<(String, String)>, Bucket>,
+    buckets: HashMap<StoredId, Bucket>,
+    /// What the stream's bucket ids count, by [`stored_bytes`].
+    stored_bytes: usize,
     flood: Flood,
+    /// Given back when the reader ends, whatever the writer does.
+    seat: Seat,
+    /// The client's address: for [`PoolClaims`], and in [`proxy_key`],
+    /// by which a reconnected proxy's bucket is recognised.
+    client: Option<std::net::IpAddr>,
+    opened: u64,
+    /// When the last report with a bucket came.
+    last_report: Option<u64>,
 }
 
 impl QuotaStream {
+    fn new(
+        service: QuotaService,
+        shared: Arc<StreamShared>,
+        seat: Seat,
+        client: Option<std::net::IpAddr>,
+    ) -> QuotaStream {
+        QuotaStream {
+            opened: service.book.now(),
+            service,
+            shared,
+            domain: None,
+            buckets: HashMap::new(),
+            stored_bytes: 0,
+            flood: Flood::new(),
+            seat,
+            client,
+            last_report: None,
+        }
+    }
+
     /// Reads reports until the proxy closes its side (OK), the server
     /// closes (UNAVAILABLE) or the stream breaks a bound; every share it
     /// held is then left to expire.
@@ -324,16 +323,29 @@ impl QuotaStream {
                 () = &mut closing => {
                     break Status::unavailable("the server is shutting down; reconnect");
                 }
+                () = self.seat.displaced() => {
+                    break Status::resource_exhausted(format!(
+                        "displaced by a newer stream: the server holds {MAX_UNREPORTED_STREAMS} \
+                         streams that have not reported yet"
+                    ));
+                }
                 _ = tick.tick() => {
                     self.service.sweep_now_and_then();
-                    if let Err(status) = self.check_read() {
+                    if let Err(status) = self.check_read().and_then(|()| self.check_silence()) {
                         break status;
                     }
                 }
                 message = reports.message() => match message {
                     Ok(Some(message)) => {
+                        let has_buckets = !message.bucket_quota_usages.is_empty();
                         if let Err(status) = self.report(message).await {
                             break status;
+                        }
+                        if has_buckets {
+                            if self.last_report.is_none() {
+                                self.seat.reported();
+                            }
+                            self.last_report = Some(self.service.book.now());
                         }
                     }
                     Ok(None) => break Status::ok(""),
@@ -345,12 +357,37 @@ impl QuotaStream {
         status
     }
 
+    /// Ends a stream that has not reported within [`FIRST_REPORT_WITHIN`]
+    /// of opening, or not for [`SILENT_LIMIT`] since.
+    fn check_silence(&self) -> Result<(), Status> {
+        let now = self.service.book.now();
+        match self.last_report {
+            None if now.saturating_sub(self.opened) >= FIRST_REPORT_WITHIN.as_micros() as u64 => {
+                Err(Status::deadline_exceeded(format!(
+                    "no report within {} s of opening; the stream is closed",
+                    FIRST_REPORT_WITHIN.as_secs()
+                )))
+            }
+            Some(at) if now.saturating_sub(at) >= SILENT_LIMIT.as_micros() as u64 => {
+                Err(Status::deadline_exceeded(format!(
+                    "no report for {} s; the stream is closed",
+                    SILENT_LIMIT.as_secs()
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Ends a stream whose answers wait unread for [`UNREAD_LIMIT`],
+    /// giving back its bucket ids at once.
     fn check_read(&self) -> Result<(), Status> {
         let Some(since) = self.shared.outbox.waiting_since() else {
             return Ok(());
         };
         let waited = self.service.book.now().saturating_sub(since);
         if waited >= UNREAD_LIMIT.as_micros() as u64 {
+            // Nothing more is written: the ids go now.
+            drop(std::mem::take(&mut *lock(&self.shared.ids)));
             return Err(Status::resource_exhausted(format!(
                 "assignments left unread for {} s; the stream is closed",
                 UNREAD_LIMIT.as_secs()
@@ -392,14 +429,11 @@ impl QuotaStream {
             validate_bucket(&id)?;
             let entries = quota::descriptor(&id.bucket);
             let resolution = quota::resolve(&rules, &domain, &entries);
-            let owned: Vec<(String, String)> = entries
-                .iter()
-                .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
-                .collect();
-            let (slot, member, was_in_pool) = {
-                let bucket = self.bucket(owned.clone(), id)?;
-                (bucket.slot, bucket.member, bucket.in_pool)
-            };
+            let resolution =
+                self.service
+                    .claims
+                    .bound(self.client, resolution, now, &self.service.log);
+            let (key, slot, member, was_in_pool) = self.bucket(&entries)?;
             let reported = Usage {
                 allowed: usage.num_requests_allowed,
                 denied: usage.num_requests_denied,
@@ -416,7 +450,7 @@ impl QuotaStream {
                 reported.denied,
             );
             let in_pool = matches!(resolution, Resolution::Shared { .. });
-            if let Some(bucket) = self.buckets.get_mut(&owned) {
+            if let Some(bucket) = self.buckets.get_mut(&key) {
                 bucket.in_pool = in_pool;
             }
             let (grant, order) = match resolution {
@@ -426,7 +460,7 @@ impl QuotaStream {
                         .book
                         .report(
                             member,
-                            proxy_key(self.peer, &domain, &owned),
+                            proxy_key(self.client, &domain, &entries),
                             slot,
                             &self.shared.outbox,
                             &pool,
@@ -490,32 +524,48 @@ impl QuotaStream {
         Ok(())
     }
 
-    /// The stream's bucket for `entries`, added (with `id`) when new.
+    /// The stream's bucket for `entries` (its key, slot, member and
+    /// whether it is in a pool), added when new and within the stream's
+    /// bounds.
     fn bucket(
         &mut self,
-        entries: Vec<(String, String)>,
-        id: rlqs::BucketId,
-    ) -> Result<&mut Bucket, Status> {
-        let count = self.buckets.len();
-        match self.buckets.entry(entries) {
-            std::collections::hash_map::Entry::Occupied(it) => Ok(it.into_mut()),
-            std::collections::hash_map::Entry::Vacant(it) => {
-                if count >= MAX_BUCKETS_PER_STREAM {
-                    return Err(Status::resource_exhausted(format!(
-                        "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
-                    )));
-                }
-                let mut ids = lock(&self.shared.ids);
-                let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
-                ids.push(id);
-                self.service.metrics.add_buckets(1);
-                Ok(it.insert(Bucket {
-                    slot,
-                    member: self.service.book.member_id(),
-                    in_pool: false,
-                }))
-            }
+        entries: &[(&str, &str)],
+    ) -> Result<(StoredId, Slot, quota::share::MemberId, bool), Status> {
+        let probe: StoredId = entries
+            .iter()
+            .map(|(key, value)| (Box::from(*key), Box::from(*value)))
+            .collect();
+        if let Some((key, bucket)) = self.buckets.get_key_value(&probe) {
+            return Ok((key.clone(), bucket.slot, bucket.member, bucket.in_pool));
         }
+        if self.buckets.len() >= MAX_BUCKETS_PER_STREAM {
+            return Err(Status::resource_exhausted(format!(
+                "a stream may report at most {MAX_BUCKETS_PER_STREAM} buckets"
+            )));
+        }
+        let bytes = stored_bytes(entries);
+        if self.stored_bytes + bytes > MAX_BUCKET_BYTES_PER_STREAM {
+            return Err(Status::resource_exhausted(format!(
+                "a stream may keep at most {MAX_BUCKET_BYTES_PER_STREAM} bytes of bucket ids"
+            )));
+        }
+        self.stored_bytes += bytes;
+        self.service.metrics.add_bucket_bytes(bytes as i64);
+        let mut ids = lock(&self.shared.ids);
+        let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
+        ids.push(probe.clone());
+        drop(ids);
+        self.service.metrics.add_buckets(1);
+        let member = self.service.book.member_id();
+        self.buckets.insert(
+            probe.clone(),
+            Bucket {
+                slot,
+                member,
+                in_pool: false,
+            },
+        );
+        Ok((probe, slot, member, false))
     }
 
     async fn leave(&self, member: quota::share::MemberId) {
@@ -548,6 +598,10 @@ impl QuotaStream {
         }
         let count = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
         self.service.metrics.add_buckets(-count);
+        self.service
+            .metrics
+            .add_bucket_bytes(-i64::try_from(self.stored_bytes).unwrap_or(i64::MAX));
+        self.stored_bytes = 0;
         self.buckets.clear();
     }
 }
@@ -589,28 +643,6 @@ impl Flood {
     }
 }
 
-fn validate_bucket(id: &rlqs::BucketId) -> Result<(), Status> {
-    if id.bucket.is_empty() {
-        return Err(Status::invalid_argument("a bucket_id without entries"));
-    }
-    if id.bucket.len() > MAX_BUCKET_ENTRIES {
-        return Err(Status::invalid_argument(format!(
-            "a bucket_id with {} entries (at most {MAX_BUCKET_ENTRIES})",
-            id.bucket.len()
-        )));
-    }
-    if id
-        .bucket
-        .iter()
-        .any(|(key, value)| key.is_empty() || value.is_empty())
-    {
-        return Err(Status::invalid_argument(
-            "a bucket_id with an empty key or value",
-        ));
-    }
-    Ok(())
-}
-
 /// A failed read as the status the stream ends with: too large a message
 /// is RESOURCE_EXHAUSTED, one that does not decode INVALID_ARGUMENT.
 fn read_failure(status: Status) -> Status {
@@ -642,7 +674,7 @@ fn proto_duration(us: u64) -> prost_types::Duration {
 /// domain and the bucket's entries (0 when the address is unknown: never
 /// recognised). Two proxies behind one address reporting one bucket look
 /// the same: docs/rlqs.md says what that costs.
-fn proxy_key(peer: Option<std::net::IpAddr>, domain: &str, entries: &[(String, String)]) -> u64 {
+fn proxy_key(peer: Option<std::net::IpAddr>, domain: &str, entries: &[(&str, &str)]) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
     let Some(peer) = peer else {
         return 0;
@@ -661,7 +693,7 @@ fn nanos_duration(ns: u128) -> prost_types::Duration {
 }
 
 /// The action telling a proxy to enforce `grant` on the bucket `id`.
-fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
+fn action(id: &StoredId, grant: Grant) -> BucketAction {
     use types::rate_limit_strategy::{BlanketRule, Strategy};
     let strategy = match grant {
         Grant::AllowAll => Strategy::BlanketRule(BlanketRule::AllowAll as i32),
@@ -674,7 +706,7 @@ fn action(id: &rlqs::BucketId, grant: Grant) -> BucketAction {
         }),
     };
     BucketAction {
-        bucket_id: Some(id.clone()),
+        bucket_id: Some(ids::bucket_id(id)),
         bucket_action: Some(Action::QuotaAssignmentAction(QuotaAssignmentAction {
             assignment_time_to_live: Some(proto_duration(ASSIGNMENT_TTL_US)),
             rate_limit_strategy: Some(types::RateLimitStrategy {
@@ -693,4 +725,47 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::metrics::Metrics;
+    use crate::testing::{default_options, limiter, memory_backend, rules_from};
+
+    #[tokio::test]
+    async fn a_bucket_id_is_kept_once_and_counted_once() {
+        let clock = ManualClock::new(0);
+        let rules = rules_from(
+            "ids.yaml",
+            "domain: d\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 10}\n",
+        );
+        let limiter = limiter(
+            rules,
+            memory_backend(&clock),
+            default_options(),
+            Metrics::new(),
+        );
+        let book = Arc::new(QuotaBook::new(Arc::new(clock)));
+        let (_control, shutdown) = crate::transport::grpc::shutdown_channel();
+        let service = QuotaService::new(Arc::new(limiter), book, &Metrics::new(), shutdown);
+        let seat = service.seats.admit(None).unwrap();
+        let shared = Arc::new(StreamShared {
+            outbox: Outbox::new(),
+            ids: Mutex::new(Vec::new()),
+        });
+        let mut stream = QuotaStream::new(service, shared.clone(), seat, None);
+        let value = "v".repeat(1000);
+        let entries = [("tenant", value.as_str())];
+        let (key, slot, ..) = stream.bucket(&entries).unwrap();
+        let (again, ..) = stream.bucket(&entries).unwrap();
+        // The map's key and the id the answers carry are one allocation:
+        // held by the map, the slot list and the two handles here.
+        assert!(Arc::ptr_eq(&key, &again));
+        assert!(Arc::ptr_eq(&key, &lock(&shared.ids)[slot as usize]));
+        assert_eq!(Arc::strong_count(&key), 4);
+        assert_eq!(stream.stored_bytes, stored_bytes(&entries));
+        assert_eq!(stored_bytes(&entries), 256 + 32 + "tenant".len() + 1000);
+    }
 }

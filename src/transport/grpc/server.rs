@@ -45,7 +45,7 @@ use tonic::codegen::http;
 use tonic::transport::server::Connected;
 
 use super::layers;
-use super::rlqs::{ConnectionTag, PeerIp};
+use super::rlqs::{ConnectionTag, PeerAddress};
 use super::routes::GrpcService;
 use super::service::{RateLimitService, Reply, SHOULD_RATE_LIMIT, status_response};
 use super::{FIRST_REQUEST_GRACE, GrpcLimits, MAX_LOCAL_ERROR_RESETS, MAX_PENDING_ACCEPT_RESETS};
@@ -95,7 +95,7 @@ pub(super) async fn serve<S>(
             let watchdog = info.watchdog;
             let service = Connection {
                 watchdog: watchdog.clone(),
-                peer: PeerIp(info.tcp.remote_addr().map(|it| it.ip())),
+                peer: info.tcp.remote_addr().map(|it| PeerAddress(it.ip())),
                 services: services.clone(),
                 rate_limit: rate_limit.clone(),
                 request_timeout: limits.request_timeout,
@@ -175,7 +175,8 @@ async fn serve_connection<S>(
 #[derive(Clone)]
 struct Connection<S> {
     watchdog: Arc<Watchdog>,
-    peer: PeerIp,
+    /// The client's address, for what the quota service bounds per client.
+    peer: Option<PeerAddress>,
     services: S,
     rate_limit: RateLimitService,
     request_timeout: Duration,
@@ -204,8 +205,9 @@ impl<S: GrpcService> hyper::service::Service<http::Request<Incoming>> for Connec
         request
             .extensions_mut()
             .insert(ConnectionTag(Arc::as_ptr(&self.watchdog) as usize));
-        // ...and a quota stream's members are known by their proxy's address.
-        request.extensions_mut().insert(self.peer);
+        if let Some(peer) = self.peer {
+            request.extensions_mut().insert(peer);
+        }
         let answer = async move {
             let response = tower::Service::call(&mut services, request.map(Body::new))
                 .await
