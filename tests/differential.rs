@@ -79,7 +79,7 @@ impl Backends {
             nodes: cluster.seeds(),
             pool_size: 2,
             timeout_ms: 5_000,
-            keys: KeyFormat::new(&format!("{prefix}c"), HashTag::None),
+            keys: KeyFormat::new(format!("{prefix}c"), HashTag::None),
             clock: local,
             expiry_grace_ms: GRACE_MS,
             tls: Default::default(),

@@ -641,7 +641,7 @@ impl Shared {
                     .unwrap_or(Err(Error::Timeout(self.timeout_ms)))
             }
         });
-        let results = join_all(calls).await;
+        let mut results = join_all(calls).await;
         let permit = Arc::new(bounds.permit);
         for (group, in_flight) in groups.iter().zip(&in_flight) {
             if let Some(reply) = in_flight.take() {
@@ -651,6 +651,12 @@ impl Shared {
                 };
                 self.await_late(reply, group.clone(), late, permit.clone());
             }
+        }
+        if let [Ok(GroupReply::Whole(_))] = results.as_slice()
+            && let Some(Ok(GroupReply::Whole(verdict))) = results.pop()
+        {
+            // The request's only group: ruled by its script, nothing to refund.
+            return Ok(verdict);
         }
         let verdict = match results.iter().find_map(|it| it.as_ref().err()) {
             Some(err) => Err(err.clone()),
@@ -973,9 +979,8 @@ fn by_address(host: &str, port: u16) -> RoutingInfo {
     })
 }
 
-/// The groups' replies as the request's verdict, in check order: a
-/// request of one group was decided whole by its script; the limits of
-/// several groups, decided provisionally, are ruled on together by
+/// The replies of a request's several groups as its verdict, in check
+/// order: their limits, decided provisionally, are ruled on together by
 /// [`algorithms::settle`], each reporting its outcome for that verdict.
 fn merge(
     checks: &[KeyedCheck],
@@ -985,14 +990,13 @@ fn merge(
     let mut provisional: Vec<Option<Provisional>> = vec![None; checks.len()];
     for (group, result) in groups.iter().zip(results) {
         match result {
-            Ok(GroupReply::Whole(verdict)) if groups.len() == 1 => return Ok(verdict.clone()),
             Ok(GroupReply::Provisional(outcomes, _)) => {
                 for (&at, outcome) in group.positions.iter().zip(outcomes) {
                     provisional[at] = Some(*outcome);
                 }
             }
             Ok(GroupReply::Whole(_)) => {
-                return Err(Error::Protocol("a slot group decided alone".into()));
+                return Err(Error::Protocol("a slot group ruled on the request".into()));
             }
             Err(err) => return Err(err.clone()),
         }
