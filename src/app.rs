@@ -66,7 +66,7 @@ pub struct Settings {
     pub watch_config: bool,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    /// TLS on both servers.
+    /// TLS on the gRPC server, and on the HTTP one unless `tls.http` is off.
     pub tls: TlsFlags,
     pub redis: RedisFlags,
     /// Most counters the in-memory backend holds.
@@ -103,6 +103,8 @@ pub struct TlsFlags {
     /// The name (DNS or IP subject alternative name) client certificates
     /// must carry.
     pub client_san: Option<String>,
+    /// TLS on the HTTP port too (with a certificate); off, it stays plain.
+    pub http: bool,
 }
 
 /// The Redis flags; without a URL the in-memory backend is used.
@@ -297,7 +299,10 @@ async fn start(
         http_app.quota = book;
     }
     grpc_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Grpc));
-    http_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Http));
+    http_app.tls = tls
+        .as_ref()
+        .filter(|_| settings.tls.http)
+        .map(|it| it.acceptor(Side::Http));
     let tls_reloads = tls.as_ref().map(|it| it.spawn_reloader(tls::CHECK_EVERY));
     let (control, shutdown) = shutdown_channel();
     let http = tokio::spawn(http::serve_limited(
