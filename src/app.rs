@@ -73,7 +73,7 @@ pub struct Settings {
     pub xds: Option<XdsFlags>,
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
-    /// TLS on both servers.
+    /// TLS on the gRPC server, and on the HTTP one unless `tls.http` is off.
     pub tls: TlsFlags,
     pub redis: RedisFlags,
     /// Most counters the in-memory backend holds.
@@ -114,6 +114,8 @@ pub struct TlsFlags {
     /// The name (DNS or IP subject alternative name) client certificates
     /// must carry.
     pub client_san: Option<String>,
+    /// TLS on the HTTP port too (with a certificate); off, it stays plain.
+    pub http: bool,
 }
 
 /// Rules over xDS (`--config-xds-server` and its flags).
@@ -328,7 +330,10 @@ async fn start(
     }
     grpc_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Grpc));
     grpc_app.traces = traces.clone();
-    http_app.tls = tls.as_ref().map(|it| it.acceptor(Side::Http));
+    http_app.tls = tls
+        .as_ref()
+        .filter(|_| settings.tls.http)
+        .map(|it| it.acceptor(Side::Http));
     let tls_reloads = tls.as_ref().map(|it| it.spawn_reloader(tls::CHECK_EVERY));
     let (control, shutdown) = shutdown_channel();
     let ratelimit_stats = ratelimit_stats.start(&http_app.metrics, &shutdown);

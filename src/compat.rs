@@ -140,6 +140,10 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
                 flags.push((flag, value.to_owned()));
             }
         }
+        // envoyproxy/ratelimit serves TLS on its gRPC port only: the
+        // readiness probes that deployments aim at `/healthcheck` speak
+        // plain HTTP.
+        flags.push(("http-tls", "off".into()));
     }
     for (name, flag) in [
         ("REDIS_TLS_CACERT", "redis-tls-ca"),
@@ -752,6 +756,7 @@ mod tests {
                 ("tls-key", "/tls/key.pem".to_owned()),
                 ("tls-client-ca", "/tls/ca.pem".to_owned()),
                 ("tls-client-san", "envoy.internal".to_owned()),
+                ("http-tls", "off".to_owned()),
             ]
         );
         let vars: HashMap<String, String> = vars

@@ -270,8 +270,9 @@ struct ServeArgs {
     /// HTTP listen address (health, debugging endpoints).
     #[arg(long, env = "THROTTLEGATE_HTTP_ADDR", default_value = "0.0.0.0:8080")]
     http_addr: SocketAddr,
-    /// Serve TLS on both ports with this certificate chain (PEM, leaf
-    /// first); needs --tls-key. Reloaded when the file changes.
+    /// Serve TLS with this certificate chain (PEM, leaf first) on the gRPC
+    /// port, and on the HTTP port unless --http-tls off; needs --tls-key.
+    /// Reloaded when the file changes.
     #[arg(long, env = "THROTTLEGATE_TLS_CERT", value_name = "FILE")]
     tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
@@ -285,6 +286,11 @@ struct ServeArgs {
     /// this DNS name or IP address (one of its subject alternative names).
     #[arg(long, env = "THROTTLEGATE_TLS_CLIENT_SAN", value_name = "NAME")]
     tls_client_san: Option<String>,
+    /// With --tls-cert: `off` keeps the HTTP port plain (health probes,
+    /// metrics, /json) while gRPC is served over TLS, as envoyproxy/ratelimit
+    /// does with GRPC_SERVER_USE_TLS.
+    #[arg(long, env = "THROTTLEGATE_HTTP_TLS", value_enum, default_value_t = Switch::On)]
+    http_tls: Switch,
     /// `redis://`, `rediss://` (TLS) or `redis+unix://`; without it (and
     /// without Sentinel) the in-memory backend is used and limits are per
     /// instance. With `--redis-sentinel-nodes` it is optional and gives
@@ -1107,6 +1113,7 @@ fn settings(args: ServeArgs) -> Settings {
             key: args.tls_key,
             client_ca: args.tls_client_ca,
             client_san: args.tls_client_san,
+            http: args.http_tls == Switch::On,
         },
         redis: RedisFlags {
             url: args.redis_url,

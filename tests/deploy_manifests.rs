@@ -945,8 +945,9 @@ fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
             return;
         }
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy("kubernetes"))
-        .expect("deploy/kubernetes")
+    let mut files: Vec<PathBuf> = ["kubernetes", "envoy-gateway"]
+        .into_iter()
+        .flat_map(|dir| std::fs::read_dir(deploy(dir)).expect("deploy/ folder"))
         .map(|entry| entry.expect("entry").path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "yaml"))
         .collect();
@@ -969,4 +970,30 @@ fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
         documents,
         "{text}"
     );
+}
+
+/// The Envoy Gateway example changes only the rate-limit image, at the path
+/// Envoy Gateway reads it from, inside a well-formed `EnvoyGateway`.
+#[test]
+fn the_envoy_gateway_example_swaps_only_the_rate_limit_image() {
+    let path = deploy("envoy-gateway/envoy-gateway-config.yaml");
+    let map = yaml(&path);
+    assert_eq!(str_at(&map, &["kind"]), "ConfigMap");
+    assert_eq!(str_at(&map, &["metadata", "name"]), "envoy-gateway-config");
+    let config: Value =
+        serde_yaml_ng::from_str(str_at(&map, &["data", "envoy-gateway.yaml"])).expect("yaml");
+    assert_eq!(str_at(&config, &["kind"]), "EnvoyGateway");
+    assert_eq!(
+        str_at(&config, &["apiVersion"]),
+        "gateway.envoyproxy.io/v1alpha1"
+    );
+    let deployment = at(&config, &["provider", "kubernetes", "rateLimitDeployment"]);
+    let container = at(deployment, &["container"]);
+    let image = str_at(container, &["image"]);
+    assert!(image.contains("throttlegate"), "{image}");
+    // Nothing else of Envoy Gateway's Deployment is changed: no command,
+    // arguments or environment of our own.
+    assert_eq!(container.as_mapping().map(|it| it.len()), Some(1), "{container:?}");
+    assert_eq!(deployment.as_mapping().map(|it| it.len()), Some(1), "{deployment:?}");
+    assert_eq!(str_at(&config, &["rateLimit", "backend", "type"]), "Redis");
 }

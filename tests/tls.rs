@@ -442,3 +442,47 @@ async fn envoyproxy_tls_variables_turn_on_mutual_tls() {
     let none = decide(grpc, client_config(&ca, None, H2), "tls").await;
     assert!(none.is_err(), "{none:?}");
 }
+
+/// Envoy Gateway's Deployment: TLS on the gRPC port from envoyproxy/ratelimit's
+/// variables, its readiness probe in plain HTTP on `/healthcheck`, and a
+/// `GRPC_SERVER_TLS_CA_CERT` that envoyproxy/ratelimit does not read (client
+/// certificates are checked only with `GRPC_CLIENT_TLS_CACERT`).
+#[tokio::test]
+async fn envoyproxy_server_tls_keeps_the_http_port_plain_as_envoy_gateway_probes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ca, files) = server_files(dir.path());
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let grpc = support::process::free_addr();
+    let http = support::process::free_addr();
+    let service = support::process::spawn_with_env(
+        &[
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", &grpc.port().to_string()),
+            ("HOST", "127.0.0.1"),
+            ("PORT", &http.port().to_string()),
+            ("RUNTIME_ROOT", dir.path().to_str().unwrap()),
+            ("RUNTIME_SUBDIRECTORY", "."),
+            ("RUNTIME_APPDIRECTORY", "."),
+            ("GRPC_SERVER_USE_TLS", "true"),
+            ("GRPC_SERVER_TLS_CERT", files.cert()),
+            ("GRPC_SERVER_TLS_KEY", files.key()),
+            ("GRPC_SERVER_TLS_CA_CERT", files.cert()),
+        ],
+        grpc,
+        http,
+    );
+    service
+        .wait_for_log("serving", Duration::from_secs(20))
+        .await;
+    let health = plain_get(http, "/healthcheck").await;
+    assert!(
+        health.as_ref().is_ok_and(|it| it.starts_with("HTTP/1.1 200")),
+        "{health:?}"
+    );
+    decide(grpc, client_config(&ca, None, H2), "tls")
+        .await
+        .expect("gRPC over TLS, no client certificate asked for");
+    let https = https_get(http, client_config(&ca, None, HTTP1), "/healthcheck").await;
+    assert!(https.is_err(), "TLS was answered on the HTTP port: {https:?}");
+}
