@@ -268,7 +268,7 @@ fn server_tls(vars: &HashMap<String, String>) -> Option<bool> {
 /// refused (they would be ignored).
 pub fn refusals(vars: &HashMap<String, String>) -> Vec<String> {
     let set = |name: &str| vars.get(name).is_some_and(|it| !it.trim().is_empty());
-    let mut refusals = Vec::new();
+    let mut refusals = redis_refusals(vars);
     let given: Vec<&str> = SERVER_TLS
         .iter()
         .map(|(name, _)| *name)
@@ -305,6 +305,11 @@ fn is_unsupported(name: &str, value: &str) -> bool {
             !value.trim().eq_ignore_ascii_case("file")
                 && !value.trim().eq_ignore_ascii_case("grpc_xds_sotw")
         }
+        // Dot-files are always skipped, so only asking for them is not
+        // honoured; the config directory is watched through symlink swaps
+        // whichever root is named.
+        "RUNTIME_IGNOREDOTFILES" => parse_bool(value.trim()) == Some(false),
+        "RUNTIME_WATCH_ROOT" => false,
         _ => {
             UNSUPPORTED.contains(&name)
                 || (UNSUPPORTED_PREFIXES.iter().any(|it| name.starts_with(it))
@@ -317,6 +322,22 @@ fn is_unsupported(name: &str, value: &str) -> bool {
 /// path, a comma list for a cluster, `master,host:port,...` for Sentinel),
 /// with `REDIS_SOCKET_TYPE`, `REDIS_TYPE`, `REDIS_AUTH` and `REDIS_TLS`. A
 /// `REDIS_URL` that is a URL is ours and read as such.
+/// A Redis named in their variables that cannot be used (`REDIS_TYPE=ring`,
+/// a Sentinel `REDIS_URL` without its master's name): serving from memory
+/// instead would give every instance limits of its own.
+fn redis_refusals(vars: &HashMap<String, String>) -> Vec<String> {
+    let (mut flags, mut problems) = (Vec::new(), Vec::new());
+    redis(vars, &mut flags, &mut problems);
+    if flags.iter().any(|(flag, _)| flag.starts_with("redis-")) {
+        return Vec::new();
+    }
+    problems
+        .into_iter()
+        .filter(|it| it.starts_with("REDIS_TYPE=") || it.starts_with("REDIS_URL="))
+        .map(|it| format!("{it}: Redis cannot be reached as configured, and the in-memory backend would give each instance limits of its own"))
+        .collect()
+}
+
 fn redis(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &mut Vec<String>) {
     let get = |name: &str| {
         vars.get(name)
@@ -726,6 +747,32 @@ mod tests {
             translate(&[("BACKEND_TYPE", "redis"), ("CONFIG_TYPE", "FILE")]),
             (vec![], vec![])
         );
+        assert_eq!(
+            translate(&[
+                ("RUNTIME_IGNOREDOTFILES", "true"),
+                ("RUNTIME_WATCH_ROOT", "false"),
+            ]),
+            (vec![], vec![])
+        );
+        let (_, warnings) = translate(&[("RUNTIME_IGNOREDOTFILES", "false")]);
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+    }
+
+    #[test]
+    fn a_redis_that_cannot_be_used_is_refused() {
+        let refused = |pairs: &[(&str, &str)]| {
+            let vars = pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            refusals(&vars)
+        };
+        let sentinel = refused(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "redis:6379")]);
+        assert_eq!(sentinel.len(), 1, "{sentinel:?}");
+        assert!(sentinel[0].starts_with("REDIS_URL=redis:6379 with REDIS_TYPE=sentinel"));
+        assert_eq!(refused(&[("REDIS_TYPE", "ring"), ("REDIS_URL", "r:1")]).len(), 1);
+        assert!(refused(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s:1")]).is_empty());
+        assert!(refused(&[("REDIS_URL", "r:1")]).is_empty());
     }
 
     #[test]
