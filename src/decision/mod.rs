@@ -373,7 +373,12 @@ struct Pending {
 impl Pending {
     /// Starts `planned`; with `charge`, a call dropped or failed unwritten
     /// is sent again (`resend`).
-    fn start(planned: resend::PlannedCall, method: Method, send_by: Option<Instant>, charge: bool) -> Pending {
+    fn start(
+        planned: resend::PlannedCall,
+        method: Method,
+        send_by: Option<Instant>,
+        charge: bool,
+    ) -> Pending {
         let progress = backends::Progress::new(backends::Stage::Decide);
         let late = {
             let resend::PlannedCall {
