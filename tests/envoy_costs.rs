@@ -500,8 +500,11 @@ async fn token_limit_holds_across_two_replicas_on_one_redis() {
 /// Envoy sent (`None` when the field is absent).
 #[derive(Clone, Default)]
 struct RecordingRls {
-    calls: std::sync::Arc<std::sync::Mutex<Vec<(String, Option<u64>)>>>,
+    calls: std::sync::Arc<std::sync::Mutex<Vec<Recorded>>>,
 }
+
+/// One descriptor of a call: its first entry's value, and its `hits_addend`.
+type Recorded = (String, Option<u64>);
 
 #[tonic::async_trait]
 impl throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService
