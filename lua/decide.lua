@@ -1159,8 +1159,9 @@ local function run(keys, first, header, now, reply, seen, out)
       reset_us = impl.until_full(c, s, at)
     elseif need > c.capacity then
       -- It can never pass. A limit charged always left without room (in
-      -- debt) says when room for one unit comes back; otherwise the window.
-      if c.always and impl.available(c, s, at) == 0 then
+      -- debt) says when room for one unit comes back; otherwise (or at a
+      -- limit of 0, never any room) the window.
+      if c.always and c.capacity > 0 and impl.available(c, s, at) == 0 then
         reset_us = impl.until_available(c, s, key, at, 1)
       else
         reset_us = c.window_us

@@ -495,101 +495,139 @@ async fn token_limit_holds_across_two_replicas_on_one_redis() {
     }
 }
 
-/// The sum of every sample of `/metrics` whose series starts with
-/// `series` (0 when there is none).
-async fn metric_sum(service: &ServiceProcess, series: &str) -> f64 {
-    http_get(service.http, "/metrics")
-        .await
-        .lines()
-        .filter(|line| line.starts_with(series))
-        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+/// A rate-limit service that answers OK to every call and records, per
+/// call, the value of its first descriptor entry and the `hits_addend`
+/// Envoy sent (`None` when the field is absent).
+#[derive(Clone, Default)]
+struct RecordingRls {
+    calls: std::sync::Arc<std::sync::Mutex<Vec<Recorded>>>,
+}
+
+/// One descriptor of a call: its first entry's value, and its `hits_addend`.
+type Recorded = (String, Option<u64>);
+
+#[tonic::async_trait]
+impl throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService
+    for RecordingRls
+{
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<
+            throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest,
+        >,
+    ) -> Result<
+        tonic::Response<throttlegate::proto::envoy::service::ratelimit::v3::RateLimitResponse>,
+        tonic::Status,
+    > {
+        use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitResponse;
+        use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::Code;
+        let request = request.into_inner();
+        for descriptor in &request.descriptors {
+            let value = descriptor
+                .entries
+                .first()
+                .map(|it| String::from_utf8_lossy(&it.value).into_owned())
+                .unwrap_or_default();
+            let hits = descriptor.hits_addend;
+            self.calls.lock().expect("calls").push((value, hits));
+        }
+        Ok(tonic::Response::new(RateLimitResponse {
+            overall_code: Code::Ok as i32,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+impl RecordingRls {
+    /// Serves it on an ephemeral port.
+    async fn serve(&self) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the recording service");
+        let addr = listener.local_addr().expect("its address");
+        let service = throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer::new(self.clone());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        addr
+    }
+
+    /// The `hits_addend` of every call made for descriptor value `value`.
+    fn costs_of(&self, value: &str) -> Vec<Option<u64>> {
+        let calls = self.calls.lock().expect("calls");
+        calls
+            .iter()
+            .filter(|(it, _)| it == value)
+            .map(|(_, hits)| *hits)
+            .collect()
+    }
 }
 
 /// What Envoy 1.40 sends as the cost of a stream-done charge for the
-/// usage values an upstream may report in `x-reply-tokens` (the charge
-/// alone, no check before it): `None` when it skips the call. A value
-/// above 1e9 is skipped (a huge report is free); NaN is sent as 2^63 (a
-/// whole debt); a number is read as C's `strtod` would and cut to an
-/// integer. docs/token-limits.md states this table.
+/// usage values an upstream may report in `x-reply-tokens`, recorded by a
+/// rate-limit service of the test's own: `None` when Envoy skips the call.
+/// A value above 1e9 is skipped (a huge report is free); NaN is sent as
+/// 2^63 (a whole debt); a number is read as C's `strtod` would and cut to
+/// an integer. docs/token-limits.md states this table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_envoy_sends_for_odd_usage_values() {
     let Some(bin) = envoy_bin("stream-done usage values") else {
         return;
     };
-    // A rule per API key, so that each series of hits takes at most one
-    // cost of 2^63 (a counter of 64 bits).
-    let mut rules = "domain: edge\ndescriptors:\n".to_owned();
-    for value in (0..16).map(|it| format!("k{it}")).chain(["marker".to_owned()]) {
-        rules.push_str(&format!(
-            "  - key: api_key\n    value: {value}\n    rate_limit: {{unit: minute, requests_per_unit: 1000000, charge: always}}\n"
-        ));
-    }
-    let mut service = Serve::yaml(&rules).spawn();
-    service.connect().await;
+    let rls = RecordingRls::default();
+    let addr = rls.serve().await;
     let key = "{request_headers: {header_name: x-api-key, descriptor_key: api_key}}";
     let rate_limits = format!(
         "[{{actions: [{key}], apply_on_stream_done: true, hits_addend: {{format: \"%RESP(x-reply-tokens)%\"}}}}]"
     );
-    let envoy = edge(&[service.grpc])
+    let envoy = edge(&[addr])
         .var("FILTER", filter(&format!(", rate_limits: {rate_limits}")))
         .start(&bin);
-    let addr = envoy.addr("HTTP");
-    let two_63 = 2f64.powi(63);
-    let cases: [(Option<&str>, Option<f64>); 16] = [
-        (Some("1000000000"), Some(1e9)),
+    let http = envoy.addr("HTTP");
+    let cases: [(Option<&str>, Option<u64>); 16] = [
+        (Some("1000000000"), Some(1_000_000_000)),
         (Some("1000000001"), None),
         (Some("5000000000"), None),
-        (Some("1e3"), Some(1000.0)),
-        (Some("0x40"), Some(64.0)),
-        (Some("12.9"), Some(12.0)),
-        (Some(" 30"), Some(30.0)),
+        (Some("1e3"), Some(1000)),
+        (Some("0x40"), Some(64)),
+        (Some("12.9"), Some(12)),
+        (Some(" 30"), Some(30)),
         (Some("inf"), None),
         (None, None),
         (Some(""), None),
         (Some("-1"), None),
         (Some("abc"), None),
-        (Some("nan"), Some(two_63)),
-        (Some("NaN"), Some(two_63)),
-        (Some("-nan"), Some(two_63)),
-        (Some("7"), Some(7.0)),
+        (Some("nan"), Some(1 << 63)),
+        (Some("NaN"), Some(1 << 63)),
+        (Some("-nan"), Some(1 << 63)),
+        (Some("7"), Some(7)),
     ];
-    let decisions = "throttlegate_decisions_total{domain=\"edge\"";
-    let hits_of = "throttlegate_hits_total{domain=\"edge\"";
     let mut seen = Vec::new();
     for (idx, (value, _)) in cases.iter().enumerate() {
         let api_key = format!("k{idx}");
-        let (calls, hits) = (
-            metric_sum(&service, decisions).await,
-            metric_sum(&service, hits_of).await,
-        );
         let mut call = HttpRequest::get("/").header("x-api-key", &api_key);
         if let Some(value) = value {
             call = call.header("x-reply-tokens", value);
         }
-        assert_eq!(call.send(addr).await.status, 200);
-        // A marker charge of 1 after it; once the marker is counted, and a
-        // moment more, a charge Envoy sent for the value is counted too.
-        let marker = HttpRequest::get("/")
-            .header("x-api-key", "marker")
+        assert_eq!(call.send(http).await.status, 200);
+        // A marker charge after it; once the marker is recorded, and a
+        // moment more, a call Envoy made for the value is recorded too.
+        let marker = format!("marker{idx}");
+        let call = HttpRequest::get("/")
+            .header("x-api-key", &marker)
             .header("x-reply-tokens", "1");
-        assert_eq!(marker.send(addr).await.status, 200);
+        assert_eq!(call.send(http).await.status, 200);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while metric_sum(&service, decisions).await < calls + 1.0 {
+        while rls.costs_of(&marker).is_empty() {
             assert!(Instant::now() < deadline, "the marker charge never came");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let sent = metric_sum(&service, decisions).await - calls - 1.0;
-        let cost = metric_sum(&service, hits_of).await - hits - 1.0;
-        seen.push((*value, (sent > 0.0).then_some(cost)));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let costs = rls.costs_of(&api_key);
+        assert!(costs.len() <= 1, "{value:?}: {costs:?}");
+        seen.push((*value, costs.first().map(|it| it.unwrap_or(1))));
     }
-    let expected: Vec<(Option<&str>, Option<f64>)> = cases.to_vec();
-    for ((value, got), (_, want)) in seen.iter().zip(&expected) {
-        match (got, want) {
-            (None, None) => {}
-            (Some(got), Some(want)) if (got - want).abs() <= want * 1e-9 => {}
-            _ => panic!("x-reply-tokens {value:?}: Envoy sent {got:?}, expected {want:?}; all: {seen:?}"),
-        }
-    }
+    assert_eq!(seen, cases, "(reported, cost Envoy sent)");
 }

@@ -70,7 +70,11 @@ struct Tally {
 }
 
 /// Callers sending charges in a loop until `stop`.
-async fn callers(service: &ServiceProcess, stop: &Arc<AtomicBool>, tally: &Arc<Tally>) -> JoinSet<()> {
+async fn callers(
+    service: &ServiceProcess,
+    stop: &Arc<AtomicBool>,
+    tally: &Arc<Tally>,
+) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
     let mut channels = Vec::new();
     for _ in 0..CONNECTIONS {
@@ -82,12 +86,22 @@ async fn callers(service: &ServiceProcess, stop: &Arc<AtomicBool>, tally: &Arc<T
         tasks.spawn(async move {
             while !stop.load(Ordering::SeqCst) {
                 let key = format!("k{}", idx % 8);
-                let mut call =
-                    tonic::Request::new(request("usage", vec![descriptor(&[("api_key", key.as_str())])]));
-                call.set_timeout(CALLER_TIMEOUT);
+                let mut call = tonic::Request::new(request(
+                    "usage",
+                    vec![descriptor(&[("api_key", key.as_str())])],
+                ));
+                // The deadline the service answers by; not enforced here,
+                // so every call gets the service's answer.
+                let timeout = format!("{}m", CALLER_TIMEOUT.as_millis());
+                call.metadata_mut()
+                    .insert("grpc-timeout", timeout.parse().expect("a header value"));
                 tally.sent.fetch_add(1, Ordering::SeqCst);
-                let res = tokio::time::timeout(Duration::from_secs(5), client.should_rate_limit(call)).await;
-                if let Ok(Ok(_)) = res {
+                let res =
+                    tokio::time::timeout(Duration::from_secs(5), client.should_rate_limit(call))
+                        .await;
+                // An answer, or the service's own status at its deadline:
+                // either way the service got the charge.
+                if res.is_ok() {
                     tally.answered.fetch_add(1, Ordering::SeqCst);
                 }
                 tokio::time::sleep(Duration::from_millis(2)).await;
@@ -141,13 +155,15 @@ async fn no_charge_is_lost_while_redis_stalls(batch: &str) {
         "batch {batch}: {sent} charges sent, {answered} answered, {count} recorded by Redis; \
          {resent} sent again, {late} late replies, {lost} counted lost"
     );
-    assert!(
-        count >= answered,
-        "batch {batch}: {} of {answered} charges the service answered were never recorded \
-         ({sent} sent, {resent} sent again, {lost} counted lost)",
-        answered - count
+    assert_eq!(
+        answered, sent,
+        "batch {batch}: every charge is answered in time"
     );
-    assert!(count <= sent, "batch {batch}: {count} recorded for {sent} charges sent");
+    assert_eq!(
+        count, sent,
+        "batch {batch}: {sent} charges sent and answered, {count} recorded \
+         ({resent} sent again, {late} late replies, {lost} counted lost)"
+    );
     assert_eq!(lost, 0.0, "batch {batch}: charges counted lost");
 }
 

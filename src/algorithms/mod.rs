@@ -575,8 +575,11 @@ pub fn decide(checks: &[Check], states: &mut [Option<State>], now: u64) -> Verdi
             } else if need > params.capacity {
                 // It can never pass. A limit charged always left without
                 // room (in debt) says when room for one unit comes back;
-                // otherwise the window.
-                if params.charge == Charge::Always && state.available(params, at) == 0 {
+                // otherwise (or at a limit of 0, never any room) the window.
+                if params.charge == Charge::Always
+                    && params.capacity > 0
+                    && state.available(params, at) == 0
+                {
                     state.until_available(params, at, 1)
                 } else {
                     params.window_us

@@ -128,8 +128,14 @@ fn a_charge_past_the_capacity_answers_when_room_comes_back() {
             let mut state = None;
             let it = charge(&params, &mut state, T0, cost);
             assert!(!it.has_room, "{algorithm} {cost}");
-            assert!(!has_room_at(&params, &state, T0 + it.reset_us - 1), "{algorithm} {cost}");
-            assert!(has_room_at(&params, &state, T0 + it.reset_us), "{algorithm} {cost}");
+            assert!(
+                !has_room_at(&params, &state, T0 + it.reset_us - 1),
+                "{algorithm} {cost}"
+            );
+            assert!(
+                has_room_at(&params, &state, T0 + it.reset_us),
+                "{algorithm} {cost}"
+            );
             if algorithm == Algorithm::TokenBucket && cost == u64::MAX {
                 assert_eq!(it.reset_us, MINUTE + 6 * SECOND);
             }

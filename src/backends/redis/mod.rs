@@ -482,7 +482,8 @@ impl RedisBackend {
     /// the first error, if any.
     async fn ready_every_pool(&self) -> Result<(), Error> {
         let deadline = Instant::now() + READY_WITHIN.max(self.core.timeout);
-        let cores = std::iter::once(&self.core).chain(self.thread_cores.iter().filter_map(OnceLock::get));
+        let cores =
+            std::iter::once(&self.core).chain(self.thread_cores.iter().filter_map(OnceLock::get));
         let readying: Vec<_> = cores
             .map(|core| {
                 let core = core.clone();

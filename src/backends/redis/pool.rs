@@ -661,8 +661,13 @@ impl Reconnector {
 
     /// One fresh connection and a PING within the timeout. On success the
     /// connection joins the pool and the circuit closes; on failure the
-    /// circuit opens (or stays open with the new reason).
+    /// circuit opens (or stays open with the new reason), unless another
+    /// attempt (the reconnector's, a health probe's) closed it meanwhile:
+    /// a connect that began before Redis was back, and timed out once it
+    /// was, would otherwise open it again just after health reported
+    /// recovery, failing every call until the next attempt.
     async fn attempt(&self) -> Result<(), Error> {
+        let was_open = self.link.circuit.is_open();
         let res = tokio::time::timeout(self.target.bound(self.timeout), async {
             let mut conn = self.target.connect(&self.config).await?;
             let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
@@ -685,6 +690,9 @@ impl Reconnector {
                 (Error::Unavailable(reason.clone()), reason)
             }
         };
+        if was_open && !self.link.circuit.is_open() {
+            return Err(err);
+        }
         self.link.open(reason);
         Err(err)
     }
