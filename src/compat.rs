@@ -770,7 +770,10 @@ mod tests {
         let sentinel = refused(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "redis:6379")]);
         assert_eq!(sentinel.len(), 1, "{sentinel:?}");
         assert!(sentinel[0].starts_with("REDIS_URL=redis:6379 with REDIS_TYPE=sentinel"));
-        assert_eq!(refused(&[("REDIS_TYPE", "ring"), ("REDIS_URL", "r:1")]).len(), 1);
+        assert_eq!(
+            refused(&[("REDIS_TYPE", "ring"), ("REDIS_URL", "r:1")]).len(),
+            1
+        );
         assert!(refused(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "m,s:1")]).is_empty());
         assert!(refused(&[("REDIS_URL", "r:1")]).is_empty());
     }

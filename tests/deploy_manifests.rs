@@ -993,7 +993,15 @@ fn the_envoy_gateway_example_swaps_only_the_rate_limit_image() {
     assert!(image.contains("throttlegate"), "{image}");
     // Nothing else of Envoy Gateway's Deployment is changed: no command,
     // arguments or environment of our own.
-    assert_eq!(container.as_mapping().map(|it| it.len()), Some(1), "{container:?}");
-    assert_eq!(deployment.as_mapping().map(|it| it.len()), Some(1), "{deployment:?}");
+    assert_eq!(
+        container.as_mapping().map(|it| it.len()),
+        Some(1),
+        "{container:?}"
+    );
+    assert_eq!(
+        deployment.as_mapping().map(|it| it.len()),
+        Some(1),
+        "{deployment:?}"
+    );
     assert_eq!(str_at(&config, &["rateLimit", "backend", "type"]), "Redis");
 }

@@ -63,37 +63,43 @@ async fn otlp_receiver(spans: Spans) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
             let spans = spans.clone();
-            let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
-                let spans = spans.clone();
-                async move {
-                    let path_ok = request.uri().path() == "/v1/traces";
-                    let body = request.into_body().collect().await?.to_bytes();
-                    let export = ExportTraceServiceRequest::decode(body).ok().filter(|_| path_ok);
-                    let status = if export.is_some() { 200 } else { 400 };
-                    for resource_spans in export.map(|it| it.resource_spans).unwrap_or_default() {
-                        let resource: HashMap<String, String> = resource_spans
-                            .resource
-                            .map(|it| it.attributes)
-                            .unwrap_or_default()
-                            .into_iter()
-                            .filter_map(|it| match it.value?.value? {
-                                Value::StringValue(text) => Some((it.key, text)),
-                                _ => None,
-                            })
-                            .collect();
-                        for scope in resource_spans.scope_spans {
-                            for span in scope.spans {
-                                spans.0.lock().unwrap().push((resource.clone(), span.name));
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let spans = spans.clone();
+                    async move {
+                        let path_ok = request.uri().path() == "/v1/traces";
+                        let body = request.into_body().collect().await?.to_bytes();
+                        let export = ExportTraceServiceRequest::decode(body)
+                            .ok()
+                            .filter(|_| path_ok);
+                        let status = if export.is_some() { 200 } else { 400 };
+                        for resource_spans in export.map(|it| it.resource_spans).unwrap_or_default()
+                        {
+                            let resource: HashMap<String, String> = resource_spans
+                                .resource
+                                .map(|it| it.attributes)
+                                .unwrap_or_default()
+                                .into_iter()
+                                .filter_map(|it| match it.value?.value? {
+                                    Value::StringValue(text) => Some((it.key, text)),
+                                    _ => None,
+                                })
+                                .collect();
+                            for scope in resource_spans.scope_spans {
+                                for span in scope.spans {
+                                    spans.0.lock().unwrap().push((resource.clone(), span.name));
+                                }
                             }
                         }
+                        let mut response =
+                            hyper::Response::new(http_body_util::Full::<bytes::Bytes>::from(
+                                ExportTraceServiceResponse::default().encode_to_vec(),
+                            ));
+                        *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, hyper::Error>(response)
                     }
-                    let mut response = hyper::Response::new(http_body_util::Full::from(
-                        ExportTraceServiceResponse::default().encode_to_vec(),
-                    ));
-                    *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
-                    Ok::<_, hyper::Error>(response)
-                }
-            });
+                },
+            );
             tokio::spawn(
                 hyper::server::conn::http1::Builder::new()
                     .serve_connection(TokioIo::new(stream), service),
@@ -123,13 +129,21 @@ async fn statsd_receiver() -> (SocketAddr, Arc<Mutex<Vec<String>>>) {
     (addr, lines)
 }
 
-async fn eventually<T>(what: &str, log: impl Fn() -> String, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+async fn eventually<T>(
+    what: &str,
+    log: impl Fn() -> String,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
     let deadline = Instant::now() + WITHIN;
     loop {
         if let Some(it) = check().await {
             return it;
         }
-        assert!(Instant::now() < deadline, "{what} within {WITHIN:?}\n{}", log());
+        assert!(
+            Instant::now() < deadline,
+            "{what} within {WITHIN:?}\n{}",
+            log()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -155,7 +169,8 @@ async fn runs_as_envoy_gateway_starts_it(name: &str) {
     let otlp = otlp_receiver(spans.clone()).await;
     let (statsd, lines) = statsd_receiver().await;
     let prometheus = free_addr();
-    let mapping = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics/default_statsd_mapping.yaml");
+    let mapping =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics/default_statsd_mapping.yaml");
     let mut values: HashMap<&str, String> = HashMap::from([
         ("DATA", "/data".to_owned()),
         ("XDS", ads.addr.to_string()),
@@ -217,7 +232,10 @@ async fn runs_as_envoy_gateway_starts_it(name: &str) {
     // Ready before any rule came (force start), on plain HTTP.
     eventually("a plain-HTTP /healthcheck answering 200", log, async || {
         let answer = tokio::time::timeout(Duration::from_secs(2), probe_health(http)).await;
-        answer.ok().flatten().filter(|it| it.starts_with("HTTP/1.1 200"))
+        answer
+            .ok()
+            .flatten()
+            .filter(|it| it.starts_with("HTTP/1.1 200"))
     })
     .await;
     let tls = client_config(&ca, None, &[b"h2"]);
@@ -234,10 +252,19 @@ async fn runs_as_envoy_gateway_starts_it(name: &str) {
     }
 
     if var("USE_PROMETHEUS") == Some("true") {
-        let page = eventually("envoyproxy/ratelimit's statistics for Prometheus", log, async || {
-            let page = http_get(SocketAddr::from(([127, 0, 0, 1], prometheus.port())), "/metrics").await;
-            page.contains("ratelimit_service_rate_limit_over_limit{").then_some(page)
-        })
+        let page = eventually(
+            "envoyproxy/ratelimit's statistics for Prometheus",
+            log,
+            async || {
+                let page = http_get(
+                    SocketAddr::from(([127, 0, 0, 1], prometheus.port())),
+                    "/metrics",
+                )
+                .await;
+                page.contains("ratelimit_service_rate_limit_over_limit{")
+                    .then_some(page)
+            },
+        )
         .await;
         let samples: BTreeMap<&str, &str> = page
             .lines()
@@ -250,7 +277,10 @@ async fn runs_as_envoy_gateway_starts_it(name: &str) {
         assert_eq!(samples.get(within), Some(&"1"), "{page}");
     } else {
         let refused = tokio::net::TcpStream::connect(("127.0.0.1", prometheus.port())).await;
-        assert!(refused.is_err(), "a Prometheus port though USE_PROMETHEUS is not set");
+        assert!(
+            refused.is_err(),
+            "a Prometheus port though USE_PROMETHEUS is not set"
+        );
     }
 
     if var("USE_STATSD") == Some("true") {
@@ -273,12 +303,18 @@ async fn runs_as_envoy_gateway_starts_it(name: &str) {
             spans.0.lock().unwrap().first().cloned()
         })
         .await;
-        assert_eq!(resource.get("service.name").map(String::as_str), Some("envoy-ratelimit"));
+        assert_eq!(
+            resource.get("service.name").map(String::as_str),
+            Some("envoy-ratelimit")
+        );
         assert_eq!(
             resource.get("service.namespace").map(String::as_str),
             Some("envoy-gateway-system")
         );
-        assert_eq!(resource.get("service.instance.id").map(String::as_str), Some(POD_NAME));
+        assert_eq!(
+            resource.get("service.instance.id").map(String::as_str),
+            Some(POD_NAME)
+        );
     } else {
         assert!(spans.0.lock().unwrap().is_empty());
     }

@@ -477,12 +477,17 @@ async fn envoyproxy_server_tls_keeps_the_http_port_plain_as_envoy_gateway_probes
         .await;
     let health = plain_get(http, "/healthcheck").await;
     assert!(
-        health.as_ref().is_ok_and(|it| it.starts_with("HTTP/1.1 200")),
+        health
+            .as_ref()
+            .is_ok_and(|it| it.starts_with("HTTP/1.1 200")),
         "{health:?}"
     );
     decide(grpc, client_config(&ca, None, H2), "tls")
         .await
         .expect("gRPC over TLS, no client certificate asked for");
     let https = https_get(http, client_config(&ca, None, HTTP1), "/healthcheck").await;
-    assert!(https.is_err(), "TLS was answered on the HTTP port: {https:?}");
+    assert!(
+        https.is_err(),
+        "TLS was answered on the HTTP port: {https:?}"
+    );
 }

@@ -213,10 +213,18 @@ mod tests {
     #[test]
     fn endpoints_read_as_otel_exporter_otlp_endpoint() {
         let cases = [
-            ("http://c:4318", OtlpProtocol::Http, "http://c:4318/v1/traces"),
+            (
+                "http://c:4318",
+                OtlpProtocol::Http,
+                "http://c:4318/v1/traces",
+            ),
             ("c:4318/", OtlpProtocol::Http, "http://c:4318/v1/traces"),
             ("http://c:4317", OtlpProtocol::Grpc, "http://c:4317"),
-            ("127.0.0.1:4317", OtlpProtocol::Grpc, "http://127.0.0.1:4317"),
+            (
+                "127.0.0.1:4317",
+                OtlpProtocol::Grpc,
+                "http://127.0.0.1:4317",
+            ),
         ];
         for (given, protocol, expected) in cases {
             assert_eq!(
@@ -226,7 +234,10 @@ mod tests {
             );
         }
         for bad in ["https://c:4318", "grpc://c:4317", "", "http://"] {
-            assert!(endpoint(&settings(bad, OtlpProtocol::Http)).is_err(), "{bad}");
+            assert!(
+                endpoint(&settings(bad, OtlpProtocol::Http)).is_err(),
+                "{bad}"
+            );
         }
     }
 
