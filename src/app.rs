@@ -411,6 +411,16 @@ async fn prepare_ratelimit_stats(
         Some(prometheus) => {
             let mapping = match &prometheus.mapping {
                 None => Mapping::envoy_gateway(),
+                // Envoy Gateway mounts its mapping from an optional
+                // ConfigMap: while it is absent, its mapping (the built-in
+                // one) serves rather than a pod that cannot start.
+                Some(path) if !path.exists() => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        "--ratelimit-prometheus-mapping: no such file; Envoy Gateway's mapping is used"
+                    );
+                    Mapping::envoy_gateway()
+                }
                 Some(path) => Mapping::load(path).map_err(|err| {
                     Aborted::Failed(format!("--ratelimit-prometheus-mapping: {err}"))
                 })?,
