@@ -52,9 +52,12 @@ fn environment(name: &str, values: &HashMap<&str, String>) -> Vec<(String, Strin
         .collect()
 }
 
-/// Spans received, as (resource attributes, span name).
+/// A span received: its resource's attributes and its name.
+type Span = (HashMap<String, String>, String);
+
+/// Spans received.
 #[derive(Clone, Default)]
-struct Spans(Arc<Mutex<Vec<(HashMap<String, String>, String)>>>);
+struct Spans(Arc<Mutex<Vec<Span>>>);
 
 /// An OTLP/HTTP receiver (`POST /v1/traces`, protobuf).
 async fn otlp_receiver(spans: Spans) -> SocketAddr {
