@@ -535,12 +535,19 @@ pub fn log_filter(level: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
 
-    fn translate(pairs: &[(&str, &str)]) -> (Vec<FlagValue>, Vec<String>) {
-        let vars = pairs
+    fn vars(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        from_envoyproxy_env(&vars)
+            .collect()
+    }
+
+    fn translate(pairs: &[(&str, &str)]) -> (Vec<FlagValue>, Vec<String>) {
+        from_envoyproxy_env(&vars(pairs))
+    }
+
+    fn refused(pairs: &[(&str, &str)]) -> Vec<String> {
+        refusals(&vars(pairs))
     }
 
     fn flags(pairs: &[(&str, &str)]) -> Vec<(&'static str, String)> {
@@ -760,13 +767,6 @@ mod tests {
 
     #[test]
     fn a_redis_that_cannot_be_used_is_refused() {
-        let refused = |pairs: &[(&str, &str)]| {
-            let vars = pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect();
-            refusals(&vars)
-        };
         let sentinel = refused(&[("REDIS_TYPE", "sentinel"), ("REDIS_URL", "redis:6379")]);
         assert_eq!(sentinel.len(), 1, "{sentinel:?}");
         assert!(sentinel[0].starts_with("REDIS_URL=redis:6379 with REDIS_TYPE=sentinel"));
@@ -809,22 +809,11 @@ mod tests {
                 ("http-tls", "off".to_owned()),
             ]
         );
-        let vars: HashMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        assert!(refusals(&vars).is_empty());
+        assert!(refused(&vars).is_empty());
     }
 
     #[test]
     fn server_tls_that_cannot_be_honoured_is_refused() {
-        let refused = |pairs: &[(&str, &str)]| {
-            let vars = pairs
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect();
-            refusals(&vars)
-        };
         assert_eq!(
             refused(&[("GRPC_SERVER_USE_TLS", "true")]),
             [

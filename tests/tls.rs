@@ -405,36 +405,51 @@ async fn incomplete_or_unreadable_tls_settings_stop_the_start_with_a_clear_messa
     );
 }
 
+/// The service started from envoyproxy/ratelimit's variables alone: the
+/// rules of `CONFIG` in `dir`, TLS with `files` (`GRPC_SERVER_USE_TLS`), and
+/// `extra` variables; serving once it says so.
+async fn serve_envoyproxy_tls(
+    dir: &std::path::Path,
+    files: &Files,
+    extra: &[(&str, &str)],
+) -> (ServiceProcess, std::net::SocketAddr, std::net::SocketAddr) {
+    std::fs::write(dir.join("config.yaml"), CONFIG).unwrap();
+    let grpc = support::process::free_addr();
+    let http = support::process::free_addr();
+    let (grpc_port, http_port) = (grpc.port().to_string(), http.port().to_string());
+    let mut vars = vec![
+        ("GRPC_HOST", "127.0.0.1"),
+        ("GRPC_PORT", grpc_port.as_str()),
+        ("HOST", "127.0.0.1"),
+        ("PORT", http_port.as_str()),
+        ("RUNTIME_ROOT", dir.to_str().unwrap()),
+        ("RUNTIME_SUBDIRECTORY", "."),
+        ("RUNTIME_APPDIRECTORY", "."),
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", files.cert()),
+        ("GRPC_SERVER_TLS_KEY", files.key()),
+    ];
+    vars.extend_from_slice(extra);
+    let service = support::process::spawn_with_env(&vars, grpc, http);
+    service
+        .wait_for_log("serving", Duration::from_secs(20))
+        .await;
+    (service, grpc, http)
+}
+
 #[tokio::test]
 async fn envoyproxy_tls_variables_turn_on_mutual_tls() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, files) = server_files(dir.path());
     let client_ca = Ca::new("client ca");
     let client_ca_file = client_ca.write(dir.path(), "client-ca.pem");
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let grpc = support::process::free_addr();
-    let http = support::process::free_addr();
-    let service = support::process::spawn_with_env(
-        &[
-            ("GRPC_HOST", "127.0.0.1"),
-            ("GRPC_PORT", &grpc.port().to_string()),
-            ("HOST", "127.0.0.1"),
-            ("PORT", &http.port().to_string()),
-            ("RUNTIME_ROOT", dir.path().to_str().unwrap()),
-            ("RUNTIME_SUBDIRECTORY", "."),
-            ("RUNTIME_APPDIRECTORY", "."),
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_SERVER_TLS_CERT", files.cert()),
-            ("GRPC_SERVER_TLS_KEY", files.key()),
-            ("GRPC_CLIENT_TLS_CACERT", client_ca_file.to_str().unwrap()),
-        ],
-        grpc,
-        http,
-    );
-    service
-        .wait_for_log("serving", Duration::from_secs(20))
-        .await;
+    let client_ca_path = client_ca_file.to_str().unwrap();
+    let (_service, grpc, _) = serve_envoyproxy_tls(
+        dir.path(),
+        &files,
+        &[("GRPC_CLIENT_TLS_CACERT", client_ca_path)],
+    )
+    .await;
     let good = client_ca.client("envoy.internal");
     decide(grpc, client_config(&ca, Some(&good), H2), "tls")
         .await
@@ -451,30 +466,9 @@ async fn envoyproxy_tls_variables_turn_on_mutual_tls() {
 async fn envoyproxy_server_tls_keeps_the_http_port_plain_as_envoy_gateway_probes_it() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, files) = server_files(dir.path());
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let grpc = support::process::free_addr();
-    let http = support::process::free_addr();
-    let service = support::process::spawn_with_env(
-        &[
-            ("GRPC_HOST", "127.0.0.1"),
-            ("GRPC_PORT", &grpc.port().to_string()),
-            ("HOST", "127.0.0.1"),
-            ("PORT", &http.port().to_string()),
-            ("RUNTIME_ROOT", dir.path().to_str().unwrap()),
-            ("RUNTIME_SUBDIRECTORY", "."),
-            ("RUNTIME_APPDIRECTORY", "."),
-            ("GRPC_SERVER_USE_TLS", "true"),
-            ("GRPC_SERVER_TLS_CERT", files.cert()),
-            ("GRPC_SERVER_TLS_KEY", files.key()),
-            ("GRPC_SERVER_TLS_CA_CERT", files.cert()),
-        ],
-        grpc,
-        http,
-    );
-    service
-        .wait_for_log("serving", Duration::from_secs(20))
-        .await;
+    let ca_path = files.cert();
+    let (_service, grpc, http) =
+        serve_envoyproxy_tls(dir.path(), &files, &[("GRPC_SERVER_TLS_CA_CERT", ca_path)]).await;
     let health = plain_get(http, "/healthcheck").await;
     assert!(
         health
