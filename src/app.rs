@@ -20,6 +20,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 use tokio::time::error::Elapsed;
 use tokio_stream::StreamExt;
+use tokio_util::task::AbortOnDropHandle;
 use tracing_subscriber::EnvFilter;
 
 use crate::backends::Backend;
@@ -388,17 +389,8 @@ struct RatelimitStatsPrepared {
 
 /// What keeps them running; dropping it stops them.
 struct RatelimitStatsRunning {
-    _endpoint: Option<AbortOnDrop>,
+    _endpoint: Option<AbortOnDropHandle<()>>,
     _statsd: Option<StatsdGuard>,
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Loads the mapping (an unusable one stops the start, saying why) and
@@ -454,7 +446,7 @@ impl RatelimitStatsPrepared {
                 mapping,
                 path,
             };
-            AbortOnDrop(tokio::spawn(ratelimit_stats::serve(
+            AbortOnDropHandle::new(tokio::spawn(ratelimit_stats::serve(
                 listener,
                 page,
                 shutdown.clone(),

@@ -31,6 +31,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
+use tokio_util::task::AbortOnDropHandle;
 use tonic::transport::server::Connected;
 
 use crate::log_gate::LogGate;
@@ -98,9 +99,6 @@ pub enum Io {
     Plain(Conn),
     Tls(Box<tokio_rustls::server::TlsStream<Conn>>),
 }
-
-/// Aborts the task when dropped.
-struct AbortOnDrop(JoinHandle<()>);
 
 /// Stops the task that checks the files when dropped.
 #[derive(Debug)]
@@ -414,7 +412,7 @@ pub fn handshaken(
             });
         }
     });
-    let guard = AbortOnDrop(task);
+    let guard = AbortOnDropHandle::new(task);
     tokio_stream::wrappers::UnboundedReceiverStream::new(rx).map(move |io| {
         let _owned = &guard;
         io
@@ -431,12 +429,6 @@ pub(crate) fn handshake_failed(
     failures.inc();
     if let Some(suppressed) = log.admit() {
         tracing::info!(listener, suppressed, "tls handshake failed: {err}");
-    }
-}
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

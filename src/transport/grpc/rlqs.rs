@@ -35,6 +35,7 @@ use std::time::Duration;
 use futures_util::Stream;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::decision::Limiter;
@@ -197,7 +198,7 @@ impl RateLimitQuotaService for QuotaService {
         let writer = Writer {
             shared,
             end: end_rx,
-            _task: AbortOnDrop(task),
+            _task: AbortOnDropHandle::new(task),
         };
         Ok(Response::new(Box::pin(writer.into_stream())))
     }
@@ -210,21 +211,13 @@ struct StreamShared {
     ids: Mutex<Vec<StoredId>>,
 }
 
-/// Aborts the reader when the answer stream is dropped (the proxy left).
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// The answer side of one stream.
 struct Writer {
     shared: Arc<StreamShared>,
     /// The reader's last word: the status the stream ends with.
     end: oneshot::Receiver<Status>,
-    _task: AbortOnDrop,
+    /// The reader, aborted when the answer stream is dropped (the proxy left).
+    _task: AbortOnDropHandle<()>,
 }
 
 impl Writer {
