@@ -1,5 +1,6 @@
-//! The repository's documentation holds: ARCHITECTURE.md names every source
-//! file, every link and every repository path a doc names resolves, the
+//! The repository's documentation holds: ARCHITECTURE.md's code map names
+//! every module folder and top-level file of `src/` and no path that is
+//! gone, every link and every repository path a doc names resolves, the
 //! flags in docs/configuration.md are the binary's own `--help`, every
 //! shell block marked runnable runs, and the README's first calls answer as
 //! it shows.
@@ -60,55 +61,150 @@ fn markdown_files() -> Vec<String> {
     files
 }
 
-/// The paths the "File index" section of ARCHITECTURE.md gives a line.
-fn indexed_files() -> BTreeSet<String> {
+/// One entry of ARCHITECTURE.md's code map: a `### ` heading naming one or
+/// more paths (a folder written with a trailing `/`), and its text.
+struct CodeMapEntry {
+    heading: String,
+    /// The paths the heading names, as written.
+    named: Vec<String>,
+    /// The file names the text gives (`batch.rs`, `fuzzing/tests.rs`),
+    /// relative to what the heading names.
+    files: Vec<String>,
+    text: String,
+}
+
+/// The inline code spans of `text` (what lies between pairs of backticks).
+fn code_spans(text: &str) -> Vec<String> {
+    text.split('`')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
+}
+
+/// Whether `span` is a file named relative to an entry's heading: no
+/// spaces, no path from the repository's root, a source or data extension.
+fn is_relative_file(span: &str) -> bool {
+    !span.contains(char::is_whitespace)
+        && !looks_like_repo_path(span)
+        && [".rs", ".lua", ".yaml"]
+            .iter()
+            .any(|ext| span.ends_with(ext))
+}
+
+/// The entries of the "Code Map" section of ARCHITECTURE.md.
+fn code_map() -> Vec<CodeMapEntry> {
     let text = read(&repo().join("ARCHITECTURE.md"));
     let section = text
-        .split("\n## File index\n")
+        .split("\n## Code Map\n")
         .nth(1)
-        .expect("ARCHITECTURE.md has a '## File index' section");
+        .expect("ARCHITECTURE.md has a '## Code Map' section");
     let section = section.split("\n## ").next().unwrap();
-    let mut paths = BTreeSet::new();
-    for line in section.lines().filter(|l| l.starts_with("- `")) {
-        let names = line.split("`: ").next().unwrap();
-        for (i, part) in names.split('`').enumerate() {
-            if i % 2 == 1 {
-                paths.insert(part.to_string());
+    section
+        .split("\n### ")
+        .skip(1)
+        .map(|entry| {
+            let (heading, body) = entry.split_once('\n').unwrap_or((entry, ""));
+            CodeMapEntry {
+                heading: heading.to_string(),
+                named: code_spans(heading),
+                files: code_spans(body)
+                    .into_iter()
+                    .filter(|span| is_relative_file(span))
+                    .collect(),
+                text: body.to_string(),
             }
+        })
+        .collect()
+}
+
+/// What the code map must name: every top-level file of `src/`, every
+/// folder under `src/` that holds files itself (but the `tests` folders of
+/// unit tests, part of the module they test), and the folders and files
+/// around `src/` that hold code.
+fn mappable_paths() -> BTreeSet<String> {
+    const OUTSIDE_SRC: [&str; 8] = [
+        "build.rs",
+        "lua/",
+        "proto/",
+        "bench/",
+        "benches/",
+        "examples/",
+        "fuzz/",
+        "tests/",
+    ];
+    let mut paths: BTreeSet<String> = OUTSIDE_SRC.iter().map(|it| it.to_string()).collect();
+    for file in files_under("src") {
+        let (folder, _) = file.rsplit_once('/').unwrap();
+        if folder == "src" {
+            paths.insert(file);
+        } else if !folder.split('/').any(|part| part == "tests") {
+            paths.insert(format!("{folder}/"));
         }
     }
     paths
 }
 
 #[test]
-fn architecture_names_every_source_file_and_no_file_that_is_gone() {
-    let indexed = indexed_files();
-    let mut sources = vec!["build.rs".to_string()];
-    for dir in [
-        "src",
-        "lua",
-        "proto",
-        "benches",
-        "bench",
-        "examples",
-        "fuzz/fuzz_targets",
-        "tests/support",
-    ] {
-        sources.extend(files_under(dir));
-    }
-    let missing: Vec<&String> = sources.iter().filter(|f| !indexed.contains(*f)).collect();
+fn architecture_maps_every_source_folder_and_names_no_path_that_is_gone() {
+    let root = repo();
+    let entries = code_map();
+    let named: BTreeSet<String> = entries.iter().flat_map(|e| e.named.clone()).collect();
+    let missing: Vec<String> = mappable_paths().difference(&named).cloned().collect();
     assert!(
         missing.is_empty(),
-        "ARCHITECTURE.md's File index has no line for {missing:?}: add one \
-         (\"- `path`: what it is\")"
+        "ARCHITECTURE.md's code map has no entry naming {missing:?}: name each \
+         in a `### ` heading (a folder with a trailing `/`)"
     );
-    let gone: Vec<&String> = indexed
-        .iter()
-        .filter(|f| !repo().join(f.as_str()).exists())
-        .collect();
+    let mut problems = Vec::new();
+    for entry in &entries {
+        if entry.named.is_empty() {
+            problems.push(format!("`### {}` names no path", entry.heading));
+        }
+        if !entry.text.to_lowercase().contains("invariant") {
+            problems.push(format!("`### {}` states no invariant", entry.heading));
+        }
+        for path in &entry.named {
+            let target = root.join(path.trim_end_matches('/'));
+            let exists = if path.ends_with('/') {
+                target.is_dir()
+            } else {
+                target.is_file()
+            };
+            if !exists {
+                problems.push(format!(
+                    "`### {}` names `{path}`, which is gone",
+                    entry.heading
+                ));
+            }
+        }
+        // A file the text names lies in a folder the heading names, or
+        // beside a file it names.
+        let bases: Vec<PathBuf> = entry
+            .named
+            .iter()
+            .map(|path| {
+                let path = root.join(path.trim_end_matches('/'));
+                if path.is_dir() {
+                    path
+                } else {
+                    path.parent().unwrap().to_path_buf()
+                }
+            })
+            .collect();
+        for file in &entry.files {
+            if !bases.iter().any(|base| base.join(file).is_file()) {
+                problems.push(format!(
+                    "`### {}` names `{file}`, found in none of its paths",
+                    entry.heading
+                ));
+            }
+        }
+    }
     assert!(
-        gone.is_empty(),
-        "ARCHITECTURE.md's File index names files that do not exist: {gone:?}"
+        problems.is_empty(),
+        "ARCHITECTURE.md's code map:\n{}",
+        problems.join("\n")
     );
 }
 
