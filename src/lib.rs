@@ -72,9 +72,10 @@ mod tests {
         assert_eq!(mapped, modules, "rustfmt keeps the declarations sorted");
     }
 
-    /// Which module may use which, as ARCHITECTURE.md draws it: production
-    /// code (comments and everything after a file's first `#[cfg(test)]`
-    /// left out) names no module outside its module's allowed set.
+    /// Which module may use which (the one list; ARCHITECTURE.md points
+    /// here): production code (comments and everything after a file's
+    /// first `#[cfg(test)]` left out) names no module outside its module's
+    /// allowed set.
     #[test]
     fn modules_use_only_what_the_architecture_allows() {
         let allowed: &[(&str, &[&str])] = &[
