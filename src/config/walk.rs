@@ -733,8 +733,8 @@ impl<'a> Walk<'a> {
 
     /// The algorithm a limit uses, and whether the log cap chose it: a
     /// sliding log keeps one entry per request of its window (in Redis, one
-    /// sorted-set member per unit of cost), so its number bounds the memory
-    /// of every key. Over the cap, an inherited log becomes the counter and
+    /// sorted-set member per request, whatever its cost), so its number
+    /// bounds the memory of every key. Over the cap, an inherited log becomes the counter and
     /// a named one is refused (`None`, reported).
     fn log_cap(
         &mut self,
