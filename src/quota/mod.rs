@@ -28,6 +28,6 @@ pub mod share;
 mod tests;
 
 pub use book::{Order, Outbox, PoolView, QuotaBook, Reported, Slot};
-pub use bucket::{Grant, TokenBucket};
+pub use bucket::{EnvoyTokenBucket, Grant};
 pub use mapping::{MAX_BUCKET_ENTRIES, PoolKey, Resolution, bucket_label, descriptor, resolve};
 pub use share::{ASSIGNMENT_TTL_US, Budget, REPORT_INTERVAL_US, Usage};
