@@ -824,7 +824,12 @@ struct QuotaServer(ServerConnector);
 
 impl quota::redis::Connect for QuotaServer {
     fn connect(&self) -> quota::redis::Connecting<'_> {
-        Box::pin(async move { self.0.connect().await.map(quota::redis::Connection::Server) })
+        Box::pin(async move {
+            self.0
+                .connect()
+                .await
+                .map(quota::redis::QuotaConnection::Server)
+        })
     }
 }
 

@@ -124,7 +124,7 @@ mod tests {
                 ],
             ),
             ("config", &["rules", "algorithms"]),
-            ("quota", &["rules", "clock"]),
+            ("quota", &["rules", "clock", "metrics", "log_gate"]),
             (
                 "backends",
                 &["algorithms", "clock", "log_gate", "pem", "serving_thread"],

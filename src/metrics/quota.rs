@@ -20,7 +20,7 @@ struct KindLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RuleLabels {
+struct QuotaRuleLabels {
     domain: Arc<str>,
     rule: Arc<str>,
 }
@@ -55,9 +55,9 @@ pub struct QuotaMetrics {
     bucket_bytes: Gauge<i64, AtomicI64>,
     assignments: Family<KindLabels, Counter>,
     reported: Family<KindLabels, Counter>,
-    assigned: Family<RuleLabels, Gauge<i64, AtomicI64>>,
-    unanswered: Family<RuleLabels, Counter>,
-    mismatches: Family<RuleLabels, Counter>,
+    assigned: Family<QuotaRuleLabels, Gauge<i64, AtomicI64>>,
+    unanswered: Family<QuotaRuleLabels, Counter>,
+    mismatches: Family<QuotaRuleLabels, Counter>,
 }
 
 impl QuotaMetrics {
@@ -161,7 +161,7 @@ impl QuotaMetrics {
     /// be read or written.
     pub fn record_unanswered(&self, domain: &Arc<str>, rule: &Arc<str>) {
         self.unanswered
-            .get_or_create(&RuleLabels {
+            .get_or_create(&QuotaRuleLabels {
                 domain: domain.clone(),
                 rule: rule.clone(),
             })
@@ -172,7 +172,7 @@ impl QuotaMetrics {
     /// on its budget.
     pub fn record_rule_mismatch(&self, domain: &Arc<str>, rule: &Arc<str>) {
         self.mismatches
-            .get_or_create(&RuleLabels {
+            .get_or_create(&QuotaRuleLabels {
                 domain: domain.clone(),
                 rule: rule.clone(),
             })
@@ -181,7 +181,7 @@ impl QuotaMetrics {
 
     pub fn set_assigned(&self, domain: &Arc<str>, rule: &Arc<str>, per_window: u64) {
         self.assigned
-            .get_or_create(&RuleLabels {
+            .get_or_create(&QuotaRuleLabels {
                 domain: domain.clone(),
                 rule: rule.clone(),
             })

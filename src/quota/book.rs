@@ -21,23 +21,25 @@ use super::mapping::PoolKey;
 use super::redis::{Error, RedisPools};
 use super::share::{Budget, Change, MemberId, MemberView, Pool, ProxyKey, Usage};
 
-/// A stream's bucket, numbered by the stream.
-pub type Slot = u32;
+/// A bucket of one stream, numbered by that stream (from 0, in the
+/// order it first reported them).
+pub type BucketNumber = u32;
 
 /// What waits to be written to one stream.
 #[derive(Debug, Default)]
 pub struct Outbox {
-    pending: Mutex<Pending>,
+    unsent: Mutex<UnsentGrants>,
     notify: Notify,
 }
 
+/// The grants the stream's writer has not taken yet, by bucket.
 #[derive(Debug, Default)]
-struct Pending {
-    grants: BTreeMap<Slot, Grant>,
+struct UnsentGrants {
+    grants: BTreeMap<BucketNumber, Grant>,
     /// When the oldest grant still waiting was put here.
     since: Option<Micros>,
-    /// The latest decision put for each slot decided by a pool.
-    latest: HashMap<Slot, Order>,
+    /// The latest decision put for each bucket decided by a pool.
+    latest: HashMap<BucketNumber, Order>,
 }
 
 /// Where a grant was decided: the pool (by its key's hash), its
@@ -58,42 +60,42 @@ impl Outbox {
         Arc::new(Outbox::default())
     }
 
-    /// Puts `grant` for `slot`, replacing one not yet taken, unless it
+    /// Puts `grant` for `bucket`, replacing one not yet taken, unless it
     /// was decided before the last one put by the same pool (`order`;
     /// `None` for a grant no pool decided).
-    pub fn put(&self, slot: Slot, grant: Grant, order: Option<Order>, now: Micros) {
+    pub fn put(&self, bucket: BucketNumber, grant: Grant, order: Option<Order>, now: Micros) {
         {
-            let mut pending = lock(&self.pending);
+            let mut unsent = lock(&self.unsent);
             match order {
                 Some(order) => {
-                    if let Some(latest) = pending.latest.get(&slot)
+                    if let Some(latest) = unsent.latest.get(&bucket)
                         && latest.pool == order.pool
                         && latest.incarnation == order.incarnation
                         && latest.epoch > order.epoch
                     {
                         return;
                     }
-                    pending.latest.insert(slot, order);
+                    unsent.latest.insert(bucket, order);
                 }
                 None => {
-                    pending.latest.remove(&slot);
+                    unsent.latest.remove(&bucket);
                 }
             }
-            pending.grants.insert(slot, grant);
-            pending.since.get_or_insert(now);
+            unsent.grants.insert(bucket, grant);
+            unsent.since.get_or_insert(now);
         }
         self.notify.notify_one();
     }
 
     /// Everything waiting, once there is something.
-    pub async fn take(&self) -> BTreeMap<Slot, Grant> {
+    pub async fn take(&self) -> BTreeMap<BucketNumber, Grant> {
         loop {
             let notified = self.notify.notified();
             {
-                let mut pending = lock(&self.pending);
-                if !pending.grants.is_empty() {
-                    pending.since = None;
-                    return std::mem::take(&mut pending.grants);
+                let mut unsent = lock(&self.unsent);
+                if !unsent.grants.is_empty() {
+                    unsent.since = None;
+                    return std::mem::take(&mut unsent.grants);
                 }
             }
             notified.await;
@@ -102,7 +104,7 @@ impl Outbox {
 
     /// Since when grants have waited unread; `None` when nothing waits.
     pub fn waiting_since(&self) -> Option<Micros> {
-        lock(&self.pending).since
+        lock(&self.unsent).since
     }
 }
 
@@ -110,7 +112,7 @@ impl Outbox {
 #[derive(Debug)]
 struct Subscriber {
     outbox: Arc<Outbox>,
-    slot: Slot,
+    bucket: BucketNumber,
     pool: PoolKey,
     /// The pool's budget when it last reported (for leaving it in Redis).
     budget: Budget,
@@ -146,6 +148,16 @@ pub struct Reported {
     /// The instances sharing the pool have rules giving it different
     /// budgets; the lowest is applied.
     pub disagree: bool,
+}
+
+/// What one report changed in its pool: the changes to send, the shares
+/// counted against the budget, the budget's window and whether the
+/// instances' rules disagree on it.
+struct Decided {
+    changes: Vec<Change>,
+    committed: u64,
+    window_us: Micros,
+    disagree: bool,
 }
 
 /// What `/rlconfig` shows of one pool.
@@ -213,7 +225,7 @@ impl QuotaBook {
         member & !0xffff_ffff == self.instance
     }
 
-    /// `member` (the bucket `slot` of the stream writing to `outbox`, of
+    /// `member` (the bucket `bucket` of the stream writing to `outbox`, of
     /// the proxy `proxy`) reported `usage` of a bucket in `pool` with
     /// `budget`. Its own grant is returned; every other local member
     /// whose share changed gets its new grant in its outbox.
@@ -222,7 +234,7 @@ impl QuotaBook {
         &self,
         member: MemberId,
         proxy: ProxyKey,
-        slot: Slot,
+        bucket: BucketNumber,
         outbox: &Arc<Outbox>,
         pool: &PoolKey,
         budget: Budget,
@@ -233,7 +245,7 @@ impl QuotaBook {
             member,
             Subscriber {
                 outbox: outbox.clone(),
-                slot,
+                bucket,
                 pool: pool.clone(),
                 budget,
             },
@@ -245,14 +257,14 @@ impl QuotaBook {
         let apply = |entry: &mut Pool, now: Micros| {
             let (mut changes, disagree) = entry.claim_budget(self.instance, budget, now, &is_local);
             changes.extend(entry.report_by(member, proxy, usage, now, &is_local));
-            (
+            Decided {
                 changes,
-                entry.committed(),
-                entry.budget().window_us,
+                committed: entry.committed(),
+                window_us: entry.budget().window_us,
                 disagree,
-            )
+            }
         };
-        let (changes, committed, window_us, disagree) = match &self.store {
+        let decided = match &self.store {
             Store::Memory(pools) => {
                 let now = self.now();
                 let mut pools = lock(pools);
@@ -271,6 +283,12 @@ impl QuotaBook {
                 out
             }
         };
+        Ok(self.deliver(member, pool, decided))
+    }
+
+    /// What `member`'s report `decided`: its own grant (returned), and
+    /// each other local member's changed grant put in its outbox.
+    fn deliver(&self, member: MemberId, pool: &PoolKey, decided: Decided) -> Reported {
         let now = self.now();
         let pool_id = {
             use std::hash::{BuildHasher, BuildHasherDefault};
@@ -282,13 +300,13 @@ impl QuotaBook {
             grant: Grant::DenyAll,
             changed: false,
             pushed: 0,
-            committed,
+            committed: decided.committed,
             order: Order {
                 pool: pool_id,
                 incarnation: 0,
                 epoch: 0,
             },
-            disagree,
+            disagree: decided.disagree,
         };
         let subscribers = lock(&self.subscribers);
         for Change {
@@ -297,9 +315,9 @@ impl QuotaBook {
             changed,
             incarnation,
             epoch,
-        } in changes
+        } in decided.changes
         {
-            let grant = Grant::for_share(share, window_us);
+            let grant = Grant::for_share(share, decided.window_us);
             let order = Order {
                 pool: pool_id,
                 incarnation,
@@ -313,11 +331,11 @@ impl QuotaBook {
             } else if let Some(subscriber) = subscribers.get(&id) {
                 subscriber
                     .outbox
-                    .put(subscriber.slot, grant, Some(order), now);
+                    .put(subscriber.bucket, grant, Some(order), now);
                 reported.pushed += 1;
             }
         }
-        Ok(reported)
+        reported
     }
 
     /// `member`'s stream ended, or its bucket no longer has a shared

@@ -14,7 +14,7 @@
 //! (300 a minute, then 300 an hour; or a share of 1, refilled every 2 W,
 //! then 2, refilled every W) would look the same and the new one be
 //! ignored. So every interval is sent with a tag in its nanoseconds below
-//! the microsecond ([`TokenBucket::fill_interval_ns`]), which differs
+//! the microsecond ([`EnvoyTokenBucket::fill_interval_ns`]), which differs
 //! between intervals of different whole seconds.
 
 use crate::clock::Micros;
@@ -23,9 +23,9 @@ use crate::clock::Micros;
 /// absorb a burst, small because every new assignment refills it.
 pub const BURST_PARTS: u64 = 12;
 
-/// Envoy's `TokenBucket`, in microseconds.
+/// Envoy's `TokenBucket` (the strategy a proxy enforces), in microseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenBucket {
+pub struct EnvoyTokenBucket {
     pub max_tokens: u32,
     pub tokens_per_fill: u32,
     pub fill_interval_us: Micros,
@@ -36,7 +36,7 @@ pub struct TokenBucket {
 /// minute, an hour, a day, a week, 30 days, a year).
 const INTERVAL_TAGS: u64 = 997;
 
-impl TokenBucket {
+impl EnvoyTokenBucket {
     /// The fill interval as sent to Envoy, in nanoseconds: the interval,
     /// plus its whole seconds modulo [`INTERVAL_TAGS`] as nanoseconds
     /// below the microsecond (under 1 µs longer, so the bucket admits no
@@ -54,7 +54,7 @@ impl TokenBucket {
 pub enum Grant {
     AllowAll,
     DenyAll,
-    Tokens(TokenBucket),
+    Tokens(EnvoyTokenBucket),
 }
 
 impl Grant {
@@ -68,7 +68,7 @@ impl Grant {
         let refill = share - burst;
         let fits = |value: u64| u32::try_from(value).unwrap_or(u32::MAX);
         let bucket = if refill == 0 {
-            TokenBucket {
+            EnvoyTokenBucket {
                 max_tokens: fits(burst),
                 tokens_per_fill: 1,
                 fill_interval_us: window_us.saturating_mul(2),
@@ -77,7 +77,7 @@ impl Grant {
             // A refill too large for Envoy's u32 is sent over a shorter
             // interval at the same (rounded down) rate.
             let parts = refill.div_ceil(u64::from(u32::MAX));
-            TokenBucket {
+            EnvoyTokenBucket {
                 max_tokens: fits(burst),
                 tokens_per_fill: fits(refill / parts),
                 fill_interval_us: window_us / parts,
@@ -127,7 +127,7 @@ mod tests {
     fn the_burst_is_a_twelfth_of_the_share_and_at_least_one() {
         assert_eq!(
             Grant::for_share(120, MINUTE),
-            Grant::Tokens(TokenBucket {
+            Grant::Tokens(EnvoyTokenBucket {
                 max_tokens: 10,
                 tokens_per_fill: 110,
                 fill_interval_us: MINUTE,
@@ -135,7 +135,7 @@ mod tests {
         );
         assert_eq!(
             Grant::for_share(5, MINUTE),
-            Grant::Tokens(TokenBucket {
+            Grant::Tokens(EnvoyTokenBucket {
                 max_tokens: 1,
                 tokens_per_fill: 4,
                 fill_interval_us: MINUTE,

@@ -79,7 +79,8 @@ pub enum Error {
 }
 
 /// A connection being opened.
-pub type Connecting<'a> = Pin<Box<dyn Future<Output = Result<Connection, RedisError>> + Send + 'a>>;
+pub type Connecting<'a> =
+    Pin<Box<dyn Future<Output = Result<QuotaConnection, RedisError>> + Send + 'a>>;
 
 /// How the pools' connections are opened: to the Redis deployment the
 /// flags name (one server, the master Sentinel names now, or a cluster),
@@ -94,7 +95,7 @@ pub trait Connect: Send + Sync {
 /// both scripts of a pool run on the node serving its slot; the cluster
 /// client routes them, and follows MOVED and ASK).
 #[derive(Clone)]
-pub enum Connection {
+pub enum QuotaConnection {
     Server(MultiplexedConnection),
     Cluster(ClusterConnection),
 }
@@ -105,7 +106,7 @@ pub struct RedisPools {
     /// Opened at the first use (start-up never waits for Redis), then
     /// kept until a call on it fails: the next call opens another, which
     /// through Sentinel reaches the master named then (after a failover).
-    connection: Mutex<Option<Current>>,
+    connection: Mutex<Option<KeptQuotaConnection>>,
     /// Numbers the connections opened, so that a failure forgets only the
     /// connection it happened on.
     opened: AtomicU64,
@@ -118,9 +119,9 @@ pub struct RedisPools {
 
 /// The connection calls are sent on, and its number.
 #[derive(Clone)]
-struct Current {
+struct KeptQuotaConnection {
     number: u64,
-    connection: Connection,
+    connection: QuotaConnection,
 }
 
 impl std::fmt::Debug for RedisPools {
@@ -223,7 +224,7 @@ impl RedisPools {
         key: &PoolKey,
         budget: Budget,
         change: &impl Fn(&mut Pool, Micros) -> R,
-        current: &mut Current,
+        current: &mut KeptQuotaConnection,
     ) -> Result<R, Error> {
         let connection = &mut current.connection;
         for attempt in 0..MAX_ATTEMPTS {
@@ -262,7 +263,7 @@ impl RedisPools {
     }
 
     /// The connection kept, or a new one; whether it was kept.
-    async fn current(&self) -> Result<(Current, bool), Error> {
+    async fn current(&self) -> Result<(KeptQuotaConnection, bool), Error> {
         if let Some(current) = lock(&self.connection).clone() {
             return Ok((current, true));
         }
@@ -272,7 +273,7 @@ impl RedisPools {
         let connection = self.connector.connect().await?;
         let number = self.opened.fetch_add(1, Ordering::Relaxed);
         let mut kept = lock(&self.connection);
-        let current = kept.get_or_insert(Current { number, connection });
+        let current = kept.get_or_insert(KeptQuotaConnection { number, connection });
         Ok((current.clone(), false))
     }
 
@@ -319,8 +320,8 @@ fn lock_map<T>(map: &Mutex<T>) -> MutexGuard<'_, T> {
     map.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn lock(slot: &Mutex<Option<Current>>) -> MutexGuard<'_, Option<Current>> {
-    slot.lock().unwrap_or_else(PoisonError::into_inner)
+fn lock(kept: &Mutex<Option<KeptQuotaConnection>>) -> MutexGuard<'_, Option<KeptQuotaConnection>> {
+    kept.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 async fn within<T>(call: impl Future<Output = T>) -> Result<T, Error> {
@@ -339,24 +340,28 @@ impl Connect for redis::Client {
         Box::pin(async move {
             self.get_multiplexed_async_connection_with_config(&config)
                 .await
-                .map(Connection::Server)
+                .map(QuotaConnection::Server)
         })
     }
 }
 
 impl Connect for ClusterClient {
     fn connect(&self) -> Connecting<'_> {
-        Box::pin(async move { self.get_async_connection().await.map(Connection::Cluster) })
+        Box::pin(async move {
+            self.get_async_connection()
+                .await
+                .map(QuotaConnection::Cluster)
+        })
     }
 }
 
-// === impl Connection ===
+// === impl QuotaConnection ===
 
-impl ConnectionLike for Connection {
+impl ConnectionLike for QuotaConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
-            Connection::Server(it) => it.req_packed_command(cmd),
-            Connection::Cluster(it) => it.req_packed_command(cmd),
+            QuotaConnection::Server(it) => it.req_packed_command(cmd),
+            QuotaConnection::Cluster(it) => it.req_packed_command(cmd),
         }
     }
 
@@ -367,15 +372,15 @@ impl ConnectionLike for Connection {
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
-            Connection::Server(it) => it.req_packed_commands(pipeline, offset, count),
-            Connection::Cluster(it) => it.req_packed_commands(pipeline, offset, count),
+            QuotaConnection::Server(it) => it.req_packed_commands(pipeline, offset, count),
+            QuotaConnection::Cluster(it) => it.req_packed_commands(pipeline, offset, count),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
-            Connection::Server(it) => it.get_db(),
-            Connection::Cluster(it) => it.get_db(),
+            QuotaConnection::Server(it) => it.get_db(),
+            QuotaConnection::Cluster(it) => it.get_db(),
         }
     }
 }

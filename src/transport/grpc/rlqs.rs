@@ -23,12 +23,17 @@
 //! a malformed bucket id (INVALID_ARGUMENT). Streams end with UNAVAILABLE
 //! when the server closes. A stream's seat is held by its reader, so it
 //! is given back as soon as the stream is ended, whatever its proxy reads.
-//! The pools a client address keeps alive are bounded too (`claims`): a
-//! bucket past that bound is answered DENY_ALL.
+//! The pools a client address keeps alive are bounded too
+//! (`quota::claims`): a bucket past that bound is answered DENY_ALL.
+//!
+//! What a report means is [`QuotaAssigner`]'s: this keeps each stream's
+//! lifecycle (reading, writing, seats, deadlines) and its bucket ids as
+//! the wire carries them, and maps messages to the quota service and its
+//! grants back to answers.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -39,12 +44,12 @@ use tokio_util::task::AbortOnDropHandle;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::decision::Limiter;
-use crate::log_gate::LogGate;
-use crate::metrics::{AssignmentKind, Metrics, QuotaMetrics};
+use crate::metrics::{Metrics, QuotaMetrics};
 use crate::proto::envoy::service::rate_limit_quota::v3 as rlqs;
 use crate::proto::envoy::r#type::v3 as types;
 use crate::quota::{
-    self, ASSIGNMENT_TTL_US, Grant, Outbox, QuotaBook, REPORT_INTERVAL_US, Resolution, Slot, Usage,
+    self, ASSIGNMENT_TTL_US, BucketNumber, BucketReport, Grant, Outbox, QuotaAssigner, QuotaBook,
+    REPORT_INTERVAL_US, StreamMembers, Usage,
 };
 use crate::transport::grpc::MAX_MESSAGE_BYTES;
 use crate::transport::shutdown::Shutdown;
@@ -54,7 +59,6 @@ use rlqs::rate_limit_quota_response::bucket_action::{
 };
 use rlqs::rate_limit_quota_service_server::{RateLimitQuotaService, RateLimitQuotaServiceServer};
 
-mod claims;
 mod ids;
 mod seats;
 
@@ -64,8 +68,8 @@ pub use ids::{
 };
 use ids::{StoredId, validate_bucket};
 
-use claims::PoolClaims;
-pub use claims::{CLAIM_HOLD_US, MAX_POOL_CLAIMS, MAX_POOLS_PER_CLIENT, PeerAddress};
+// The bounds of the pools a client keeps alive, beside the stream's own.
+pub use crate::quota::claims::{CLAIM_HOLD_US, MAX_POOL_CLAIMS, MAX_POOLS_PER_CLIENT};
 
 pub use seats::{
     ConnectionTag, MAX_STREAMS, MAX_STREAMS_PER_CONNECTION, MAX_UNREPORTED_PER_CONNECTION,
@@ -89,21 +93,21 @@ pub const FIRST_REPORT_WITHIN: Duration = Duration::from_secs(10);
 /// have expired long before).
 pub const SILENT_LIMIT: Duration = Duration::from_micros(4 * ASSIGNMENT_TTL_US);
 /// How often a stream checks its deadlines and its outbox is being read,
-/// and old shares are swept.
+/// and the quota service is asked to sweep old shares.
 const TICK: Duration = Duration::from_secs(1);
 
-/// The RLQS service: the rules from the limiter, the shares in the book.
+/// The address of the client a request came from (the server sets it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerAddress(pub IpAddr);
+
+/// The RLQS service: streams onto the quota service.
 #[derive(Clone)]
 pub struct QuotaService {
-    limiter: Arc<Limiter>,
-    /// Lines a failing store causes, at most one a second.
-    log: Arc<LogGate>,
-    book: Arc<QuotaBook>,
+    quotas: Arc<QuotaAssigner>,
+    /// For the streams' bucket ids (seats count the streams).
     metrics: QuotaMetrics,
     shutdown: Shutdown,
     seats: Arc<Seats>,
-    claims: Arc<PoolClaims>,
-    last_sweep: Arc<AtomicU64>,
 }
 
 impl QuotaService {
@@ -114,15 +118,12 @@ impl QuotaService {
         shutdown: Shutdown,
     ) -> QuotaService {
         let metrics = metrics.quota().clone();
+        let quotas = QuotaAssigner::new(limiter.rules().clone(), book, metrics.clone());
         QuotaService {
-            limiter,
-            log: Arc::new(LogGate::new()),
-            book,
+            quotas: Arc::new(quotas),
             metrics: metrics.clone(),
             shutdown,
             seats: Seats::new(metrics),
-            claims: Arc::new(PoolClaims::default()),
-            last_sweep: Arc::new(AtomicU64::new(0)),
         }
         .sweeping()
     }
@@ -132,22 +133,6 @@ impl QuotaService {
         RateLimitQuotaServiceServer::new(self)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(usize::MAX)
-    }
-
-    /// Sweeps expired shares at most once per [`TICK`], whichever stream
-    /// asks.
-    fn sweep_now_and_then(&self) {
-        let now = self.book.now();
-        let last = self.last_sweep.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= TICK.as_micros() as u64
-            && self
-                .last_sweep
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            self.book.sweep();
-            self.claims.sweep(now);
-        }
     }
 
     /// Sweeps every [`TICK`] in a task of its own, so that what expired
@@ -162,7 +147,7 @@ impl QuotaService {
                 loop {
                     tokio::select! {
                         () = &mut closing => break,
-                        _ = tick.tick() => service.sweep_now_and_then(),
+                        _ = tick.tick() => service.quotas.sweep_now_and_then(),
                     }
                 }
             });
@@ -184,12 +169,13 @@ impl RateLimitQuotaService for QuotaService {
         let tag = request.extensions().get::<ConnectionTag>().copied();
         let client = request.extensions().get::<PeerAddress>().map(|it| it.0);
         let seat = self.seats.admit(tag)?;
+        let members = self.quotas.open(client);
         let shared = Arc::new(StreamShared {
-            outbox: Outbox::new(),
+            outbox: members.outbox().clone(),
             ids: Mutex::new(Vec::new()),
         });
         let (end_tx, end_rx) = oneshot::channel();
-        let reader = QuotaStream::new(self.clone(), shared.clone(), seat, client);
+        let reader = QuotaStream::new(self.clone(), shared.clone(), seat, members);
         let reports = request.into_inner();
         let task = tokio::spawn(async move {
             let status = reader.run(reports).await;
@@ -205,7 +191,8 @@ impl RateLimitQuotaService for QuotaService {
 }
 
 /// What a stream's reader and writer share: the outbox and the bucket id
-/// of each slot (the same allocation as the key of the reader's bucket).
+/// of each bucket number (the same allocation as the key of the reader's
+/// bucket).
 struct StreamShared {
     outbox: Arc<Outbox>,
     ids: Mutex<Vec<StoredId>>,
@@ -230,8 +217,8 @@ impl Writer {
                     let ids = lock(&writer.shared.ids);
                     let actions = grants
                         .into_iter()
-                        .filter_map(|(slot, grant)| {
-                            let id = ids.get(slot as usize)?;
+                        .filter_map(|(bucket, grant)| {
+                            let id = ids.get(bucket as usize)?;
                             Some(action(id, grant))
                         })
                         .collect();
@@ -254,28 +241,20 @@ impl Writer {
     }
 }
 
-/// A bucket as the stream knows it.
-struct Bucket {
-    slot: Slot,
-    member: quota::share::MemberId,
-    in_pool: bool,
-}
-
 /// The report side of one stream.
 struct QuotaStream {
     service: QuotaService,
     shared: Arc<StreamShared>,
+    /// Its buckets in the quota service.
+    members: StreamMembers,
     domain: Option<String>,
-    /// By the bucket's entries, sorted by key.
-    buckets: HashMap<StoredId, Bucket>,
+    /// Each bucket's number, by its entries sorted by key.
+    buckets: HashMap<StoredId, BucketNumber>,
     /// What the stream's bucket ids count, by [`stored_bytes`].
     stored_bytes: usize,
     flood: Flood,
     /// Given back when the reader ends, whatever the writer does.
     seat: Seat,
-    /// The client's address: for [`PoolClaims`], and in [`proxy_key`],
-    /// by which a reconnected proxy's bucket is recognised.
-    client: Option<std::net::IpAddr>,
     opened: u64,
     /// When the last report with a bucket came.
     last_report: Option<u64>,
@@ -286,18 +265,18 @@ impl QuotaStream {
         service: QuotaService,
         shared: Arc<StreamShared>,
         seat: Seat,
-        client: Option<std::net::IpAddr>,
+        members: StreamMembers,
     ) -> QuotaStream {
         QuotaStream {
-            opened: service.book.now(),
+            opened: service.quotas.now(),
             service,
             shared,
+            members,
             domain: None,
             buckets: HashMap::new(),
             stored_bytes: 0,
             flood: Flood::new(),
             seat,
-            client,
             last_report: None,
         }
     }
@@ -323,7 +302,7 @@ impl QuotaStream {
                     ));
                 }
                 _ = tick.tick() => {
-                    self.service.sweep_now_and_then();
+                    self.service.quotas.sweep_now_and_then();
                     if let Err(status) = self.check_read().and_then(|()| self.check_silence()) {
                         break status;
                     }
@@ -338,7 +317,7 @@ impl QuotaStream {
                             if self.last_report.is_none() {
                                 self.seat.reported();
                             }
-                            self.last_report = Some(self.service.book.now());
+                            self.last_report = Some(self.service.quotas.now());
                         }
                     }
                     Ok(None) => break Status::ok(""),
@@ -346,14 +325,14 @@ impl QuotaStream {
                 },
             }
         };
-        self.leave_all();
+        self.close();
         status
     }
 
     /// Ends a stream that has not reported within [`FIRST_REPORT_WITHIN`]
     /// of opening, or not for [`SILENT_LIMIT`] since.
     fn check_silence(&self) -> Result<(), Status> {
-        let now = self.service.book.now();
+        let now = self.service.quotas.now();
         match self.last_report {
             None if now.saturating_sub(self.opened) >= FIRST_REPORT_WITHIN.as_micros() as u64 => {
                 Err(Status::deadline_exceeded(format!(
@@ -377,7 +356,7 @@ impl QuotaStream {
         let Some(since) = self.shared.outbox.waiting_since() else {
             return Ok(());
         };
-        let waited = self.service.book.now().saturating_sub(since);
+        let waited = self.service.quotas.now().saturating_sub(since);
         if waited >= UNREAD_LIMIT.as_micros() as u64 {
             // Nothing more is written: the ids go now.
             drop(std::mem::take(&mut *lock(&self.shared.ids)));
@@ -389,147 +368,66 @@ impl QuotaStream {
         Ok(())
     }
 
+    /// Maps one message onto the quota service, bucket by bucket; a
+    /// message breaking a bound ends the stream.
     async fn report(&mut self, message: rlqs::RateLimitQuotaUsageReports) -> Result<(), Status> {
         self.flood.take()?;
-        match (&self.domain, message.domain.as_str()) {
-            (None, "") => {
-                return Err(Status::invalid_argument(
-                    "the first report of a stream must name its domain",
-                ));
-            }
-            (None, domain) => self.domain = Some(domain.to_owned()),
-            (Some(_), "") => {}
-            (Some(known), domain) if known == domain => {}
-            (Some(known), domain) => {
-                return Err(Status::invalid_argument(format!(
-                    "a stream stays in one domain: {known:?}, then {:?}; open a new stream",
-                    truncate(domain)
-                )));
-            }
-        }
+        self.check_domain(&message.domain)?;
         self.check_read()?;
-        let rules = self.service.limiter.rules().load_full();
-        let domain = self.domain.clone().unwrap_or_default();
-        let domain_label: Arc<str> = rules
-            .domain(&domain)
-            .map_or_else(|| Arc::from("_unknown"), |it| it.name().clone());
-        let metrics = self.service.metrics.clone();
-        let now = self.service.book.now();
+        let scope = self
+            .members
+            .scope(self.domain.as_deref().unwrap_or_default());
         for usage in message.bucket_quota_usages {
             let id = usage
                 .bucket_id
                 .ok_or_else(|| Status::invalid_argument("a bucket usage without its bucket_id"))?;
             validate_bucket(&id)?;
             let entries = quota::descriptor(&id.bucket);
-            let resolution = quota::resolve(&rules, &domain, &entries);
-            let resolution =
-                self.service
-                    .claims
-                    .bound(self.client, resolution, now, &self.service.log);
-            let (key, slot, member, was_in_pool) = self.bucket(&entries)?;
-            let reported = Usage {
-                allowed: usage.num_requests_allowed,
-                denied: usage.num_requests_denied,
-                elapsed_us: usage.time_elapsed.map_or(0, duration_us),
+            let resolution = self.members.resolve(&scope, &entries);
+            let (_, bucket) = self.bucket(&entries)?;
+            let report = BucketReport {
+                bucket,
+                entries: &entries,
+                usage: Usage {
+                    allowed: usage.num_requests_allowed,
+                    denied: usage.num_requests_denied,
+                    elapsed_us: usage.time_elapsed.map_or(0, duration_us),
+                },
             };
-            let rule_label = resolution
-                .rule()
-                .cloned()
-                .unwrap_or_else(|| Arc::from("_unmatched"));
-            metrics.record_reported(
-                &domain_label,
-                &rule_label,
-                reported.allowed,
-                reported.denied,
-            );
-            let in_pool = matches!(resolution, Resolution::Shared { .. });
-            if let Some(bucket) = self.buckets.get_mut(&key) {
-                bucket.in_pool = in_pool;
-            }
-            let (grant, order) = match resolution {
-                Resolution::Shared { pool, budget, .. } => {
-                    let outcome = self
-                        .service
-                        .book
-                        .report(
-                            member,
-                            proxy_key(self.client, &domain, &entries),
-                            slot,
-                            &self.shared.outbox,
-                            &pool,
-                            budget,
-                            Some(reported),
-                        )
-                        .await;
-                    let outcome = match outcome {
-                        Ok(it) => it,
-                        Err(err) => {
-                            // No answer: the proxy keeps what it has until
-                            // it expires, then its configured fallback.
-                            metrics.record_unanswered(&domain_label, &rule_label);
-                            if let Some(suppressed) = self.service.log.admit() {
-                                tracing::warn!(error = %err, suppressed, "a quota share could not be decided");
-                            }
-                            continue;
-                        }
-                    };
-                    let kind = if outcome.changed {
-                        AssignmentKind::Changed
-                    } else {
-                        AssignmentKind::Renewed
-                    };
-                    metrics.record_assignment(&domain_label, &rule_label, kind);
-                    for _ in 0..outcome.pushed {
-                        metrics.record_assignment(
-                            &domain_label,
-                            &rule_label,
-                            AssignmentKind::Changed,
-                        );
-                    }
-                    metrics.set_assigned(&domain_label, &rule_label, outcome.committed);
-                    if outcome.disagree {
-                        metrics.record_rule_mismatch(&domain_label, &rule_label);
-                        if let Some(suppressed) = self.service.log.admit() {
-                            tracing::warn!(
-                                domain = %domain_label,
-                                rule = %rule_label,
-                                suppressed,
-                                "instances sharing a quota pool have rules giving it different budgets; the lowest applies until they agree"
-                            );
-                        }
-                    }
-                    (outcome.grant, Some(outcome.order))
-                }
-                other => {
-                    if was_in_pool {
-                        self.leave(member).await;
-                    }
-                    let (kind, grant) = match other {
-                        Resolution::Blocked { .. } => (AssignmentKind::DenyAll, Grant::DenyAll),
-                        _ => (AssignmentKind::AllowAll, Grant::AllowAll),
-                    };
-                    metrics.record_assignment(&domain_label, &rule_label, kind);
-                    (grant, None)
-                }
-            };
-            self.shared.outbox.put(slot, grant, order, now);
+            self.members.report(&scope, report, resolution).await;
         }
         Ok(())
     }
 
-    /// The stream's bucket for `entries` (its key, slot, member and
-    /// whether it is in a pool), added when new and within the stream's
-    /// bounds.
-    fn bucket(
-        &mut self,
-        entries: &[(&str, &str)],
-    ) -> Result<(StoredId, Slot, quota::share::MemberId, bool), Status> {
+    /// Takes the domain the stream's first report names; a stream stays
+    /// in it (later reports name it again, or none).
+    fn check_domain(&mut self, domain: &str) -> Result<(), Status> {
+        match (&self.domain, domain) {
+            (None, "") => Err(Status::invalid_argument(
+                "the first report of a stream must name its domain",
+            )),
+            (None, domain) => {
+                self.domain = Some(domain.to_owned());
+                Ok(())
+            }
+            (Some(_), "") => Ok(()),
+            (Some(known), domain) if known == domain => Ok(()),
+            (Some(known), domain) => Err(Status::invalid_argument(format!(
+                "a stream stays in one domain: {known:?}, then {:?}; open a new stream",
+                truncate(domain)
+            ))),
+        }
+    }
+
+    /// The stream's bucket for `entries` (its key and number), added when
+    /// new and within the stream's bounds.
+    fn bucket(&mut self, entries: &[(&str, &str)]) -> Result<(StoredId, BucketNumber), Status> {
         let probe: StoredId = entries
             .iter()
             .map(|(key, value)| (Box::from(*key), Box::from(*value)))
             .collect();
         if let Some((key, bucket)) = self.buckets.get_key_value(&probe) {
-            return Ok((key.clone(), bucket.slot, bucket.member, bucket.in_pool));
+            return Ok((key.clone(), *bucket));
         }
         if self.buckets.len() >= MAX_BUCKETS_PER_STREAM {
             return Err(Status::resource_exhausted(format!(
@@ -545,50 +443,18 @@ impl QuotaStream {
         self.stored_bytes += bytes;
         self.service.metrics.add_bucket_bytes(bytes as i64);
         let mut ids = lock(&self.shared.ids);
-        let slot = Slot::try_from(ids.len()).unwrap_or(Slot::MAX);
+        let bucket = BucketNumber::try_from(ids.len()).unwrap_or(BucketNumber::MAX);
         ids.push(probe.clone());
         drop(ids);
         self.service.metrics.add_buckets(1);
-        let member = self.service.book.member_id();
-        self.buckets.insert(
-            probe.clone(),
-            Bucket {
-                slot,
-                member,
-                in_pool: false,
-            },
-        );
-        Ok((probe, slot, member, false))
+        self.buckets.insert(probe.clone(), bucket);
+        Ok((probe, bucket))
     }
 
-    async fn leave(&self, member: quota::share::MemberId) {
-        if let Err(err) = self.service.book.leave(member).await
-            && let Some(suppressed) = self.service.log.admit()
-        {
-            tracing::warn!(error = %err, suppressed, "a quota share could not be given up; it expires");
-        }
-    }
-
-    /// Leaves every pool (in a task of its own: a stream's reader may be
-    /// dropped outside any task).
-    fn leave_all(&mut self) {
-        let members: Vec<_> = self
-            .buckets
-            .values()
-            .filter(|it| it.in_pool)
-            .map(|it| it.member)
-            .collect();
-        if !members.is_empty()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let book = self.service.book.clone();
-            runtime.spawn(async move {
-                for member in members {
-                    // An error leaves the share to expire.
-                    let _ = book.leave(member).await;
-                }
-            });
-        }
+    /// Leaves every pool, and gives back what the stream's buckets
+    /// counted.
+    fn close(&mut self) {
+        self.members.leave_all();
         let count = i64::try_from(self.buckets.len()).unwrap_or(i64::MAX);
         self.service.metrics.add_buckets(-count);
         self.service
@@ -602,7 +468,7 @@ impl QuotaStream {
 impl Drop for QuotaStream {
     /// An aborted reader (the proxy went away) leaves its pools too.
     fn drop(&mut self) {
-        self.leave_all();
+        self.close();
     }
 }
 
@@ -661,20 +527,6 @@ fn proto_duration(us: u64) -> prost_types::Duration {
         seconds: i64::try_from(us / 1_000_000).unwrap_or(i64::MAX),
         nanos: i32::try_from(us % 1_000_000 * 1_000).unwrap_or(0),
     }
-}
-
-/// What recognises a proxy's bucket across its streams: its address, the
-/// domain and the bucket's entries (0 when the address is unknown: never
-/// recognised). Two proxies behind one address reporting one bucket look
-/// the same: docs/rlqs.md says what that costs.
-fn proxy_key(peer: Option<std::net::IpAddr>, domain: &str, entries: &[(&str, &str)]) -> u64 {
-    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-    let Some(peer) = peer else {
-        return 0;
-    };
-    BuildHasherDefault::<DefaultHasher>::default()
-        .hash_one((peer, domain, entries))
-        .max(1)
 }
 
 /// `ns` nanoseconds as a protobuf duration (saturating).
@@ -744,19 +596,20 @@ mod tests {
         let (_control, shutdown) = crate::transport::grpc::shutdown_channel();
         let service = QuotaService::new(Arc::new(limiter), book, &Metrics::new(), shutdown);
         let seat = service.seats.admit(None).unwrap();
+        let members = service.quotas.open(None);
         let shared = Arc::new(StreamShared {
-            outbox: Outbox::new(),
+            outbox: members.outbox().clone(),
             ids: Mutex::new(Vec::new()),
         });
-        let mut stream = QuotaStream::new(service, shared.clone(), seat, None);
+        let mut stream = QuotaStream::new(service, shared.clone(), seat, members);
         let value = "v".repeat(1000);
         let entries = [("tenant", value.as_str())];
-        let (key, slot, ..) = stream.bucket(&entries).unwrap();
-        let (again, ..) = stream.bucket(&entries).unwrap();
+        let (key, bucket) = stream.bucket(&entries).unwrap();
+        let (again, _) = stream.bucket(&entries).unwrap();
         // The map's key and the id the answers carry are one allocation:
-        // held by the map, the slot list and the two handles here.
+        // held by the map, the id list and the two handles here.
         assert!(Arc::ptr_eq(&key, &again));
-        assert!(Arc::ptr_eq(&key, &lock(&shared.ids)[slot as usize]));
+        assert!(Arc::ptr_eq(&key, &lock(&shared.ids)[bucket as usize]));
         assert_eq!(Arc::strong_count(&key), 4);
         assert_eq!(stream.stored_bytes, stored_bytes(&entries));
         assert_eq!(stored_bytes(&entries), 256 + 32 + "tenant".len() + 1000);

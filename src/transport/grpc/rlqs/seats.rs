@@ -41,12 +41,13 @@ pub struct ConnectionTag(pub usize);
 /// Every open stream's seat.
 #[derive(Debug)]
 pub(super) struct Seats {
-    state: Mutex<State>,
+    state: Mutex<OpenStreams>,
     metrics: QuotaMetrics,
 }
 
+/// The open streams and their counts, under one lock.
 #[derive(Debug, Default)]
-struct State {
+struct OpenStreams {
     /// Open streams by number.
     open: HashMap<u64, Open>,
     /// Unreported streams, oldest first.
@@ -135,7 +136,7 @@ impl Seats {
     }
 
     /// Ends the oldest unreported stream: its seat is free at once.
-    fn displace_oldest(&self, state: &mut State) {
+    fn displace_oldest(&self, state: &mut OpenStreams) {
         if let Some((&number, _)) = state.unreported.first_key_value()
             && let Some(notify) = self.release(state, number)
         {
@@ -145,7 +146,7 @@ impl Seats {
 
     /// Frees stream `number`'s seat (once); its displacement signal when
     /// it had not reported.
-    fn release(&self, state: &mut State, number: u64) -> Option<Arc<Notify>> {
+    fn release(&self, state: &mut OpenStreams, number: u64) -> Option<Arc<Notify>> {
         let open = state.open.remove(&number)?;
         self.metrics.add_streams(-1);
         let notify = state.unreported.remove(&number);

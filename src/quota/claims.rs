@@ -1,6 +1,6 @@
 //! How many pools each client keeps alive: a client (a peer address, so
 //! across its reconnects and streams) claims a pool with its first report
-//! of a bucket in it, and the claim lasts until [`CLAIM_HOLD`] after its
+//! of a bucket in it, and the claim lasts until [`CLAIM_HOLD_US`] after its
 //! last report of one, as long as the pool outlives it (in Redis and in
 //! this instance's view of it). At most [`MAX_POOLS_PER_CLIENT`] claims per
 //! client and [`MAX_POOL_CLAIMS`] in all: a bucket that would need one
@@ -14,8 +14,9 @@ use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::{Mutex, MutexGuard};
 
+use super::mapping::{PoolKey, Resolution};
+use super::share::ASSIGNMENT_TTL_US;
 use crate::log_gate::LogGate;
-use crate::quota::{ASSIGNMENT_TTL_US, PoolKey, Resolution};
 
 /// Pools one client address may keep alive at once.
 pub const MAX_POOLS_PER_CLIENT: usize = 8192;
@@ -25,20 +26,17 @@ pub const MAX_POOL_CLAIMS: usize = 131_072;
 /// the time a pool is kept after its last write.
 pub const CLAIM_HOLD_US: u64 = 4 * ASSIGNMENT_TTL_US;
 
-/// The address of the client a request came from (the server sets it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PeerAddress(pub IpAddr);
-
 /// Every client's claims.
 #[derive(Debug, Default)]
 pub(super) struct PoolClaims {
-    state: Mutex<State>,
+    state: Mutex<ClaimsByClient>,
     /// Keyed at random: nobody can make two pools share a claim.
     hasher: RandomState,
 }
 
+/// The claims under one lock.
 #[derive(Debug, Default)]
-struct State {
+struct ClaimsByClient {
     /// By client, the pools claimed (by their key's hash) and when each
     /// was last reported.
     clients: HashMap<Option<IpAddr>, HashMap<u64, u64>>,
