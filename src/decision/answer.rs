@@ -3,9 +3,8 @@
 
 use std::sync::{Arc, LazyLock};
 
-use smallvec::SmallVec;
-
 use crate::algorithms::{Mode, Outcome, Verdict};
+use crate::backends::PerRequest;
 use crate::metrics;
 use crate::rules::{Domain, Unit};
 
@@ -208,10 +207,10 @@ impl Shared {
         let outcomes = verdict.map(|it| it.outcomes.as_slice()).unwrap_or_default();
         let mut statuses = Vec::with_capacity(plan.descriptors.len());
         // The most restrictive limit of each status, for the headers.
-        let mut reported: SmallVec<[Candidate<'_>; 4]> = SmallVec::new();
+        let mut reported: PerRequest<Candidate<'_>> = PerRequest::new();
         // Checks whose overdraft a descriptor counted: a check shared by
         // several descriptors is counted under the first.
-        let mut charged: SmallVec<[usize; 4]> = SmallVec::new();
+        let mut charged: PerRequest<usize> = PerRequest::new();
         for descriptor in &plan.descriptors {
             let DescriptorPlan::Limits {
                 limits,
