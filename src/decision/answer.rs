@@ -222,7 +222,7 @@ impl Shared {
                 continue;
             };
             let answered = Answered::new(limits, outcomes);
-            let result = self.metric_outcome(&answered, plan, allowed);
+            let result = self.metric_result(&answered, plan, allowed);
             let mut overdraft = 0u64;
             for limit in limits.iter() {
                 let units = outcomes.get(limit.check).map_or(0, |it| it.overdraft);
@@ -252,21 +252,21 @@ impl Shared {
     }
 
     /// The `result` label of one descriptor's decision.
-    fn metric_outcome(
+    fn metric_result(
         &self,
         answered: &Answered<'_>,
         plan: &Plan,
         allowed: bool,
-    ) -> metrics::Outcome {
+    ) -> metrics::MetricResult {
         if answered.over {
             return if self.options.shadow_mode && !allowed {
-                metrics::Outcome::Shadow
+                metrics::MetricResult::Shadow
             } else {
-                metrics::Outcome::OverLimit
+                metrics::MetricResult::OverLimit
             };
         }
         if answered.shadowed {
-            return metrics::Outcome::Shadow;
+            return metrics::MetricResult::Shadow;
         }
         let chosen = &answered.chosen;
         let capacity = plan.checks[chosen.limit.check].check.params.capacity();
@@ -275,9 +275,9 @@ impl Shared {
             .near_limit_ratio
             .is_near(chosen.remaining, capacity)
         {
-            return metrics::Outcome::NearLimit;
+            return metrics::MetricResult::NearLimit;
         }
-        metrics::Outcome::Ok
+        metrics::MetricResult::Ok
     }
 }
 
