@@ -251,7 +251,7 @@ fn check_overall(decision: &Decision) {
 
 /// A limit of the generated config.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LimitSpec {
+pub struct ScenarioLimit {
     pub algorithm: Algorithm,
     /// 0 to 5.
     pub requests: u32,
@@ -263,14 +263,14 @@ pub struct LimitSpec {
 /// (values matching `x*`, one limit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ScenarioConfig {
-    pub a: LimitSpec,
-    pub b: [LimitSpec; 2],
-    pub c: LimitSpec,
+    pub a: ScenarioLimit,
+    pub b: [ScenarioLimit; 2],
+    pub c: ScenarioLimit,
 }
 
 /// Which rule a descriptor reaches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Target {
+pub enum ScenarioRule {
     /// `[a=v<value>]`.
     A,
     /// `[b=v<value>]`.
@@ -284,7 +284,7 @@ pub enum Target {
 /// One descriptor of a step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepDescriptor {
-    pub target: Target,
+    pub target: ScenarioRule,
     /// 0 to 2.
     pub value: u8,
     /// The descriptor's own `hits_addend`, 0 to 4.
@@ -293,7 +293,7 @@ pub struct StepDescriptor {
 
 /// One request, after the clock moved on.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Step {
+pub struct ScenarioStep {
     pub advance_us: u64,
     /// The request's `hits_addend`, 0 to 3 (0 means 1).
     pub hits_addend: u32,
@@ -306,7 +306,7 @@ pub struct Step {
 pub struct Scenario {
     pub config: ScenarioConfig,
     /// At most [`MAX_STEPS`].
-    pub steps: Vec<Step>,
+    pub steps: Vec<ScenarioStep>,
 }
 
 /// Most steps of a scenario.
@@ -343,10 +343,10 @@ impl Bytes<'_> {
     }
 }
 
-impl LimitSpec {
-    fn decode(bytes: &mut Bytes<'_>, unit: Unit) -> LimitSpec {
+impl ScenarioLimit {
+    fn decode(bytes: &mut Bytes<'_>, unit: Unit) -> ScenarioLimit {
         let byte = bytes.next();
-        LimitSpec {
+        ScenarioLimit {
             algorithm: Algorithm::ALL[usize::from(byte & 0x0f) % Algorithm::ALL.len()],
             requests: u32::from(byte >> 4) % 6,
             unit,
@@ -377,12 +377,12 @@ impl ScenarioConfig {
 
     /// The limits a descriptor of `target` is decided by, with an index
     /// naming each.
-    fn limits(&self, target: Target) -> Vec<(usize, LimitSpec)> {
+    fn limits(&self, target: ScenarioRule) -> Vec<(usize, ScenarioLimit)> {
         match target {
-            Target::A => vec![(0, self.a)],
-            Target::B => vec![(1, self.b[0]), (2, self.b[1])],
-            Target::C => vec![(3, self.c)],
-            Target::Unmatched => Vec::new(),
+            ScenarioRule::A => vec![(0, self.a)],
+            ScenarioRule::B => vec![(1, self.b[0]), (2, self.b[1])],
+            ScenarioRule::C => vec![(3, self.c)],
+            ScenarioRule::Unmatched => Vec::new(),
         }
     }
 }
@@ -393,12 +393,12 @@ impl Scenario {
     pub fn decode(data: &[u8]) -> Scenario {
         let mut bytes = Bytes(data);
         let config = ScenarioConfig {
-            a: LimitSpec::decode(&mut bytes, Unit::Second),
+            a: ScenarioLimit::decode(&mut bytes, Unit::Second),
             b: [
-                LimitSpec::decode(&mut bytes, Unit::Second),
-                LimitSpec::decode(&mut bytes, Unit::Minute),
+                ScenarioLimit::decode(&mut bytes, Unit::Second),
+                ScenarioLimit::decode(&mut bytes, Unit::Minute),
             ],
-            c: LimitSpec::decode(&mut bytes, Unit::Second),
+            c: ScenarioLimit::decode(&mut bytes, Unit::Second),
         };
         let mut steps = Vec::new();
         while !bytes.is_empty() && steps.len() < MAX_STEPS {
@@ -414,14 +414,18 @@ impl Scenario {
                 .map(|_| {
                     let byte = bytes.next();
                     StepDescriptor {
-                        target: [Target::A, Target::B, Target::C, Target::Unmatched]
-                            [usize::from(byte & 0x03)],
+                        target: [
+                            ScenarioRule::A,
+                            ScenarioRule::B,
+                            ScenarioRule::C,
+                            ScenarioRule::Unmatched,
+                        ][usize::from(byte & 0x03)],
                         value: (byte >> 2 & 0x03) % 3,
                         cost: (byte & 0x10 != 0).then_some(u64::from(byte >> 5) % 5),
                     }
                 })
                 .collect();
-            steps.push(Step {
+            steps.push(ScenarioStep {
                 advance_us,
                 hits_addend: u32::from(shape >> 2 & 0x03),
                 descriptors,
@@ -439,10 +443,10 @@ impl StepDescriptor {
         };
         let v = format!("v{}", self.value);
         let entries = match self.target {
-            Target::A => vec![entry("a", v)],
-            Target::B => vec![entry("b", v)],
-            Target::C => vec![entry("b", v), entry("c", format!("x{}", self.value))],
-            Target::Unmatched => vec![entry("b", v), entry("c", "y".to_owned())],
+            ScenarioRule::A => vec![entry("a", v)],
+            ScenarioRule::B => vec![entry("b", v)],
+            ScenarioRule::C => vec![entry("b", v), entry("c", format!("x{}", self.value))],
+            ScenarioRule::Unmatched => vec![entry("b", v), entry("c", "y".to_owned())],
         };
         Descriptor {
             entries,
@@ -524,7 +528,7 @@ pub fn run_scenario(scenario: &Scenario) {
 /// A request of cost 0 on every counter of the scenario's config.
 fn probe_all() -> Request {
     let mut descriptors = Vec::new();
-    for target in [Target::A, Target::B, Target::C] {
+    for target in [ScenarioRule::A, ScenarioRule::B, ScenarioRule::C] {
         for value in 0..3 {
             let it = StepDescriptor {
                 target,
@@ -544,7 +548,7 @@ fn probe_all() -> Request {
 /// No more than the limit's number allowed in its window, for the exact
 /// algorithms: the last `W` µs of a sliding log, the current aligned
 /// window of a fixed one.
-fn check_window(spec: LimitSpec, history: &[(u64, u64)], now: u64) {
+fn check_window(spec: ScenarioLimit, history: &[(u64, u64)], now: u64) {
     let window = spec.unit.seconds() * 1_000_000;
     let counted = |from: u64| -> u64 {
         history

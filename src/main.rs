@@ -1065,7 +1065,7 @@ fn check_config(args: &CheckConfigArgs) -> ExitCode {
 /// `simulate`: the summary on stdout, the picture in `--svg`; exit code 2
 /// when nothing could be simulated.
 fn simulate(args: SimulateArgs) -> ExitCode {
-    let options = simulate::Options {
+    let options = simulate::Simulation {
         load: load_options(&args.config_options),
         config: args.config,
         domain: args.domain,

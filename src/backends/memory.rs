@@ -21,11 +21,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use hashbrown::HashTable;
-use smallvec::SmallVec;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, MissedTickBehavior};
 
-use super::{Backend, CounterKey, Error, KeyValue, KeyedCheck};
+use super::{Backend, CounterKey, Error, KeyValue, KeyedCheck, PerRequest};
 use crate::algorithms::{self, Check, State, Verdict};
 use crate::clock::{Clock, Micros};
 use crate::log_gate::LogGate;
@@ -60,7 +59,7 @@ pub struct MemoryBackend {
     /// Seeded per process: descriptor values come from clients, and a fixed
     /// seed would let them aim every key at one bucket.
     hasher: foldhash::fast::RandomState,
-    shards: Box<[Shard]>,
+    shards: Box<[CounterShard]>,
     /// Most entries held, expired ones not yet swept included, each
     /// weighted by [`weight`].
     max_counters: usize,
@@ -72,8 +71,8 @@ pub struct MemoryBackend {
     full_log: LogGate,
 }
 
-/// Why a request could not run; only inside this module.
-enum Refused {
+/// Why a request got no verdict; only inside this module.
+enum Undecided {
     Error(Error),
     /// New keys needed and no room for them.
     Full,
@@ -86,26 +85,25 @@ pub struct SweeperGuard {
     task: JoinHandle<()>,
 }
 
-struct Shard {
+/// One lock's share of the counters.
+struct CounterShard {
     // A std Mutex, not tokio's: it is held only for the synchronous decision
     // over a request's few entries or a sweep of one shard, never across an
     // `.await`, so a blocking lock is both correct and cheaper.
-    table: Mutex<Table>,
+    table: Mutex<CounterTable>,
 }
 
+/// The counters of one shard, by hash.
 #[derive(Default)]
-struct Table {
-    entries: HashTable<Entry>,
+struct CounterTable {
+    entries: HashTable<StoredCounter>,
     /// Length at which the next insert first sweeps this shard.
     sweep_at: usize,
 }
 
-/// Per-request scratch space: most requests have a handful of limits, so
-/// these stay off the heap.
-type Inline<T> = SmallVec<[T; 4]>;
-
-/// One check of a request, as the backend locates it.
-struct Slot {
+/// Where one check of a request lives: its hash, its shard, and its
+/// shard's guard among the ones the request locked.
+struct CheckPlace {
     hash: u64,
     shard: usize,
     /// Index of the shard's guard among the locked ones.
@@ -118,9 +116,10 @@ struct Slot {
 /// keys is reserved: only [`MemoryBackend::reserve`] makes one, so no
 /// request decides before the bound has admitted it. Borrowed: the
 /// entries stay where they were taken into, not copied on each step.
-struct Reserved<'t>(&'t mut [Option<Entry>]);
+struct Reserved<'t>(&'t mut [Option<StoredCounter>]);
 
-struct Entry {
+/// One counter as held: its key and its algorithm's state.
+struct StoredCounter {
     /// The key's hash, kept so that growing the table never rehashes keys.
     hash: u64,
     key: CounterKey,
@@ -143,8 +142,8 @@ impl MemoryBackend {
             clock,
             hasher: foldhash::fast::RandomState::default(),
             shards: (0..count)
-                .map(|_| Shard {
-                    table: Mutex::new(Table::default()),
+                .map(|_| CounterShard {
+                    table: Mutex::new(CounterTable::default()),
                 })
                 .collect(),
             max_counters: usize::MAX,
@@ -170,8 +169,8 @@ impl MemoryBackend {
         let now = self.clock.now_us();
         let refused = match self.decide_at(checks, now) {
             Ok(verdict) => return Ok(verdict),
-            Err(Refused::Error(error)) => return Err(error),
-            Err(Refused::Full) => Error::Full(self.max_counters),
+            Err(Undecided::Error(error)) => return Err(error),
+            Err(Undecided::Full) => Error::Full(self.max_counters),
         };
         // Full: expired entries may be holding the room. Sweep everything
         // (one shard at a time, no lock of this request held) and try once
@@ -186,8 +185,8 @@ impl MemoryBackend {
         {
             match self.decide_at(checks, now) {
                 Ok(verdict) => return Ok(verdict),
-                Err(Refused::Error(error)) => return Err(error),
-                Err(Refused::Full) => {}
+                Err(Undecided::Error(error)) => return Err(error),
+                Err(Undecided::Full) => {}
             }
         }
         if let Some(suppressed) = self.full_log.admit() {
@@ -203,40 +202,40 @@ impl MemoryBackend {
     /// Decides one request at `now`: locates its keys, locks their shards,
     /// takes what is stored, reserves room for new keys, decides, and
     /// stores the states back.
-    fn decide_at(&self, checks: &[KeyedCheck], now: Micros) -> Result<Verdict, Refused> {
-        let mut slots = self.locate(checks)?;
-        let locked = lock_order(&mut slots);
+    fn decide_at(&self, checks: &[KeyedCheck], now: Micros) -> Result<Verdict, Undecided> {
+        let mut places = self.locate(checks)?;
+        let locked = lock_order(&mut places);
         // Ascending order: any two requests take their common shards in the
         // same order, so they cannot deadlock.
-        let mut guards: Inline<MutexGuard<'_, Table>> =
+        let mut guards: PerRequest<MutexGuard<'_, CounterTable>> =
             locked.iter().map(|&idx| self.shards[idx].lock()).collect();
 
         // One lookup per key: what is stored comes out of its table here.
         // The scratch vectors are borrowed from here on, never moved: each
         // is a few hundred bytes even when it holds a single check.
-        let mut taken: Inline<Option<Entry>> = slots
+        let mut taken: PerRequest<Option<StoredCounter>> = places
             .iter()
             .zip(checks)
-            .map(|(slot, it)| guards[slot.guard].take(slot.hash, &it.key))
+            .map(|(place, it)| guards[place.guard].take(place.hash, &it.key))
             .collect();
-        let taken = self.reserve(&mut guards, &slots, checks, &mut taken)?;
-        let mut states = live_states(&mut slots, taken, now);
+        let taken = self.reserve(&mut guards, &places, checks, &mut taken)?;
+        let mut states = live_states(&mut places, taken, now);
 
-        let plain: Inline<Check> = checks.iter().map(|it| it.check).collect();
+        let plain: PerRequest<Check> = checks.iter().map(|it| it.check).collect();
         let verdict = algorithms::decide(&plain, &mut states, now);
-        self.store(&mut guards, &mut slots, checks, &mut states, now);
+        self.store(&mut guards, &mut places, checks, &mut states, now);
         Ok(verdict)
     }
 
     /// Hashes every key to its shard. Refuses a repeated key: `decide`
     /// needs distinct keys, and a repeated one would be read twice and
     /// written twice, losing one of the writes.
-    fn locate(&self, checks: &[KeyedCheck]) -> Result<Inline<Slot>, Refused> {
-        let slots: Inline<Slot> = checks
+    fn locate(&self, checks: &[KeyedCheck]) -> Result<PerRequest<CheckPlace>, Undecided> {
+        let places: PerRequest<CheckPlace> = checks
             .iter()
             .map(|it| {
                 let hash = self.hasher.hash_one(&it.key);
-                Slot {
+                CheckPlace {
                     hash,
                     shard: self.shard_index(hash),
                     guard: 0,
@@ -246,27 +245,27 @@ impl MemoryBackend {
             .collect();
         for idx in 1..checks.len() {
             let repeated = (0..idx).any(|prev| {
-                slots[prev].hash == slots[idx].hash && checks[prev].key == checks[idx].key
+                places[prev].hash == places[idx].hash && checks[prev].key == checks[idx].key
             });
             if repeated {
-                return Err(Refused::Error(Error::Protocol(format!(
+                return Err(Undecided::Error(Error::Protocol(format!(
                     "counter key repeated in one request: {:?}",
                     checks[idx].key
                 ))));
             }
         }
-        Ok(slots)
+        Ok(places)
     }
 
     /// Reserves room for the keys not stored yet, before deciding: a
     /// request refused as full puts back what it took and changes nothing.
     fn reserve<'t>(
         &self,
-        guards: &mut [MutexGuard<'_, Table>],
-        slots: &[Slot],
+        guards: &mut [MutexGuard<'_, CounterTable>],
+        places: &[CheckPlace],
         checks: &[KeyedCheck],
-        taken: &'t mut [Option<Entry>],
-    ) -> Result<Reserved<'t>, Refused> {
+        taken: &'t mut [Option<StoredCounter>],
+    ) -> Result<Reserved<'t>, Undecided> {
         let new: usize = checks
             .iter()
             .zip(taken.iter())
@@ -281,25 +280,25 @@ impl MemoryBackend {
             return Ok(Reserved(taken));
         }
         self.len.fetch_sub(new, Ordering::Relaxed);
-        for (slot, entry) in slots.iter().zip(taken) {
+        for (place, entry) in places.iter().zip(taken) {
             if let Some(entry) = entry.take() {
-                guards[slot.guard].restore(entry);
+                guards[place.guard].restore(entry);
             }
         }
-        Err(Refused::Full)
+        Err(Undecided::Full)
     }
 
     /// Writes the decided states back; a state equal to a fresh one is not
     /// stored, and gives back its weight.
     fn store(
         &self,
-        guards: &mut [MutexGuard<'_, Table>],
-        slots: &mut [Slot],
+        guards: &mut [MutexGuard<'_, CounterTable>],
+        places: &mut [CheckPlace],
         checks: &[KeyedCheck],
         states: &mut [Option<State>],
         now: Micros,
     ) {
-        for ((slot, it), state) in slots.iter_mut().zip(checks).zip(states) {
+        for ((place, it), state) in places.iter_mut().zip(checks).zip(states) {
             let Some(mut state) = state.take() else {
                 // Equal to a fresh state: its entry (or reservation) goes.
                 self.len.fetch_sub(weight(&it.key), Ordering::Relaxed);
@@ -311,13 +310,13 @@ impl MemoryBackend {
             // later than `now` when the clock went backwards.
             let at = state.advance(params, now);
             let expires_us = at + state.lifetime(params, at);
-            let entry = Entry {
-                hash: slot.hash,
-                key: slot.stored_key.take().unwrap_or_else(|| it.key.clone()),
+            let entry = StoredCounter {
+                hash: place.hash,
+                key: place.stored_key.take().unwrap_or_else(|| it.key.clone()),
                 state,
                 expires_us,
             };
-            let swept = guards[slot.guard].insert(entry, now);
+            let swept = guards[place.guard].insert(entry, now);
             self.len.fetch_sub(swept, Ordering::Relaxed);
         }
     }
@@ -460,10 +459,10 @@ impl Drop for SweeperGuard {
     }
 }
 
-// === impl Shard ===
+// === impl CounterShard ===
 
-impl Shard {
-    fn lock(&self) -> MutexGuard<'_, Table> {
+impl CounterShard {
+    fn lock(&self) -> MutexGuard<'_, CounterTable> {
         // A panic while locked can only have happened between taking a
         // request's states and putting them back: those keys start fresh,
         // and the table itself is intact, so serving on is safe.
@@ -471,25 +470,25 @@ impl Shard {
     }
 }
 
-// === impl Table ===
+// === impl CounterTable ===
 
-impl Table {
+impl CounterTable {
     /// Removes and returns the entry of `key`, expired or not.
-    fn take(&mut self, hash: u64, key: &CounterKey) -> Option<Entry> {
+    fn take(&mut self, hash: u64, key: &CounterKey) -> Option<StoredCounter> {
         let found = self.entries.find_entry(hash, |it| it.key == *key).ok()?;
         Some(found.remove().0)
     }
 
     /// Puts back an entry `take` removed, as it was (no sweep: its weight
     /// never left the count).
-    fn restore(&mut self, entry: Entry) {
+    fn restore(&mut self, entry: StoredCounter) {
         self.entries.insert_unique(entry.hash, entry, |it| it.hash);
     }
 
     /// Inserts an entry whose key is absent, sweeping first when the shard
     /// has doubled since its last sweep (amortised O(1) per insert);
     /// returns the weight of the expired entries the sweep removed.
-    fn insert(&mut self, entry: Entry, now: Micros) -> usize {
+    fn insert(&mut self, entry: StoredCounter, now: Micros) -> usize {
         let mut removed = 0;
         if self.entries.len() >= self.sweep_at {
             removed = self.purge(now).1;
@@ -538,32 +537,36 @@ fn weight(key: &CounterKey) -> usize {
     1 + bytes / KEY_BYTES_PER_COUNTER
 }
 
-/// The shards `slots` touch, ascending and each once; every slot learns
+/// The shards `places` touch, ascending and each once; every place learns
 /// the index of its shard's guard among them.
-fn lock_order(slots: &mut [Slot]) -> Inline<usize> {
-    let mut locked: Inline<usize> = slots.iter().map(|it| it.shard).collect();
+fn lock_order(places: &mut [CheckPlace]) -> PerRequest<usize> {
+    let mut locked: PerRequest<usize> = places.iter().map(|it| it.shard).collect();
     if locked.len() > 1 {
         locked.sort_unstable();
         locked.dedup();
     }
-    for slot in slots {
-        slot.guard = locked
-            .binary_search(&slot.shard)
+    for place in places {
+        place.guard = locked
+            .binary_search(&place.shard)
             .expect("every shard is in the list");
     }
     locked
 }
 
 /// The states `decide` starts from: a taken entry's, unless it has expired
-/// (then, like an absent key, none). Each slot keeps its stored key for the
+/// (then, like an absent key, none). Each place keeps its stored key for the
 /// write-back.
-fn live_states(slots: &mut [Slot], taken: Reserved<'_>, now: Micros) -> Inline<Option<State>> {
-    slots
+fn live_states(
+    places: &mut [CheckPlace],
+    taken: Reserved<'_>,
+    now: Micros,
+) -> PerRequest<Option<State>> {
+    places
         .iter_mut()
         .zip(taken.0)
-        .map(|(slot, entry)| {
+        .map(|(place, entry)| {
             let entry = entry.take()?;
-            slot.stored_key = Some(entry.key);
+            place.stored_key = Some(entry.key);
             (entry.expires_us > now).then_some(entry.state)
         })
         .collect()

@@ -174,6 +174,10 @@ impl From<String> for KeyBytes {
     }
 }
 
+/// A request's few items (its descriptors, limits or checks), held
+/// without a heap allocation up to four: nearly every request has fewer.
+pub type PerRequest<T> = smallvec::SmallVec<[T; 4]>;
+
 /// A check together with the counter it reads and writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyedCheck {

@@ -7,8 +7,9 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
+/// One step of a YAML path: a mapping key or a list index.
 #[derive(Debug, Clone, Copy)]
-enum Step<'p> {
+enum PathStep<'p> {
     Key(&'p str),
     Index(usize),
 }
@@ -19,10 +20,10 @@ pub(super) fn locate(text: &str, path: &str) -> Option<Location> {
     for part in path.split('.') {
         let mut pieces = part.split('[');
         if let Some(key) = pieces.next().filter(|it| !it.is_empty()) {
-            steps.push(Step::Key(key));
+            steps.push(PathStep::Key(key));
         }
         for index in pieces {
-            steps.push(Step::Index(index.trim_end_matches(']').parse().ok()?));
+            steps.push(PathStep::Index(index.trim_end_matches(']').parse().ok()?));
         }
     }
     let deserializer = serde_yaml_ng::Deserializer::from_str(text);
@@ -37,7 +38,7 @@ pub(super) fn locate(text: &str, path: &str) -> Option<Location> {
 
 /// Always fails: at the target, or where the path stops existing.
 struct Seek<'s, 'p> {
-    steps: &'s [Step<'p>],
+    steps: &'s [PathStep<'p>],
 }
 
 impl<'de> DeserializeSeed<'de> for Seek<'_, '_> {
@@ -49,7 +50,7 @@ impl<'de> DeserializeSeed<'de> for Seek<'_, '_> {
 }
 
 struct SeekVisitor<'s, 'p> {
-    steps: &'s [Step<'p>],
+    steps: &'s [PathStep<'p>],
 }
 
 fn here<E: de::Error>() -> E {
@@ -66,7 +67,7 @@ impl<'de> Visitor<'de> for SeekVisitor<'_, '_> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let Some((Step::Key(wanted), rest)) = self.steps.split_first() else {
+        let Some((PathStep::Key(wanted), rest)) = self.steps.split_first() else {
             return Err(here());
         };
         let at_key = rest.is_empty();
@@ -80,7 +81,7 @@ impl<'de> Visitor<'de> for SeekVisitor<'_, '_> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let Some((Step::Index(index), rest)) = self.steps.split_first() else {
+        let Some((PathStep::Index(index), rest)) = self.steps.split_first() else {
             return Err(here());
         };
         for _ in 0..*index {

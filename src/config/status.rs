@@ -17,11 +17,13 @@ use std::time::SystemTime;
 pub struct ConfigStatus {
     /// `None`: no `--config` was given.
     source: Option<PathBuf>,
-    state: Mutex<State>,
+    record: Mutex<ReloadRecord>,
 }
 
+/// When the rules in force were loaded, and the refusal of the last
+/// reload unless a good one came since.
 #[derive(Debug, Clone)]
-struct State {
+struct ReloadRecord {
     loaded_at: SystemTime,
     refused: Option<Refusal>,
 }
@@ -38,7 +40,7 @@ impl ConfigStatus {
     pub fn new(source: Option<PathBuf>, loaded_at: SystemTime) -> ConfigStatus {
         ConfigStatus {
             source,
-            state: Mutex::new(State {
+            record: Mutex::new(ReloadRecord {
                 loaded_at,
                 refused: None,
             }),
@@ -49,11 +51,11 @@ impl ConfigStatus {
     /// are the ones in force from then on. Either way the files are good
     /// again, so an earlier refusal no longer applies.
     pub fn record_loaded(&self, at: SystemTime, changed: bool) {
-        let mut state = self.lock();
+        let mut record = self.lock();
         if changed {
-            state.loaded_at = at;
+            record.loaded_at = at;
         }
-        state.refused = None;
+        record.refused = None;
     }
 
     /// A reload was refused at `at` with `error`; the rules in force stay.
@@ -73,7 +75,7 @@ impl ConfigStatus {
 
     /// The lines `/rlconfig` shows above the rules.
     pub fn render(&self) -> String {
-        let state = self.lock().clone();
+        let record = self.lock().clone();
         let mut out = String::new();
         match &self.source {
             Some(path) => {
@@ -81,8 +83,8 @@ impl ConfigStatus {
             }
             None => out.push_str("source: none (no --config given)\n"),
         }
-        let _ = writeln!(out, "loaded: {}", httpdate::fmt_http_date(state.loaded_at));
-        if let Some(refused) = &state.refused {
+        let _ = writeln!(out, "loaded: {}", httpdate::fmt_http_date(record.loaded_at));
+        if let Some(refused) = &record.refused {
             let _ = writeln!(
                 out,
                 "last reload refused: {} (the rules below stay in force)",
@@ -96,8 +98,8 @@ impl ConfigStatus {
         out
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> std::sync::MutexGuard<'_, ReloadRecord> {
+        self.record.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 

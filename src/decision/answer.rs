@@ -3,9 +3,8 @@
 
 use std::sync::{Arc, LazyLock};
 
-use smallvec::SmallVec;
-
 use crate::algorithms::{Mode, Outcome, Verdict};
+use crate::backends::PerRequest;
 use crate::metrics;
 use crate::rules::{Domain, Unit};
 
@@ -208,10 +207,10 @@ impl Shared {
         let outcomes = verdict.map(|it| it.outcomes.as_slice()).unwrap_or_default();
         let mut statuses = Vec::with_capacity(plan.descriptors.len());
         // The most restrictive limit of each status, for the headers.
-        let mut reported: SmallVec<[Candidate<'_>; 4]> = SmallVec::new();
+        let mut reported: PerRequest<Candidate<'_>> = PerRequest::new();
         // Checks whose overdraft a descriptor counted: a check shared by
         // several descriptors is counted under the first.
-        let mut charged: SmallVec<[usize; 4]> = SmallVec::new();
+        let mut charged: PerRequest<usize> = PerRequest::new();
         for descriptor in &plan.descriptors {
             let DescriptorPlan::Limits {
                 limits,
@@ -223,7 +222,7 @@ impl Shared {
                 continue;
             };
             let answered = Answered::new(limits, outcomes);
-            let result = self.metric_outcome(&answered, plan, allowed);
+            let result = self.metric_result(&answered, plan, allowed);
             let mut overdraft = 0u64;
             for limit in limits.iter() {
                 let units = outcomes.get(limit.check).map_or(0, |it| it.overdraft);
@@ -253,21 +252,21 @@ impl Shared {
     }
 
     /// The `result` label of one descriptor's decision.
-    fn metric_outcome(
+    fn metric_result(
         &self,
         answered: &Answered<'_>,
         plan: &Plan,
         allowed: bool,
-    ) -> metrics::Outcome {
+    ) -> metrics::MetricResult {
         if answered.over {
             return if self.options.shadow_mode && !allowed {
-                metrics::Outcome::Shadow
+                metrics::MetricResult::Shadow
             } else {
-                metrics::Outcome::OverLimit
+                metrics::MetricResult::OverLimit
             };
         }
         if answered.shadowed {
-            return metrics::Outcome::Shadow;
+            return metrics::MetricResult::Shadow;
         }
         let chosen = &answered.chosen;
         let capacity = plan.checks[chosen.limit.check].check.params.capacity();
@@ -276,9 +275,9 @@ impl Shared {
             .near_limit_ratio
             .is_near(chosen.remaining, capacity)
         {
-            return metrics::Outcome::NearLimit;
+            return metrics::MetricResult::NearLimit;
         }
-        metrics::Outcome::Ok
+        metrics::MetricResult::Ok
     }
 }
 

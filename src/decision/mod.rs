@@ -500,7 +500,7 @@ impl Shared {
             self.metrics.record_decision(
                 metrics::UNKNOWN_DOMAIN,
                 metrics::UNKNOWN_RULE,
-                metrics::Outcome::Ok,
+                metrics::MetricResult::Ok,
                 descriptor.hits_addend.unwrap_or(cost),
             );
         }

@@ -6,10 +6,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use smallvec::SmallVec;
-
 use crate::algorithms::{Algorithm, Charge, Check, MAX_EXACT, Mode};
-use crate::backends::{CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck};
+use crate::backends::{CounterKey, KeyBytes, KeyEntry, KeyValue, KeyedCheck, PerRequest};
 use crate::metrics::MetricRule;
 use crate::rules::{Domain, Levels, Node, NodeLimits, RateLimit, Unit, ValueMatcher};
 
@@ -17,10 +15,6 @@ use super::answer::clamp_u32;
 use super::labels::{bytes_label, metric_rule};
 use super::overrides::charged_override_params;
 use super::{CurrentLimit, Descriptor, EnforcedOverride, Entry, Error, Request};
-
-/// Per-request scratch space: nearly every request has a few descriptors,
-/// each with a few limits, so these stay off the heap.
-type Inline<T> = SmallVec<[T; 4]>;
 
 /// Everything decided before the backend call.
 #[derive(Debug)]
@@ -117,7 +111,7 @@ pub(super) fn plan(
 ) -> Result<Plan, Error> {
     // First, what every descriptor matched: `replaces` looks at every
     // matched limit of the request.
-    let matched: Inline<Matched<'_>> = request
+    let matched: PerRequest<Matched<'_>> = request
         .descriptors
         .iter()
         .map(|it| match_descriptor(domain, it))
@@ -235,7 +229,7 @@ impl Planner<'_> {
             Found::Unlimited { .. } => return DescriptorPlan::Unlimited,
             Found::Limits { node, limits } => (node, limits),
         };
-        let kept: Inline<&RateLimit> = limits
+        let kept: PerRequest<&RateLimit> = limits
             .iter()
             .filter(|it| !self.is_replaced(it.name().map(|name| &**name)))
             .collect();

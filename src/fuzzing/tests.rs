@@ -271,9 +271,9 @@ fn request_target_agrees_on_the_descriptor_bound() {
 
 // === decision ===
 
-fn limit_spec(unit: Unit) -> impl Strategy<Value = LimitSpec> {
+fn limit_spec(unit: Unit) -> impl Strategy<Value = ScenarioLimit> {
     (prop::sample::select(&Algorithm::ALL[..]), 0u32..6).prop_map(move |(algorithm, requests)| {
-        LimitSpec {
+        ScenarioLimit {
             algorithm,
             requests,
             unit,
@@ -290,7 +290,14 @@ fn scenario() -> impl Strategy<Value = Scenario> {
     )
         .prop_map(|(a, b0, b1, c)| ScenarioConfig { a, b: [b0, b1], c });
     let descriptor = (
-        prop::sample::select(&[Target::A, Target::B, Target::C, Target::Unmatched][..]),
+        prop::sample::select(
+            &[
+                ScenarioRule::A,
+                ScenarioRule::B,
+                ScenarioRule::C,
+                ScenarioRule::Unmatched,
+            ][..],
+        ),
         0u8..3,
         prop::option::of(0u64..5),
     )
@@ -304,7 +311,7 @@ fn scenario() -> impl Strategy<Value = Scenario> {
         0u32..4,
         prop::collection::vec(descriptor, 1..5),
     )
-        .prop_map(|(advance_us, hits_addend, descriptors)| Step {
+        .prop_map(|(advance_us, hits_addend, descriptors)| ScenarioStep {
             advance_us,
             hits_addend,
             descriptors,
@@ -332,7 +339,7 @@ proptest! {
 #[test]
 #[should_panic(expected = "allowed 3 within one window of 2 per second")]
 fn the_window_check_catches_an_excess() {
-    let spec = LimitSpec {
+    let spec = ScenarioLimit {
         algorithm: Algorithm::SlidingWindowLog,
         requests: 2,
         unit: Unit::Second,
@@ -348,7 +355,7 @@ fn the_window_check_catches_an_excess() {
 /// window starts over at its boundary.
 #[test]
 fn the_window_check_forgets_what_left_the_window() {
-    let log = LimitSpec {
+    let log = ScenarioLimit {
         algorithm: Algorithm::SlidingWindowLog,
         requests: 2,
         unit: Unit::Second,
@@ -358,7 +365,7 @@ fn the_window_check_forgets_what_left_the_window() {
         &[(T0, 1), (T0 + 1, 1), (T0 + 1_000_000, 1)],
         T0 + 1_000_000,
     );
-    let fixed = LimitSpec {
+    let fixed = ScenarioLimit {
         algorithm: Algorithm::FixedWindow,
         ..log
     };

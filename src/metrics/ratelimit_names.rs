@@ -20,12 +20,10 @@
 //! near the limit, `over_limit` every denied hit and every hit a shadow
 //! rule let pass, `shadow_mode` those.
 
-use std::sync::atomic::Ordering;
-
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
-use super::{Metrics, Outcome, UNKNOWN_DOMAIN};
+use super::{MetricResult, Metrics, UNKNOWN_DOMAIN};
 
 /// The prefix of every per-rule statistic.
 pub const RATE_LIMIT_PREFIX: &str = "ratelimit.service.rate_limit.";
@@ -94,18 +92,17 @@ impl Metrics {
     /// Every statistic under envoyproxy/ratelimit's names, now.
     pub fn ratelimit_stats(&self) -> RatelimitStats {
         let mut counters = Vec::new();
-        for (domain, rule, series) in self.series.snapshot() {
+        for (domain, rule, series) in self.decisions.series.snapshot() {
             if &*domain == UNKNOWN_DOMAIN {
                 // envoyproxy/ratelimit counts these per domain name, which
                 // clients choose: not exported.
                 continue;
             }
-            let hits = |outcome: Outcome| series.hits[outcome.slot()].load(Ordering::Relaxed);
             let (ok, near, over, shadow) = (
-                hits(Outcome::Ok),
-                hits(Outcome::NearLimit),
-                hits(Outcome::OverLimit),
-                hits(Outcome::Shadow),
+                series.hits(MetricResult::Ok),
+                series.hits(MetricResult::NearLimit),
+                series.hits(MetricResult::OverLimit),
+                series.hits(MetricResult::Shadow),
             );
             let values = [
                 series.total_hits(),
@@ -119,17 +116,14 @@ impl Metrics {
                 counters.push((format!("{RATE_LIMIT_PREFIX}{key}.{stat}"), value));
             }
         }
-        let reload_errors = self
-            .reloads
-            .get_or_create(&super::ReloadLabels { result: "error" })
-            .get();
+        let reload_errors = self.config_loads.reload_errors();
         counters.push((
             CONFIG_LOAD_SUCCESS.to_owned(),
-            self.config_load_success.get(),
+            self.config_loads.successes(),
         ));
         counters.push((CONFIG_LOAD_ERROR.to_owned(), reload_errors));
-        counters.push((REDIS_ERROR.to_owned(), self.backend_failures.get()));
-        let response_time = response_time(&self.decision_latency[0]);
+        counters.push((REDIS_ERROR.to_owned(), self.backends.failures()));
+        let response_time = response_time(self.calls.should_rate_limit_latency());
         counters.push((TOTAL_REQUESTS.to_owned(), response_time.count));
         RatelimitStats {
             counters,
@@ -248,11 +242,11 @@ mod tests {
     fn hits_per_outcome_become_the_rule_statistics() {
         let metrics = Metrics::new();
         let rule = MetricRule::Path(Arc::from("tenant_a.path"));
-        metrics.record("api", &rule, Outcome::Ok, 2, 0);
-        metrics.record("api", &rule, Outcome::NearLimit, 3, 0);
-        metrics.record("api", &rule, Outcome::OverLimit, 5, 0);
-        metrics.record("api", &rule, Outcome::Shadow, 7, 0);
-        metrics.record_decision(UNKNOWN_DOMAIN, "_unknown", Outcome::Ok, 1);
+        metrics.record("api", &rule, MetricResult::Ok, 2, 0);
+        metrics.record("api", &rule, MetricResult::NearLimit, 3, 0);
+        metrics.record("api", &rule, MetricResult::OverLimit, 5, 0);
+        metrics.record("api", &rule, MetricResult::Shadow, 7, 0);
+        metrics.record_decision(UNKNOWN_DOMAIN, "_unknown", MetricResult::Ok, 1);
         let stats = metrics.ratelimit_stats();
         let get = |name: &str| stats.counters.iter().find(|it| it.0 == name).map(|it| it.1);
         let key = "ratelimit.service.rate_limit.api.tenant_a.path";

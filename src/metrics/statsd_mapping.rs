@@ -68,12 +68,12 @@ struct Rule {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct File {
-    mappings: Vec<Entry>,
+    mappings: Vec<MappingEntry>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Entry {
+struct MappingEntry {
     #[serde(rename = "match")]
     pattern: String,
     #[serde(default)]
@@ -172,7 +172,7 @@ impl Mapping {
 }
 
 /// One entry as a rule, and whether it is a glob.
-fn rule(entry: Entry) -> Result<(Rule, bool), String> {
+fn rule(entry: MappingEntry) -> Result<(Rule, bool), String> {
     let is_glob = match entry.match_type.as_deref() {
         None | Some("" | "glob") => true,
         Some("regex") => false,

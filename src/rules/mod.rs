@@ -21,314 +21,24 @@
 //!
 //! What only the config format defines (keys allowed, envoyproxy's
 //! messages) is checked in `config`.
+//!
+//! Files: `limit` holds a limit and a node's limits, `level_index` the
+//! lookup index of one level, `wildcard` the index of a level's wildcard
+//! patterns; this file the tree (nodes, domains, the rule set) and
+//! matching.
 
+mod level_index;
+mod limit;
 pub mod wildcard;
 
-use std::collections::HashMap;
-use std::fmt;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::algorithms::{Algorithm, Charge, LimitParams, ParamsError};
-use crate::rules::wildcard::WildcardIndex;
+use crate::algorithms::Algorithm;
+use level_index::LevelIndex;
 
-/// A time unit of a configured limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Unit {
-    Second,
-    Minute,
-    Hour,
-    Day,
-    Week,
-    /// 30 days.
-    Month,
-    /// 365 days.
-    Year,
-}
-
-impl Unit {
-    pub const ALL: [Unit; 7] = [
-        Unit::Second,
-        Unit::Minute,
-        Unit::Hour,
-        Unit::Day,
-        Unit::Week,
-        Unit::Month,
-        Unit::Year,
-    ];
-
-    pub fn seconds(self) -> u64 {
-        match self {
-            Unit::Second => 1,
-            Unit::Minute => 60,
-            Unit::Hour => 3_600,
-            Unit::Day => 86_400,
-            Unit::Week => 7 * 86_400,
-            Unit::Month => 30 * 86_400,
-            Unit::Year => 365 * 86_400,
-        }
-    }
-
-    /// Lowercase name as written in config files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Unit::Second => "second",
-            Unit::Minute => "minute",
-            Unit::Hour => "hour",
-            Unit::Day => "day",
-            Unit::Week => "week",
-            Unit::Month => "month",
-            Unit::Year => "year",
-        }
-    }
-
-    /// `multiplier` units in microseconds; `None` when that overflows.
-    pub fn window_us(self, multiplier: u32) -> Option<u64> {
-        self.seconds()
-            .checked_mul(u64::from(multiplier))
-            .and_then(|it| it.checked_mul(1_000_000))
-    }
-
-    /// Case-insensitive parse of a config unit name.
-    pub fn from_name(name: &str) -> Option<Unit> {
-        Unit::ALL
-            .into_iter()
-            .find(|it| it.name().eq_ignore_ascii_case(name))
-    }
-}
-
-/// One configured limit (a `rate_limit`, or one entry of `rate_limits`).
-///
-/// Built by [`RateLimit::new`], which derives `params` from the other
-/// numbers: no field can be set on its own, so they never disagree.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateLimit {
-    unit: Unit,
-    /// Window = `unit × unit_multiplier`; at least 1.
-    unit_multiplier: u32,
-    requests_per_unit: u32,
-    /// `name`: reported in `current_limit`, and what `replaces` refers to.
-    name: Option<Arc<str>>,
-    /// Names of limits this one replaces when both match one request.
-    replaces: Vec<Arc<str>>,
-    /// Algorithm, window and capacity, validated for exact arithmetic.
-    params: LimitParams,
-    /// The rule inherited `sliding_window_log` with a number over the log
-    /// cap, and uses `sliding_window_counter` instead.
-    log_capped: bool,
-}
-
-/// Why [`RateLimit::new`] refused a limit.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RateLimitError {
-    #[error("unit_multiplier must be at least 1")]
-    ZeroMultiplier,
-    #[error("unit_multiplier {0} makes the window too long")]
-    WindowTooLong(u32),
-    #[error(transparent)]
-    Params(#[from] ParamsError),
-}
-
-impl RateLimit {
-    /// `requests_per_unit` per `unit × unit_multiplier`, counted by
-    /// `algorithm` (`burst` as in [`LimitParams::new`]), unnamed and
-    /// replacing nothing: its params agree with its unit and multiplier.
-    pub fn new(
-        unit: Unit,
-        unit_multiplier: u32,
-        requests_per_unit: u32,
-        algorithm: Algorithm,
-        burst: Option<u32>,
-    ) -> Result<RateLimit, RateLimitError> {
-        if unit_multiplier < 1 {
-            return Err(RateLimitError::ZeroMultiplier);
-        }
-        let window_us = unit
-            .window_us(unit_multiplier)
-            .ok_or(RateLimitError::WindowTooLong(unit_multiplier))?;
-        let requests = u64::from(requests_per_unit);
-        let params = LimitParams::new(algorithm, requests, window_us, burst.map(u64::from))?;
-        Ok(RateLimit {
-            unit,
-            unit_multiplier,
-            requests_per_unit,
-            name: None,
-            replaces: Vec::new(),
-            params,
-            log_capped: false,
-        })
-    }
-
-    /// This limit under `name` (none when `None`), replacing the limits
-    /// named `replaces`; its numbers are unchanged.
-    pub fn named(self, name: Option<Arc<str>>, replaces: Vec<Arc<str>>) -> RateLimit {
-        RateLimit {
-            name,
-            replaces,
-            ..self
-        }
-    }
-
-    /// This limit recording costs as `charge` says (its params validated
-    /// for the debt a limit charged always carries); its numbers are
-    /// unchanged.
-    pub fn charged(self, charge: Charge) -> Result<RateLimit, RateLimitError> {
-        let params = self.params.with_charge(charge)?;
-        Ok(RateLimit { params, ..self })
-    }
-
-    /// This limit marked as counting with the sliding-window counter in
-    /// place of an inherited sliding-window log over the log cap. Only a
-    /// limit on the counter can stand in for a log: any other is returned
-    /// unchanged.
-    pub fn log_capped(self) -> RateLimit {
-        RateLimit {
-            log_capped: self.algorithm() == Algorithm::SlidingWindowCounter,
-            ..self
-        }
-    }
-
-    pub fn unit(&self) -> Unit {
-        self.unit
-    }
-
-    /// At least 1: the window is `unit × unit_multiplier`.
-    pub fn unit_multiplier(&self) -> u32 {
-        self.unit_multiplier
-    }
-
-    pub fn requests_per_unit(&self) -> u32 {
-        self.requests_per_unit
-    }
-
-    /// Reported in `current_limit`, and what `replaces` of other limits
-    /// refers to.
-    pub fn name(&self) -> Option<&Arc<str>> {
-        self.name.as_ref()
-    }
-
-    /// Names of the limits this one replaces when both match one request.
-    pub fn replaces(&self) -> &[Arc<str>] {
-        &self.replaces
-    }
-
-    /// Algorithm, window and capacity, validated for exact arithmetic.
-    pub fn params(&self) -> LimitParams {
-        self.params
-    }
-
-    /// Whether the rule inherited `sliding_window_log` with a number over
-    /// the log cap, and uses `sliding_window_counter` instead.
-    pub fn is_log_capped(&self) -> bool {
-        self.log_capped
-    }
-
-    pub fn window_seconds(&self) -> u64 {
-        self.unit.seconds() * u64::from(self.unit_multiplier)
-    }
-
-    pub fn algorithm(&self) -> Algorithm {
-        self.params.algorithm()
-    }
-
-    /// When the limit records a request's cost.
-    pub fn charge(&self) -> Charge {
-        self.params.charge()
-    }
-}
-
-/// What a node enforces.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeLimits {
-    /// No `rate_limit`: the node only leads to children.
-    None,
-    /// `unlimited: true`: always OK, nothing counted. It still replaces the
-    /// limits it names, as in envoyproxy/ratelimit.
-    Unlimited {
-        name: Option<Arc<str>>,
-        replaces: Vec<Arc<str>>,
-    },
-    /// One or more limits; all must pass.
-    Limited(Limits),
-}
-
-/// The limits of one node: at least one, and no two on one counter (a
-/// counter is keyed by window and algorithm, so two limits sharing both
-/// would count each request twice against whichever is smaller). The
-/// limiter merges checks by counter key and relies on this.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Limits(Vec<RateLimit>);
-
-/// Why [`Limits::new`] refused a list of limits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LimitsError {
-    Empty,
-    /// Each limit that shares window and algorithm with an earlier one.
-    SharedCounter(Vec<SharedCounter>),
-}
-
-/// A limit with the window and algorithm of an earlier one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SharedCounter {
-    /// Its position in the list.
-    pub position: usize,
-    pub window_seconds: u64,
-    pub algorithm: Algorithm,
-}
-
-impl Limits {
-    pub fn new(limits: Vec<RateLimit>) -> Result<Limits, LimitsError> {
-        if limits.is_empty() {
-            return Err(LimitsError::Empty);
-        }
-        let shared: Vec<SharedCounter> = limits
-            .iter()
-            .enumerate()
-            .filter(|(idx, limit)| {
-                limits[..*idx].iter().any(|earlier| {
-                    earlier.window_seconds() == limit.window_seconds()
-                        && earlier.algorithm() == limit.algorithm()
-                })
-            })
-            .map(|(position, limit)| SharedCounter {
-                position,
-                window_seconds: limit.window_seconds(),
-                algorithm: limit.algorithm(),
-            })
-            .collect();
-        if !shared.is_empty() {
-            return Err(LimitsError::SharedCounter(shared));
-        }
-        Ok(Limits(limits))
-    }
-}
-
-impl std::ops::Deref for Limits {
-    type Target = [RateLimit];
-
-    fn deref(&self) -> &[RateLimit] {
-        &self.0
-    }
-}
-
-impl fmt::Display for LimitsError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LimitsError::Empty => f.write_str("no limits"),
-            LimitsError::SharedCounter(shared) => {
-                let first = &shared[0];
-                write!(
-                    f,
-                    "limit {} has the window ({}s) and algorithm ({}) of an earlier one",
-                    first.position, first.window_seconds, first.algorithm
-                )
-            }
-        }
-    }
-}
-
-impl std::error::Error for LimitsError {}
+pub use limit::{Limits, LimitsError, NodeLimits, RateLimit, RateLimitError, SharedCounter, Unit};
 
 /// How a node's `value` matches a descriptor entry's value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -414,29 +124,6 @@ pub struct Domain {
     index: LevelIndex,
 }
 
-/// Maps looked up on every request with request bytes: foldhash rather
-/// than SipHash, which cost more than the rest of matching. Their keys are
-/// the config's, so no client can fill them with colliding keys.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-
-/// Index of one level's nodes by key, so matching does not scan every
-/// sibling: per key, the exact values, the wildcards in config order and the
-/// key-only node, as positions in the level's `children`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct LevelIndex {
-    by_key: FastMap<Arc<str>, KeySlot>,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-struct KeySlot {
-    exact: FastMap<Arc<str>, usize>,
-    /// Positions of the wildcard nodes, in config order.
-    wildcards: Vec<usize>,
-    /// Their patterns, indexed: position `i` is `wildcards[i]`.
-    patterns: WildcardIndex,
-    any: Option<usize>,
-}
-
 /// Default of `--max-log-entries`: the most requests per window a
 /// sliding-window log may count, since it keeps one entry per request.
 pub const DEFAULT_MAX_LOG_ENTRIES: u32 = 10_000;
@@ -445,7 +132,9 @@ pub const DEFAULT_MAX_LOG_ENTRIES: u32 = 10_000;
 /// [`RuleSet::new`], so each domain is found under its own name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuleSet {
-    domains: FastMap<Arc<str>, Domain>,
+    /// foldhash rather than SipHash: looked up on every request, by
+    /// configured names only.
+    domains: foldhash::HashMap<Arc<str>, Domain>,
     /// Most requests per window a sliding-window log may count: a
     /// RateLimitOverride above it on a sliding log uses the
     /// sliding-window counter instead, as a rule that inherits the log does.
@@ -457,7 +146,7 @@ pub struct RuleSet {
 impl Default for RuleSet {
     fn default() -> Self {
         Self {
-            domains: FastMap::default(),
+            domains: foldhash::HashMap::default(),
             max_log_entries: DEFAULT_MAX_LOG_ENTRIES,
             awaiting: false,
         }
@@ -711,62 +400,11 @@ impl Domain {
     }
 }
 
-impl LevelIndex {
-    /// Indexes `children`. When two nodes have the same key and value
-    /// (config validation refuses that) the first one wins.
-    fn new(children: &[Node]) -> LevelIndex {
-        let mut by_key: FastMap<Arc<str>, KeySlot> = FastMap::default();
-        for (idx, node) in children.iter().enumerate() {
-            let slot = by_key.entry(node.key.clone()).or_default();
-            match &node.value {
-                ValueMatcher::Any => {
-                    slot.any.get_or_insert(idx);
-                }
-                ValueMatcher::Exact(value) => {
-                    slot.exact.entry(value.clone()).or_insert(idx);
-                }
-                ValueMatcher::Wildcard(_) => slot.wildcards.push(idx),
-            }
-        }
-        for slot in by_key.values_mut() {
-            slot.patterns =
-                WildcardIndex::new(
-                    slot.wildcards
-                        .iter()
-                        .map(|idx| match &children[*idx].value {
-                            ValueMatcher::Wildcard(pattern) => pattern.as_bytes(),
-                            ValueMatcher::Any | ValueMatcher::Exact(_) => &[][..],
-                        }),
-                );
-        }
-        LevelIndex { by_key }
-    }
-
-    fn lookup<'a>(&self, children: &'a [Node], key: &str, value: &[u8]) -> Option<&'a Node> {
-        let slot = self.by_key.get(key)?;
-        // Rule values are text: bytes that are not UTF-8 equal none of them.
-        let idx = std::str::from_utf8(value)
-            .ok()
-            .and_then(|text| slot.exact.get(text))
-            .copied()
-            .or_else(|| {
-                let first = slot.patterns.first_match(value)?;
-                slot.wildcards.get(first).copied()
-            })
-            .or(slot.any)?;
-        children.get(idx)
-    }
-}
-
 pub use crate::rules::wildcard::glob_match;
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn limit(requests_per_unit: u32, unit: Unit, algorithm: Algorithm) -> RateLimit {
-        RateLimit::new(unit, 1, requests_per_unit, algorithm, None).unwrap()
-    }
 
     fn node(parent: &str, key: &str, value: &str) -> Node {
         Node::new(
@@ -871,50 +509,5 @@ mod tests {
             assert!(!other.share_threshold(), "{value:?}");
             assert!(other.shadow_mode(), "{value:?}");
         }
-    }
-
-    #[test]
-    fn names_and_the_log_cap_leave_the_numbers_alone() {
-        let counter = limit(5, Unit::Minute, Algorithm::SlidingWindowCounter);
-        let named = counter
-            .clone()
-            .named(Some("n".into()), vec!["other".into()])
-            .log_capped();
-        assert_eq!(named.name().map(|it| &**it), Some("n"));
-        assert_eq!(named.replaces(), [Arc::<str>::from("other")]);
-        assert!(named.is_log_capped());
-        assert_eq!(named.params(), counter.params());
-        assert_eq!(named.window_seconds(), 60);
-        let log = limit(5, Unit::Minute, Algorithm::SlidingWindowLog).log_capped();
-        assert!(!log.is_log_capped(), "only the counter stands in for a log");
-    }
-
-    #[test]
-    fn limits_are_never_empty_nor_on_one_counter() {
-        assert_eq!(Limits::new(Vec::new()), Err(LimitsError::Empty));
-        let minute = |n| limit(n, Unit::Minute, Algorithm::FixedWindow);
-        let refused = Limits::new(vec![
-            minute(1),
-            limit(2, Unit::Minute, Algorithm::Gcra),
-            minute(3),
-            limit(4, Unit::Second, Algorithm::FixedWindow),
-            minute(5),
-        ]);
-        let shared = |position| SharedCounter {
-            position,
-            window_seconds: 60,
-            algorithm: Algorithm::FixedWindow,
-        };
-        assert_eq!(
-            refused,
-            Err(LimitsError::SharedCounter(vec![shared(2), shared(4)]))
-        );
-        let limits = Limits::new(vec![
-            minute(1),
-            limit(1, Unit::Hour, Algorithm::FixedWindow),
-        ])
-        .expect("distinct windows");
-        assert_eq!(limits.len(), 2);
-        assert_eq!(limits[1].window_seconds(), 3_600);
     }
 }

@@ -30,7 +30,7 @@ use variant::Variant;
 
 /// What to simulate, as the command line gives it.
 #[derive(Debug, Clone)]
-pub struct Options {
+pub struct Simulation {
     pub config: PathBuf,
     pub load: LoadOptions,
     pub domain: String,
@@ -122,20 +122,20 @@ const EPOCH_US: u64 = 1_700_000_000_000_000;
 
 /// Loads the config, finds the rule, replays the pattern through it once
 /// per algorithm.
-pub fn run(options: &Options) -> Result<Report, Error> {
-    let pattern = read_pattern(&options.pattern)?;
-    let request = request(&options.domain, &options.descriptor)?;
-    let loaded = config::load(&options.config, &options.load)
+pub fn run(simulation: &Simulation) -> Result<Report, Error> {
+    let pattern = read_pattern(&simulation.pattern)?;
+    let request = request(&simulation.domain, &simulation.descriptor)?;
+    let loaded = config::load(&simulation.config, &simulation.load)
         .map_err(|err| Error::Config(format!("{err:#}")))?;
-    let target = variant::find(&loaded.rules, &request)?;
-    let scale = target.scale();
-    let duration_us = match &options.duration {
+    let reached = variant::find(&loaded.rules, &request)?;
+    let scale = reached.scale();
+    let duration_us = match &simulation.duration {
         Some(text) => parse_seconds(text)?,
         None => pattern.default_duration_us(scale),
     };
     let arrivals = pattern.arrivals(scale, duration_us)?;
-    let start_us = EPOCH_US / target.longest_window_us() * target.longest_window_us();
-    let lanes = variant::variants(&loaded.rules, &target, options.only_configured)?
+    let start_us = EPOCH_US / reached.longest_window_us() * reached.longest_window_us();
+    let lanes = variant::variants(&loaded.rules, &reached, simulation.only_configured)?
         .into_iter()
         .map(|it| {
             simulate_lane(
@@ -148,7 +148,7 @@ pub fn run(options: &Options) -> Result<Report, Error> {
         })
         .collect::<Result<Vec<Lane>, Error>>()?;
     Ok(Report {
-        rule: target.describe(&request),
+        rule: reached.describe(&request),
         pattern: pattern.to_string(),
         duration_us,
         window_us: scale.window_us,

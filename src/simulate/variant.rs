@@ -24,7 +24,7 @@ pub const LANE_ORDER: [Algorithm; 5] = [
 
 /// The reached rule: its domain, its node and the node's limits.
 #[derive(Debug, Clone, Copy)]
-pub struct Target<'a> {
+pub struct ReachedRule<'a> {
     domain: &'a Domain,
     node: &'a Node,
     limits: &'a Limits,
@@ -39,7 +39,7 @@ pub struct Variant {
 
 /// The rule the request's one descriptor reaches; an error when its domain
 /// is unknown or the descriptor reaches no limit.
-pub fn find<'a>(rules: &'a RuleSet, request: &Request) -> Result<Target<'a>, Error> {
+pub fn find<'a>(rules: &'a RuleSet, request: &Request) -> Result<ReachedRule<'a>, Error> {
     let Some(domain) = rules.domain(&request.domain) else {
         let mut known: Vec<&str> = rules.domains().map(|it| it.name().as_ref()).collect();
         known.sort_unstable();
@@ -63,7 +63,7 @@ pub fn find<'a>(rules: &'a RuleSet, request: &Request) -> Result<Target<'a>, Err
     };
     let node = found.rule();
     match node.limits() {
-        NodeLimits::Limited(limits) => Ok(Target {
+        NodeLimits::Limited(limits) => Ok(ReachedRule {
             domain,
             node,
             limits,
@@ -79,7 +79,7 @@ pub fn find<'a>(rules: &'a RuleSet, request: &Request) -> Result<Target<'a>, Err
     }
 }
 
-impl Target<'_> {
+impl ReachedRule<'_> {
     /// What the pattern is scaled to: the node's first limit.
     pub fn scale(&self) -> Scale {
         let params = self.limits[0].params();
@@ -145,11 +145,11 @@ fn describe_entries(request: &Request) -> String {
 /// the loaded rules as they are.
 pub fn variants(
     rules: &RuleSet,
-    target: &Target<'_>,
+    reached: &ReachedRule<'_>,
     only_configured: bool,
 ) -> Result<Vec<Variant>, Error> {
     if only_configured {
-        let names: Vec<&str> = target
+        let names: Vec<&str> = reached
             .limits
             .iter()
             .map(|it| it.algorithm().name())
@@ -162,16 +162,16 @@ pub fn variants(
     LANE_ORDER
         .iter()
         .map(|algorithm| {
-            let limits = with_algorithm(target.limits, *algorithm)?;
-            let children = rebuild(target.domain.children(), "", target.node, &limits);
+            let limits = with_algorithm(reached.limits, *algorithm)?;
+            let children = rebuild(reached.domain.children(), "", reached.node, &limits);
             let domain = Domain::new(
-                target.domain.name().clone(),
-                target.domain.default_algorithm(),
+                reached.domain.name().clone(),
+                reached.domain.default_algorithm(),
                 children,
             );
             let others = rules
                 .domains()
-                .filter(|it| it.name() != target.domain.name())
+                .filter(|it| it.name() != reached.domain.name())
                 .cloned();
             Ok(Variant {
                 label: algorithm.name().to_owned(),
@@ -305,12 +305,12 @@ descriptors:
     fn each_variant_changes_only_the_algorithm_of_the_reached_rule() {
         let rules = rules();
         let request = request("api", &[("user", "a"), ("plan", "gold")]);
-        let target = find(&rules, &request).unwrap();
+        let reached = find(&rules, &request).unwrap();
         assert_eq!(
-            target.describe(&request),
+            reached.describe(&request),
             "domain api, descriptor user=a,plan=gold: 10/second burst 20 (token_bucket)"
         );
-        let variants = variants(&rules, &target, false).unwrap();
+        let variants = variants(&rules, &reached, false).unwrap();
         let labels: Vec<&str> = variants.iter().map(|it| it.label.as_str()).collect();
         assert_eq!(
             labels,
@@ -344,7 +344,7 @@ descriptors:
             shadow,
             "domain api, descriptor quiet=q: 5/minute (sliding_window_log); shadow_mode: never denies"
         );
-        let configured = super::variants(&rules, &target, true).unwrap();
+        let configured = super::variants(&rules, &reached, true).unwrap();
         assert_eq!(configured[0].label, "token_bucket");
         assert_eq!(configured[0].rules, rules);
     }

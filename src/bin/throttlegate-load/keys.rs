@@ -159,7 +159,7 @@ impl KeySource {
 
 /// A few hot values taking a share of the requests, and a tail of values
 /// each used once: the counter of fresh values is shared by every stream
-/// of the run (the source lives in the one `Plan`), so no two requests of
+/// of the run (the source lives in the one `Workload`), so no two requests of
 /// a run carry the same fresh value, whichever streams send them.
 #[derive(Debug)]
 pub struct HotAndFresh {

@@ -18,8 +18,8 @@ use std::time::Instant;
 use clap::Parser;
 
 use crate::args::Args;
-use crate::run::{Interval, Phase, Plan};
-use crate::summary::{CpuUse, Outcome};
+use crate::run::{Interval, Phase, Workload};
+use crate::summary::{CpuUse, MeasuredRun};
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -38,10 +38,10 @@ async fn drive(args: &Args) -> Result<(), String> {
     let connections = args.connections.max(1);
     let streams = args.streams.max(1);
     let channels = run::connect(&args.addr, connections).await?;
-    let plan = Arc::new(Plan::new(args));
+    let workload = Arc::new(Workload::new(args));
     if !args.warmup.is_zero() {
         let warmup = Arc::new(Phase::new(None, Some(args.warmup), 1));
-        run::run_phase(&channels, streams, &plan, &warmup, None, |_| {}).await?;
+        run::run_phase(&channels, streams, &workload, &warmup, None, |_| {}).await?;
     }
     let before = CpuClock::read(&args.pids);
     let started = Instant::now();
@@ -51,7 +51,7 @@ async fn drive(args: &Args) -> Result<(), String> {
         let now = CpuClock::read(&args.pids);
         let (processes, generator_cpu_seconds) = interval_start.until(&now, &args.pids);
         interval_start = now;
-        let outcome = Outcome {
+        let measured = MeasuredRun {
             tally: interval.tally,
             seconds: interval.length.as_secs_f64(),
             connections,
@@ -62,13 +62,13 @@ async fn drive(args: &Args) -> Result<(), String> {
             target_rate: args.rate,
         };
         let elapsed = interval.elapsed.as_secs_f64();
-        println!("{}", outcome.interval_text(elapsed));
-        println!("{}", outcome.interval_line(elapsed));
+        println!("{}", measured.interval_text(elapsed));
+        println!("{}", measured.interval_line(elapsed));
     };
     let tally = run::run_phase(
         &channels,
         streams,
-        &plan,
+        &workload,
         &measured,
         args.report_every,
         on_interval,
@@ -77,7 +77,7 @@ async fn drive(args: &Args) -> Result<(), String> {
     let seconds = started.elapsed().as_secs_f64();
     let after = CpuClock::read(&args.pids);
     let (processes, generator_cpu_seconds) = before.until(&after, &args.pids);
-    let outcome = Outcome {
+    let measured = MeasuredRun {
         tally: &tally,
         seconds,
         connections,
@@ -87,8 +87,8 @@ async fn drive(args: &Args) -> Result<(), String> {
         labels: &args.labels,
         target_rate: args.rate,
     };
-    print!("{}", outcome.text());
-    println!("{}", outcome.summary_line());
+    print!("{}", measured.text());
+    println!("{}", measured.summary_line());
     Ok(())
 }
 

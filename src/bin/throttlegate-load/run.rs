@@ -18,9 +18,10 @@ use crate::args::{Args, Distribution};
 use crate::keys::{KeySource, Rng};
 use crate::summary::Tally;
 
-/// What every request looks like; only the varying entry's value changes.
+/// What the load sends: every request alike but for the varying entry's
+/// value, drawn from the key source, with its timeout and pace.
 #[derive(Debug)]
-pub struct Plan {
+pub struct Workload {
     template: RateLimitRequest,
     keys: KeySource,
     timeout: Duration,
@@ -34,8 +35,8 @@ pub struct Plan {
 /// still busy.
 pub const LATE_AFTER: Duration = Duration::from_millis(1);
 
-impl Plan {
-    pub fn new(args: &Args) -> Plan {
+impl Workload {
+    pub fn new(args: &Args) -> Workload {
         let descriptors = (0..args.descriptors.max(1))
             .map(|idx| {
                 let mut entries: Vec<Entry> = args
@@ -61,7 +62,7 @@ impl Plan {
                 }
             })
             .collect();
-        Plan {
+        Workload {
             template: RateLimitRequest {
                 domain: args.domain.clone(),
                 descriptors,
@@ -176,7 +177,7 @@ pub struct Interval<'a> {
 pub async fn run_phase(
     channels: &[Channel],
     streams: usize,
-    plan: &Arc<Plan>,
+    workload: &Arc<Workload>,
     phase: &Arc<Phase>,
     report_every: Option<Duration>,
     mut on_interval: impl FnMut(Interval<'_>),
@@ -187,13 +188,13 @@ pub async fn run_phase(
         for stream_idx in 0..streams {
             let client = RateLimitServiceClient::new(channel.clone());
             let stream_no = (conn_idx * streams + stream_idx) as u64;
-            let seed = plan.seed ^ (phase.number << 48) ^ stream_no.wrapping_mul(0x1000_0001);
+            let seed = workload.seed ^ (phase.number << 48) ^ stream_no.wrapping_mul(0x1000_0001);
             let rng = Rng::new(seed);
             let slot = Arc::new(Mutex::new(Tally::new()));
             slots.push(Arc::clone(&slot));
             tasks.push(tokio::spawn(stream(
                 client,
-                Arc::clone(plan),
+                Arc::clone(workload),
                 Arc::clone(phase),
                 rng,
                 slot,
@@ -270,14 +271,14 @@ fn add(into: &mut Tally, tally: &Tally) -> Result<(), String> {
 /// stream was busy) is timed from its planned time.
 async fn stream(
     mut client: RateLimitServiceClient<Channel>,
-    plan: Arc<Plan>,
+    workload: Arc<Workload>,
     phase: Arc<Phase>,
     mut rng: Rng,
     slot: Arc<Mutex<Tally>>,
 ) {
-    while let Some(index) = phase.take(plan.rate) {
-        let request = plan.request(plan.keys.draw(&mut rng));
-        let (since, late) = match plan.rate {
+    while let Some(index) = phase.take(workload.rate) {
+        let request = workload.request(workload.keys.draw(&mut rng));
+        let (since, late) = match workload.rate {
             None => (Instant::now(), false),
             Some(rate) => {
                 let planned = phase.planned(index, rate);
@@ -290,11 +291,11 @@ async fn stream(
                 }
             }
         };
-        let res = match tokio::time::timeout(plan.timeout, client.should_rate_limit(request)).await
-        {
-            Ok(res) => res,
-            Err(_) => Err(Status::deadline_exceeded("no answer within --timeout")),
-        };
+        let res =
+            match tokio::time::timeout(workload.timeout, client.should_rate_limit(request)).await {
+                Ok(res) => res,
+                Err(_) => Err(Status::deadline_exceeded("no answer within --timeout")),
+            };
         let us = since.elapsed().as_micros() as u64;
         let mut tally = slot.lock().unwrap_or_else(PoisonError::into_inner);
         tally.record(&res, us);
@@ -322,7 +323,7 @@ mod tests {
             "--descriptors",
             "2",
         ]);
-        let request = Plan::new(&args).request(17);
+        let request = Workload::new(&args).request(17);
         assert_eq!(request.domain, "d");
         let entries: Vec<Vec<(&[u8], &[u8])>> = request
             .descriptors

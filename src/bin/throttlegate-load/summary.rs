@@ -99,7 +99,7 @@ pub struct CpuUse {
 
 /// The measured part: its answers, its length, and CPU.
 #[derive(Debug)]
-pub struct Outcome<'a> {
+pub struct MeasuredRun<'a> {
     pub tally: &'a Tally,
     pub seconds: f64,
     pub connections: usize,
@@ -111,7 +111,7 @@ pub struct Outcome<'a> {
     pub target_rate: Option<f64>,
 }
 
-impl Outcome<'_> {
+impl MeasuredRun<'_> {
     /// Decisions per second (errors are not decisions).
     fn rate(&self) -> f64 {
         if self.seconds > 0.0 {
@@ -298,7 +298,7 @@ mod tests {
             seconds: Some(0.5),
         }];
         let labels = [("system".to_owned(), "memory".to_owned())];
-        let outcome = Outcome {
+        let measured = MeasuredRun {
             tally: &tally,
             seconds: 2.0,
             connections: 2,
@@ -308,7 +308,7 @@ mod tests {
             labels: &labels,
             target_rate: None,
         };
-        let line = outcome.summary_line();
+        let line = measured.summary_line();
         assert!(!line.contains('\n'), "{line}");
         let json = line.strip_prefix("summary ").expect("prefix");
         let parsed: Value = serde_json::from_str(json).expect("valid JSON");
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn an_empty_run_reports_zeros_not_a_panic() {
         let tally = Tally::new();
-        let outcome = Outcome {
+        let measured = MeasuredRun {
             tally: &tally,
             seconds: 0.0,
             connections: 1,
@@ -364,11 +364,11 @@ mod tests {
             labels: &[],
             target_rate: Some(10.0),
         };
-        let parsed = outcome.json();
+        let parsed = measured.json();
         assert_eq!(parsed["rate"], 0.0);
         assert_eq!(parsed["p99_us"], 0);
-        assert!(outcome.text().contains("requests 0"));
-        assert!(outcome.interval_text(0.0).contains("p99 0"));
+        assert!(measured.text().contains("requests 0"));
+        assert!(measured.interval_text(0.0).contains("p99 0"));
     }
 
     #[test]
@@ -380,7 +380,7 @@ mod tests {
             pid: 42,
             seconds: Some(0.25),
         }];
-        let outcome = Outcome {
+        let measured = MeasuredRun {
             tally: &tally,
             seconds: 0.5,
             connections: 1,
@@ -390,7 +390,7 @@ mod tests {
             labels: &[],
             target_rate: Some(100.0),
         };
-        let line = outcome.interval_line(30.5);
+        let line = measured.interval_line(30.5);
         let parsed: Value =
             serde_json::from_str(line.strip_prefix("interval ").expect("prefix")).unwrap();
         assert_eq!(parsed["elapsed"], 30.5);
@@ -402,7 +402,7 @@ mod tests {
         );
         assert_eq!(parsed["late"], 2);
         assert_eq!(parsed["target_rate"], 100.0);
-        let text = outcome.interval_text(30.5);
+        let text = measured.interval_text(30.5);
         assert!(text.starts_with("[   30.5s] 8 decisions/s"), "{text}");
         assert!(text.contains("late 2"), "{text}");
         assert!(text.contains("cpu service 50.0%"), "{text}");
