@@ -94,7 +94,7 @@ pub struct Settings {
     /// How long health reports NOT_SERVING, requests still answered,
     /// before the listeners close.
     pub shutdown_delay: Duration,
-    pub limits: Limits,
+    pub limits: ServerLimits,
     /// JSON log lines instead of text.
     pub json_logs: bool,
     /// The log filter when `RUST_LOG` is not set (`info` without one).
@@ -155,7 +155,7 @@ pub struct RedisFlags {
 /// What one client may hold of either server. The connection caps not
 /// given follow from the descriptor limit; the caps given replace the
 /// `max_connections` of `grpc` and `http`.
-pub struct Limits {
+pub struct ServerLimits {
     pub grpc_max_connections: Option<usize>,
     pub http_max_connections: Option<usize>,
     pub grpc: GrpcLimits,
@@ -551,7 +551,7 @@ pub fn server_apps(
     options: Options,
     metrics: Arc<Metrics>,
     drain_timeout: Duration,
-) -> (grpc::App, http::App) {
+) -> (grpc::GrpcApp, http::HttpApp) {
     let limiter = Arc::new(Limiter::new(
         rules.clone(),
         backend.clone(),
@@ -560,7 +560,7 @@ pub fn server_apps(
     ));
     let health = Health::new(backend);
     let quota = Arc::new(QuotaBook::new(Arc::new(SystemClock)));
-    let http = http::App {
+    let http = http::HttpApp {
         limiter: limiter.clone(),
         metrics: metrics.clone(),
         health: health.clone(),
@@ -569,7 +569,7 @@ pub fn server_apps(
         config: status,
         tls: None,
     };
-    let grpc = grpc::App {
+    let grpc = grpc::GrpcApp {
         limiter,
         metrics,
         health,
@@ -993,7 +993,7 @@ fn redis_sockets(flags: &RedisFlags, serving_threads: usize) -> u64 {
 
 /// Both servers' limits, with the connection caps not given derived from
 /// the descriptor budget (warned about when the given ones exceed it).
-fn limits(limits: &Limits, redis_sockets: u64) -> (GrpcLimits, HttpLimits) {
+fn limits(limits: &ServerLimits, redis_sockets: u64) -> (GrpcLimits, HttpLimits) {
     let budget = descriptor_budget(redis_sockets);
     let (grpc_default, http_default) = budget.default_caps();
     let grpc_max_connections = limits.grpc_max_connections.unwrap_or(grpc_default);

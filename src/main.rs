@@ -15,8 +15,8 @@ use clap::{Arg, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueE
 
 use throttlegate::algorithms::Algorithm;
 use throttlegate::app::{
-    self, Limits, RatelimitPrometheus, RatelimitStatsSettings, RedisFlags, Settings, TlsFlags,
-    XdsFlags,
+    self, RatelimitPrometheus, RatelimitStatsSettings, RedisFlags, ServerLimits, Settings,
+    TlsFlags, XdsFlags,
 };
 use throttlegate::backends::keys::HashTag;
 use throttlegate::backends::memory::DEFAULT_MAX_COUNTERS;
@@ -31,7 +31,7 @@ use throttlegate::traces::{OtlpProtocol, TraceSettings};
 use throttlegate::transport::grpc::GrpcLimits;
 use throttlegate::transport::grpc::client;
 use throttlegate::transport::http::HttpLimits;
-use throttlegate::xds::{Target, XdsSettings, XdsTls};
+use throttlegate::xds::{XdsServerAddress, XdsSettings, XdsTls};
 
 // No `Debug` on `Cli`, `Command` or `ServeArgs`: they hold Redis URLs and
 // passwords, and nothing may print them whole.
@@ -475,8 +475,8 @@ struct XdsArgs {
     /// its aggregated discovery stream (state of the world), as
     /// `ratelimit.config.ratelimit.v3.RateLimitConfig` resources, one per
     /// domain; excludes --config.
-    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_SERVER", value_name = "HOST:PORT", value_parser = Target::parse)]
-    config_xds_server: Option<Target>,
+    #[arg(long, env = "THROTTLEGATE_CONFIG_XDS_SERVER", value_name = "HOST:PORT", value_parser = XdsServerAddress::parse)]
+    config_xds_server: Option<XdsServerAddress>,
     /// The node id the xDS server picks the resources by.
     #[arg(
         long,
@@ -1167,8 +1167,8 @@ fn settings(args: ServeArgs) -> Settings {
     }
 }
 
-fn limits(args: &LimitArgs) -> Limits {
-    Limits {
+fn limits(args: &LimitArgs) -> ServerLimits {
+    ServerLimits {
         grpc_max_connections: args.grpc_max_connections.map(|it| it as usize),
         http_max_connections: args.http_max_connections.map(|it| it as usize),
         grpc: GrpcLimits {
@@ -1306,7 +1306,7 @@ mod tests {
         let settings = xds.settings;
         assert_eq!(
             settings.server,
-            Target::parse("envoy-gateway:18001").unwrap()
+            XdsServerAddress::parse("envoy-gateway:18001").unwrap()
         );
         assert_eq!(settings.node_id, "envoy-ratelimit");
         assert_eq!(
