@@ -2,7 +2,7 @@
 //! services share: translated into `serve` flags that apply only where our
 //! own flags and `THROTTLEGATE_*` variables are absent.
 //!
-//! [`from_envoyproxy_env`] is a pure function of the variables; the binary
+//! [`from_envoyproxy_env`] is a pure function of the variables; `cli`
 //! installs its answer as flag defaults before parsing, so a flag on the
 //! command line or one of our variables still wins.
 

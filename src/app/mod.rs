@@ -4,9 +4,9 @@
 //! signals through start-up, serving and a graceful stop to an exit code.
 //!
 //! `start` reads top to bottom in start-up order; each step lives in the
-//! submodule named for it. Invariant: only `main` and this module read the
-//! environment, arguments and signals; everything they build is handed
-//! down explicitly.
+//! submodule named for it. Invariant: only `main`, `cli` and this module
+//! read the environment, arguments and signals; everything they build is
+//! handed down explicitly.
 
 mod backend;
 mod listeners;
