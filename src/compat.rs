@@ -2,7 +2,7 @@
 //! services share: translated into `serve` flags that apply only where our
 //! own flags and `THROTTLEGATE_*` variables are absent.
 //!
-//! [`from_envoyproxy_env`] is a pure function of the variables; the binary
+//! [`from_envoyproxy_env`] is a pure function of the variables; `cli`
 //! installs its answer as flag defaults before parsing, so a flag on the
 //! command line or one of our variables still wins.
 
@@ -124,27 +124,56 @@ const OUR_REDIS_TARGETS: &[&str] = &[
 pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, Vec<String>) {
     let mut flags = Vec::new();
     let mut problems = Vec::new();
-    let get = |name: &str| {
-        vars.get(name)
-            .map(|it| it.trim())
-            .filter(|it| !it.is_empty())
-    };
-
     redis(vars, &mut flags, &mut problems);
-    let get_owned = |name: &str| get(name).map(str::to_owned);
+    let get_owned = |name: &str| var(vars, name).map(str::to_owned);
     stats::stats(&get_owned, &mut flags, &mut problems);
     tracing(vars, &mut flags, &mut problems);
-    if server_tls(vars) == Some(true) {
-        for (name, flag) in SERVER_TLS {
-            if let Some(value) = get(name) {
-                flags.push((flag, value.to_owned()));
-            }
-        }
-        // envoyproxy/ratelimit serves TLS on its gRPC port only: the
-        // readiness probes that deployments aim at `/healthcheck` speak
-        // plain HTTP.
-        flags.push(("http-tls", "off".into()));
+    server_tls_flags(vars, &mut flags);
+    redis_connection_flags(vars, &mut flags, &mut problems);
+    serving_flags(vars, &mut flags, &mut problems);
+    decision_flags(vars, &mut flags, &mut problems);
+    xds::xds_flags(vars, &mut flags, &mut problems);
+    // Over xDS the runtime directory holds no rules.
+    if !xds::wants_xds(vars) {
+        flags.extend(runtime_config(vars));
     }
+    let mut warnings: Vec<String> = unsupported_warning(vars).into_iter().collect();
+    warnings.extend(problems);
+    (flags, warnings)
+}
+
+/// The variable `name`, trimmed; `None` when unset or blank.
+fn var<'a>(vars: &'a HashMap<String, String>, name: &str) -> Option<&'a str> {
+    vars.get(name)
+        .map(|it| it.trim())
+        .filter(|it| !it.is_empty())
+}
+
+/// With `GRPC_SERVER_USE_TLS=true`: the certificate, key and client
+/// verification of the gRPC port, and a plain HTTP port.
+fn server_tls_flags(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>) {
+    if server_tls(vars) != Some(true) {
+        return;
+    }
+    for (name, flag) in SERVER_TLS {
+        if let Some(value) = var(vars, name) {
+            flags.push((flag, value.to_owned()));
+        }
+    }
+    // envoyproxy/ratelimit serves TLS on its gRPC port only: the
+    // readiness probes that deployments aim at `/healthcheck` speak
+    // plain HTTP.
+    flags.push(("http-tls", "off".into()));
+}
+
+/// How Redis is reached once found: its TLS files, host name
+/// verification, and the pool size.
+fn redis_connection_flags(
+    vars: &HashMap<String, String>,
+    flags: &mut Vec<FlagValue>,
+    problems: &mut Vec<String>,
+) {
+    let get = |name: &str| var(vars, name);
     for (name, flag) in [
         ("REDIS_TLS_CACERT", "redis-tls-ca"),
         ("REDIS_TLS_CLIENT_CERT", "redis-tls-cert"),
@@ -169,6 +198,15 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
             _ => problems.push(format!("REDIS_POOL_SIZE={size} is not a positive number")),
         }
     }
+}
+
+/// Where both servers listen, and the log format.
+fn serving_flags(
+    vars: &HashMap<String, String>,
+    flags: &mut Vec<FlagValue>,
+    problems: &mut Vec<String>,
+) {
+    let get = |name: &str| var(vars, name);
     if let Some(addr) = listen_addr(get("GRPC_HOST"), get("GRPC_PORT"), 8081) {
         flags.push(("grpc-addr", addr));
     }
@@ -181,6 +219,17 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
             _ => problems.push(format!("LOG_FORMAT={format} is neither json nor text")),
         }
     }
+}
+
+/// How decisions are made and answered: shadow mode, merged domains,
+/// response headers and their names, the key prefix, the near-limit
+/// ratio.
+fn decision_flags(
+    vars: &HashMap<String, String>,
+    flags: &mut Vec<FlagValue>,
+    problems: &mut Vec<String>,
+) {
+    let get = |name: &str| var(vars, name);
     for (name, flag) in [
         ("SHADOW_MODE", "shadow-mode"),
         ("MERGE_DOMAIN_CONFIG", "merge-domains"),
@@ -211,35 +260,38 @@ pub fn from_envoyproxy_env(vars: &HashMap<String, String>) -> (Vec<FlagValue>, V
             flags.push((flag, value.to_owned()));
         }
     }
-    xds::xds_flags(vars, &mut flags, &mut problems);
-    // Over xDS the runtime directory holds no rules.
-    if !xds::wants_xds(vars)
-        && (get("RUNTIME_ROOT").is_some() || get("RUNTIME_SUBDIRECTORY").is_some())
-    {
-        let mut path =
-            std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
-        if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
-            path.push(sub);
-        }
-        path.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
-        flags.push(("config", path.display().to_string()));
-    }
+}
 
+/// The config directory their runtime variables name, as `--config`.
+fn runtime_config(vars: &HashMap<String, String>) -> Option<FlagValue> {
+    let get = |name: &str| var(vars, name);
+    if get("RUNTIME_ROOT").is_none() && get("RUNTIME_SUBDIRECTORY").is_none() {
+        return None;
+    }
+    let mut path = std::path::PathBuf::from(get("RUNTIME_ROOT").unwrap_or(DEFAULT_RUNTIME_ROOT));
+    if let Some(sub) = get("RUNTIME_SUBDIRECTORY") {
+        path.push(sub);
+    }
+    path.push(get("RUNTIME_APPDIRECTORY").unwrap_or("config"));
+    Some(("config", path.display().to_string()))
+}
+
+/// One warning naming every unsupported variable set, sorted; `None`
+/// without any.
+fn unsupported_warning(vars: &HashMap<String, String>) -> Option<String> {
     let mut unsupported: Vec<&str> = vars
         .iter()
         .filter(|(name, value)| is_unsupported(name, value))
         .map(|(name, _)| name.as_str())
         .collect();
-    unsupported.sort_unstable();
-    let mut warnings = Vec::new();
-    if !unsupported.is_empty() {
-        warnings.push(format!(
-            "envoyproxy/ratelimit variables not supported, ignored: {}",
-            unsupported.join(", ")
-        ));
+    if unsupported.is_empty() {
+        return None;
     }
-    warnings.extend(problems);
-    (flags, warnings)
+    unsupported.sort_unstable();
+    Some(format!(
+        "envoyproxy/ratelimit variables not supported, ignored: {}",
+        unsupported.join(", ")
+    ))
 }
 
 /// envoyproxy/ratelimit's server TLS variables besides
@@ -339,11 +391,7 @@ fn redis_refusals(vars: &HashMap<String, String>) -> Vec<String> {
 }
 
 fn redis(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &mut Vec<String>) {
-    let get = |name: &str| {
-        vars.get(name)
-            .map(|it| it.trim())
-            .filter(|it| !it.is_empty())
-    };
+    let get = |name: &str| var(vars, name);
     let Some(url) = get("REDIS_URL") else { return };
     if url.contains("://") || OUR_REDIS_TARGETS.iter().any(|it| get(it).is_some()) {
         return;
@@ -438,11 +486,7 @@ fn redis(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &
 /// `TRACING_SERVICE_NAME`, spans carry its default service name,
 /// `RateLimit`, so traces keep their place after a swap.
 fn tracing(vars: &HashMap<String, String>, flags: &mut Vec<FlagValue>, problems: &mut Vec<String>) {
-    let get = |name: &str| {
-        vars.get(name)
-            .map(|it| it.trim())
-            .filter(|it| !it.is_empty())
-    };
+    let get = |name: &str| var(vars, name);
     let mut on = false;
     if let Some(value) = get("TRACING_ENABLED") {
         match parse_bool(value) {

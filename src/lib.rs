@@ -1,7 +1,9 @@
 //! throttlegate: an Envoy-compatible rate-limit decision service.
 //!
-//! Crate map: `app` builds the service, then the modules in the order a
-//! request meets them:
+//! Crate map: `cli` reads the command line, `app` builds the service,
+//! then the modules in the order a request meets them:
+//! - `cli`: the `throttlegate` command line: subcommands, flags, and
+//!   envoyproxy/ratelimit's variables as their defaults;
 //! - `app`: the composition root of `serve`: settings to running servers,
 //!   signals to an exit code;
 //! - `transport`: the gRPC and HTTP servers, bounded accepting, wire mapping;
@@ -30,6 +32,7 @@
 pub mod algorithms;
 pub mod app;
 pub mod backends;
+pub mod cli;
 pub mod clock;
 pub mod compat;
 pub mod config;
@@ -94,6 +97,23 @@ mod tests {
                     "quota",
                     "xds",
                     "traces",
+                ],
+            ),
+            (
+                "cli",
+                &[
+                    "app",
+                    "algorithms",
+                    "backends",
+                    "clock",
+                    "compat",
+                    "config",
+                    "decision",
+                    "metrics",
+                    "simulate",
+                    "traces",
+                    "transport",
+                    "xds",
                 ],
             ),
             (

@@ -31,7 +31,7 @@ const DESCRIPTORS_PER_REQUEST: usize = 64;
 const FLOODERS: usize = 4;
 
 /// Starts `/metrics` (the service's HTTP router) on an ephemeral port.
-async fn serve_http(app: throttlegate::transport::http::App) -> SocketAddr {
+async fn serve_http(app: throttlegate::transport::http::HttpApp) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind an ephemeral port");

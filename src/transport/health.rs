@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backends::{self, Backend};
-use crate::transport::shutdown::{Shutdown, Stage};
+use crate::transport::shutdown::{Shutdown, ShutdownStage};
 
 /// A probe slower than this counts as a failure.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -44,7 +44,7 @@ impl Health {
     }
 
     /// The same health, unhealthy from the moment `shutdown` leaves
-    /// [`Stage::Serving`].
+    /// [`ShutdownStage::Serving`].
     pub fn following(self, shutdown: Shutdown) -> Self {
         Self {
             shutdown: Some(shutdown),
@@ -57,7 +57,7 @@ impl Health {
     pub fn stopping(&self) -> bool {
         self.shutdown
             .as_ref()
-            .is_some_and(|it| it.stage() != Stage::Serving)
+            .is_some_and(|it| it.stage() != ShutdownStage::Serving)
     }
 
     /// `Ok` when requests should be sent here.

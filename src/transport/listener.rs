@@ -173,16 +173,18 @@ pub struct Watchdog {
     state: Mutex<Guarded>,
 }
 
-/// The state, and the task whose IO last waited without a deadline: arming
+/// The phase, and the task whose IO last waited without a deadline: arming
 /// one must wake it, or the deadline is not seen until the peer sends.
 #[derive(Debug)]
 struct Guarded {
-    state: State,
+    state: RequestPhase,
     waiting: Option<Waker>,
 }
 
+/// Where a connection stands between its requests, which says which
+/// deadline the watchdog enforces.
 #[derive(Debug, Clone, Copy)]
-enum State {
+enum RequestPhase {
     /// Waiting for the first byte of a request head.
     Idle { deadline: Instant, head: Duration },
     /// A request head has begun; no request is being served.
@@ -194,10 +196,10 @@ enum State {
 impl Watchdog {
     fn new(first_deadline: Option<Duration>) -> Self {
         let state = match first_deadline {
-            Some(within) => State::Head {
+            Some(within) => RequestPhase::Head {
                 deadline: Instant::now() + within,
             },
-            None => State::Settled,
+            None => RequestPhase::Settled,
         };
         Self {
             state: Mutex::new(Guarded {
@@ -233,7 +235,7 @@ impl Watchdog {
     /// A request was received whole (its head, for HTTP/1): no deadline
     /// until [`Watchdog::idle`].
     pub fn request_started(&self) {
-        self.lock().state = State::Settled;
+        self.lock().state = RequestPhase::Settled;
     }
 
     /// The connection waits for the next request: it must start within
@@ -241,7 +243,7 @@ impl Watchdog {
     pub fn idle(&self, idle: Duration, head: Duration) {
         let waiting = {
             let mut guarded = self.lock();
-            guarded.state = State::Idle {
+            guarded.state = RequestPhase::Idle {
                 deadline: Instant::now() + idle,
                 head,
             };
@@ -255,19 +257,19 @@ impl Watchdog {
     /// Bytes arrived: a waiting connection starts its header deadline.
     fn bytes_read(&self) {
         let mut guarded = self.lock();
-        if let State::Idle { head, .. } = guarded.state {
-            guarded.state = State::Head {
+        if let RequestPhase::Idle { head, .. } = guarded.state {
+            guarded.state = RequestPhase::Head {
                 deadline: Instant::now() + head,
             };
         }
     }
 }
 
-impl State {
+impl RequestPhase {
     fn deadline(self) -> Option<Instant> {
         match self {
-            State::Idle { deadline, .. } | State::Head { deadline } => Some(deadline),
-            State::Settled => None,
+            RequestPhase::Idle { deadline, .. } | RequestPhase::Head { deadline } => Some(deadline),
+            RequestPhase::Settled => None,
         }
     }
 }

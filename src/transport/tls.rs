@@ -72,7 +72,7 @@ pub struct Tls {
     grpc: ArcSwap<ServerConfig>,
     http: ArcSwap<ServerConfig>,
     /// The files as last loaded (or last refused): only a change reloads.
-    seen: Mutex<Fingerprint>,
+    seen: Mutex<TlsFileStamps>,
     observer: Option<Box<dyn Fn(bool) + Send + Sync>>,
 }
 
@@ -106,10 +106,11 @@ pub struct TlsReloadGuard {
     task: JoinHandle<()>,
 }
 
-/// Identity of the files: path, modification time, length, inode. A
-/// Kubernetes secret update (a symlink swap) changes the target's inode.
+/// Identity of the TLS files, one stamp each: modification time, length,
+/// inode. A Kubernetes secret update (a symlink swap) changes the target's
+/// inode.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-struct Fingerprint(Vec<Option<(SystemTime, u64, u64)>>);
+struct TlsFileStamps(Vec<Option<(SystemTime, u64, u64)>>);
 
 /// The client verifier of `--tls-client-ca`, and the name the client's
 /// certificate must also be valid for.
@@ -127,7 +128,7 @@ impl Tls {
         // The process-wide provider rustls falls back on; ours is explicit,
         // but a client built elsewhere (Redis) may need it.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let seen = Fingerprint::of(&files);
+        let seen = TlsFileStamps::of(&files);
         let (grpc, http) = build(&files)?;
         Ok(Tls {
             files,
@@ -160,14 +161,14 @@ impl Tls {
     /// (logged, without the files' contents) the configs in force stay.
     pub fn reload_now(&self) -> Result<(), Error> {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        *seen = Fingerprint::of(&self.files);
+        *seen = TlsFileStamps::of(&self.files);
         self.reload_locked()
     }
 
     /// Reloads if the files changed since the last load; `None` if not.
     pub fn reload_if_changed(&self) -> Option<Result<(), Error>> {
         let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = Fingerprint::of(&self.files);
+        let now = TlsFileStamps::of(&self.files);
         if now == *seen {
             return None;
         }
@@ -446,17 +447,17 @@ impl Drop for TlsReloadGuard {
     }
 }
 
-// === impl Fingerprint ===
+// === impl TlsFileStamps ===
 
-impl Fingerprint {
-    fn of(files: &TlsFiles) -> Fingerprint {
+impl TlsFileStamps {
+    fn of(files: &TlsFiles) -> TlsFileStamps {
         use std::os::unix::fs::MetadataExt;
         let paths = [
             Some(&files.cert),
             Some(&files.key),
             files.client_ca.as_ref(),
         ];
-        Fingerprint(
+        TlsFileStamps(
             paths
                 .into_iter()
                 .flatten()

@@ -35,14 +35,14 @@ pub struct XdsTls {
 /// Where the server is: `host:port`, or an `http://`/`https://` URL (the
 /// scheme does not choose TLS: `tls` does).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
+pub struct XdsServerAddress {
     pub host: String,
     pub port: u16,
 }
 
-impl Target {
+impl XdsServerAddress {
     /// Parses `address`; the message says what is wrong.
-    pub fn parse(address: &str) -> Result<Target, String> {
+    pub fn parse(address: &str) -> Result<XdsServerAddress, String> {
         let rest = address
             .strip_prefix("http://")
             .or_else(|| address.strip_prefix("https://"))
@@ -55,7 +55,7 @@ impl Target {
         if host.is_empty() || rest.contains('/') {
             return Err(refused());
         }
-        Ok(Target {
+        Ok(XdsServerAddress {
             host: host.to_owned(),
             port,
         })
@@ -107,14 +107,14 @@ pub fn client_config(tls: &XdsTls) -> Result<rustls::ClientConfig, String> {
 }
 
 /// The name the server's certificate is checked against.
-pub fn server_name(target: &Target, tls: &XdsTls) -> Result<ServerName<'static>, String> {
+pub fn server_name(target: &XdsServerAddress, tls: &XdsTls) -> Result<ServerName<'static>, String> {
     let name = tls.server_name.as_deref().unwrap_or(&target.host);
     ServerName::try_from(name.to_owned())
         .map_err(|_| format!("'{name}' is not a DNS name or IP address for the xDS server"))
 }
 
 /// A channel to `target`, connected now (an error says why not).
-pub async fn connect(target: &Target, tls: Option<&XdsTls>) -> Result<Channel, String> {
+pub async fn connect(target: &XdsServerAddress, tls: Option<&XdsTls>) -> Result<Channel, String> {
     let endpoint = Endpoint::from_shared(target.uri())
         .map_err(|err| err.to_string())?
         .connect_timeout(CONNECT_TIMEOUT)
@@ -162,22 +162,25 @@ mod tests {
 
     #[test]
     fn addresses_parse_with_or_without_a_scheme() {
-        let target = |host: &str, port| Target {
+        let target = |host: &str, port| XdsServerAddress {
             host: host.to_owned(),
             port,
         };
         assert_eq!(
-            Target::parse("envoy-gateway:18001"),
+            XdsServerAddress::parse("envoy-gateway:18001"),
             Ok(target("envoy-gateway", 18001))
         );
         assert_eq!(
-            Target::parse("https://eg.local:443/"),
+            XdsServerAddress::parse("https://eg.local:443/"),
             Ok(target("eg.local", 443))
         );
-        assert_eq!(Target::parse("[::1]:18000"), Ok(target("::1", 18000)));
+        assert_eq!(
+            XdsServerAddress::parse("[::1]:18000"),
+            Ok(target("::1", 18000))
+        );
         assert_eq!(target("::1", 1).uri(), "http://[::1]:1");
         for bad in ["envoy-gateway", "host:port", ":1", "http://h:1/path"] {
-            assert!(Target::parse(bad).is_err(), "{bad}");
+            assert!(XdsServerAddress::parse(bad).is_err(), "{bad}");
         }
     }
 

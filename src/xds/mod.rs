@@ -40,7 +40,7 @@ use crate::proto::xds::envoy::service::discovery::v3::aggregated_discovery_servi
 use crate::proto::xds::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use crate::proto::xds::google::rpc::Status;
 
-pub use connect::{Target, XdsTls};
+pub use connect::{XdsServerAddress, XdsTls};
 pub use resources::RATE_LIMIT_CONFIG_TYPE;
 
 /// The longest wait between two connection attempts (envoyproxy/ratelimit's
@@ -60,7 +60,7 @@ const OUTBOX: usize = 4;
 /// How to reach the management server and whom to say we are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdsSettings {
-    pub server: Target,
+    pub server: XdsServerAddress,
     /// The node id the server picks our resources by.
     pub node_id: String,
     /// Node metadata, string values.
@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn the_node_carries_its_id_and_metadata() {
         let settings = XdsSettings {
-            server: Target::parse("eg:18001").unwrap(),
+            server: XdsServerAddress::parse("eg:18001").unwrap(),
             node_id: "envoy-ratelimit".into(),
             node_metadata: vec![("zone".into(), "a".into())],
             tls: None,

@@ -42,7 +42,7 @@ pub struct TestService {
     pub channel: Channel,
     pub limiter: Arc<Limiter>,
     /// What the HTTP routes of this service answer from.
-    pub http: http::App,
+    pub http: http::HttpApp,
     shutdown: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<Result<(), grpc::Error>>>,
 }
@@ -134,7 +134,7 @@ fn apps(
     backend: Arc<dyn Backend>,
     options: Options,
     metrics: Metrics,
-) -> (grpc::App, http::App) {
+) -> (grpc::GrpcApp, http::HttpApp) {
     throttlegate::app::server_apps(
         Arc::new(ArcSwap::from_pointee(rules)),
         Arc::new(ConfigStatus::new(None, SystemTime::now())),
@@ -147,7 +147,7 @@ fn apps(
 
 /// Serves `app` (its connections on `threads` serving threads, 0: on the
 /// test's runtime) and connects a client.
-async fn serve(app: grpc::App, http: http::App, threads: usize) -> TestService {
+async fn serve(app: grpc::GrpcApp, http: http::HttpApp, threads: usize) -> TestService {
     let limiter = app.limiter.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -38,7 +38,7 @@ use crate::transport::tls::{self, Io, TlsAcceptor};
 
 pub use crate::transport::grpc::health::HEALTH_SERVICES;
 pub use crate::transport::grpc::reflection::MAX_REFLECTION_STATUS_MESSAGE;
-pub use crate::transport::shutdown::{Shutdown, ShutdownControl, Stage, shutdown_channel};
+pub use crate::transport::shutdown::{Shutdown, ShutdownControl, ShutdownStage, shutdown_channel};
 
 /// Largest gRPC message accepted; bigger ones are refused before decoding.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024;
@@ -56,7 +56,7 @@ const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
 
 /// What the server runs.
 #[derive(Debug, Clone)]
-pub struct App {
+pub struct GrpcApp {
     pub limiter: Arc<Limiter>,
     /// Where connections and calls in flight are counted.
     pub metrics: Arc<Metrics>,
@@ -134,7 +134,7 @@ pub enum Error {
 /// completes; see [`serve_limited`].
 pub async fn serve(
     listener: TcpListener,
-    app: App,
+    app: GrpcApp,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), Error> {
     let (control, stages) = shutdown_channel();
@@ -148,13 +148,13 @@ pub async fn serve(
 }
 
 /// Serves gRPC on `listener` within `limits` through the stages of
-/// `shutdown`: health turns NOT_SERVING when it leaves [`Stage::Serving`]
-/// (RPCs are still answered), and at [`Stage::Closing`] the listener
-/// closes, Watch streams end and in-flight RPCs drain for at most
-/// `app.drain_timeout`.
+/// `shutdown`: health turns NOT_SERVING when it leaves
+/// [`ShutdownStage::Serving`] (RPCs are still answered), and at
+/// [`ShutdownStage::Closing`] the listener closes, Watch streams end and
+/// in-flight RPCs drain for at most `app.drain_timeout`.
 pub async fn serve_limited(
     listener: TcpListener,
-    app: App,
+    app: GrpcApp,
     limits: GrpcLimits,
     shutdown: Shutdown,
 ) -> Result<(), Error> {
@@ -203,7 +203,7 @@ pub async fn serve_limited(
 /// runtime.
 #[derive(Clone)]
 struct Connections<S> {
-    app: App,
+    app: GrpcApp,
     limits: GrpcLimits,
     /// The gRPC services, as one ([`Services`]).
     services: S,

@@ -19,7 +19,7 @@ use crate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
     Code as WireCode, rate_limit::Unit as WireUnit,
 };
 use crate::rules::Unit;
-use crate::transport::http::App;
+use crate::transport::http::HttpApp;
 use crate::transport::wire;
 
 /// 200 with the decision, 429 when it is OVER_LIMIT (as envoyproxy/ratelimit
@@ -27,7 +27,7 @@ use crate::transport::wire;
 /// backend failed. The body is read as JSON whatever its content type, so a
 /// plain `curl -d` works.
 pub(super) async fn decide(
-    State(app): State<App>,
+    State(app): State<HttpApp>,
     body: Result<axum::body::Bytes, BytesRejection>,
 ) -> Response {
     let body = match body {

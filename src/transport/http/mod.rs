@@ -30,7 +30,7 @@ use crate::transport::tls::{Io, TlsAcceptor, handshake_failed};
 
 /// What the routes answer from.
 #[derive(Debug, Clone)]
-pub struct App {
+pub struct HttpApp {
     /// Decides `/json` requests.
     pub limiter: Arc<Limiter>,
     /// Served by `/metrics`; also where connections are counted.
@@ -49,7 +49,7 @@ pub struct App {
 }
 
 /// The HTTP routes over `app`.
-pub fn router(app: App) -> Router {
+pub fn router(app: HttpApp) -> Router {
     Router::new()
         .route("/healthcheck", get(healthcheck))
         .route("/json", post(json::decide))
@@ -93,7 +93,7 @@ impl HttpLimits {
 /// [`serve_limited`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    app: App,
+    app: HttpApp,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
     serve_limited(listener, app, HttpLimits::standard(), shutdown).await
@@ -105,7 +105,7 @@ pub async fn serve(
 /// in-flight requests finish (the caller bounds how long).
 pub async fn serve_limited(
     listener: tokio::net::TcpListener,
-    app: App,
+    app: HttpApp,
     limits: HttpLimits,
     shutdown: Shutdown,
 ) -> std::io::Result<()> {
@@ -113,7 +113,7 @@ pub async fn serve_limited(
     let tls = app.tls.clone();
     let handshake_errors = app.metrics.tls_handshake_errors("http");
     let handshake_log = Arc::new(LogGate::new());
-    let router = router(App {
+    let router = router(HttpApp {
         health: app.health.following(shutdown.clone()),
         ..app
     });
@@ -225,14 +225,14 @@ impl http_body::Body for TimedBody {
 
 /// 200 when requests should be sent here; 503 with the reason otherwise
 /// (a stop under way, the backend failing its probe).
-async fn healthcheck(State(app): State<App>) -> Response {
+async fn healthcheck(State(app): State<HttpApp>) -> Response {
     match app.health.check().await {
         Ok(()) => (StatusCode::OK, "OK\n").into_response(),
         Err(err) => (StatusCode::SERVICE_UNAVAILABLE, format!("{err}\n")).into_response(),
     }
 }
 
-async fn rlconfig(State(app): State<App>) -> String {
+async fn rlconfig(State(app): State<HttpApp>) -> String {
     let mut text = app.config.render();
     let notes = app.health.backend_notes().await;
     if !notes.is_empty() {
@@ -285,7 +285,7 @@ fn quota_summary(pools: &[crate::quota::PoolView]) -> String {
 /// Prometheus scrape: the text exposition of every metric. Formatting
 /// thousands of series takes milliseconds, so it runs on the blocking pool,
 /// not on a worker that decisions need.
-async fn metrics(State(app): State<App>) -> Response {
+async fn metrics(State(app): State<HttpApp>) -> Response {
     match tokio::task::spawn_blocking(move || app.metrics.encode()).await {
         Ok(text) => (
             [(
@@ -319,7 +319,7 @@ mod tests {
     const CONFIG: &str = "domain: api\ndescriptors:\n  - key: user\n    rate_limit: {unit: minute, requests_per_unit: 2, name: per_user}\n";
 
     /// The routes' parts, as the composition root builds them.
-    fn app() -> App {
+    fn app() -> HttpApp {
         let (_, app) = crate::app::server_apps(
             Arc::new(ArcSwap::from_pointee(testing::rules_from(
                 "api.yaml", CONFIG,
