@@ -4,6 +4,7 @@
 //! Invariant: every call goes the one path of [`call`](super::call), and
 //! its command is made at the moment it is written, never earlier.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use redis::Cmd;
@@ -52,18 +53,18 @@ impl SingleServer {
     ) -> Result<Vec<i64>, Error> {
         // Whether the checkout ended before the time did: a slow engine is
         // a timeout, a slow checkout a missing connection.
-        let checked_out = std::sync::atomic::AtomicBool::new(false);
+        let checked_out = AtomicBool::new(false);
         // One timer for the checkout and the engine: both are usually ready
         // at once, and a timer is only registered when they are not.
         let ready = async {
             let conn = self.connections.connection().await?;
-            checked_out.store(true, std::sync::atomic::Ordering::Relaxed);
+            checked_out.store(true, Ordering::Relaxed);
             match conn.engine().await {
                 Ok(engine) => Ok((conn, engine)),
                 Err(err) => Err(self.connections.fail(&conn, &err)),
             }
         };
-        let too_slow = || match checked_out.load(std::sync::atomic::Ordering::Relaxed) {
+        let too_slow = || match checked_out.load(Ordering::Relaxed) {
             true => Error::Timeout(self.timeout_ms),
             false => self.connections.checkout_timeout(),
         };
