@@ -15,9 +15,9 @@ use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode, Outcome};
 use throttlegate::backends::keys::{HashTag, KeyFormat};
 use throttlegate::backends::redis::DECIDE_LUA;
 use throttlegate::backends::redis::script::{
-    Arg, HeaderArgs, LimitArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, ReplyIntegers, argv,
-    decode_refund_reply, decode_reply_with_receipts, invocation, refund_argv, refund_invocation,
-    refund_script,
+    Arg, HeaderArgs, REFUND_LUA, Receipt, RefundArgs, RefundHeader, ReplyIntegers, ScriptLimit,
+    argv, decode_refund_reply, decode_reply_with_receipts, invocation, refund_argv,
+    refund_invocation, refund_script,
 };
 
 /// 20 s into a minute window.
@@ -53,7 +53,7 @@ async fn decide(
     let script = redis::Script::new(DECIDE_LUA);
     let ReplyIntegers(reply) = script
         .key(key)
-        .arg(argv(&header, &[LimitArgs::of(&check)]))
+        .arg(argv(&header, &[ScriptLimit::of(&check)]))
         .invoke_async(conn)
         .await
         .expect("decide");
@@ -446,7 +446,7 @@ async fn call_decide(
         grace_ms: GRACE_MS,
         receipts,
     };
-    let limits: Vec<_> = checks.iter().map(LimitArgs::of).collect();
+    let limits: Vec<_> = checks.iter().map(ScriptLimit::of).collect();
     let script = redis::Script::new(DECIDE_LUA);
     let mut invocation = script.prepare_invoke();
     for key in keys {
@@ -519,7 +519,7 @@ async fn bad_receipts_are_refused_before_any_write() {
         grace_ms: GRACE_MS,
         receipts: true,
     };
-    let mut args = argv(&header, &[LimitArgs::of(&check(algorithm, 1))]);
+    let mut args = argv(&header, &[ScriptLimit::of(&check(algorithm, 1))]);
     args[2] = Arg::Text("2");
     let flag: redis::RedisResult<ReplyIntegers> = redis::Script::new(DECIDE_LUA)
         .key("k")

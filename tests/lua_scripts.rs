@@ -7,7 +7,7 @@ use redis::aio::MultiplexedConnection;
 use support::redis::{RedisServer, members};
 use throttlegate::algorithms::{Algorithm, Charge, Check, LimitParams, Mode};
 use throttlegate::backends::redis::DECIDE_LUA;
-use throttlegate::backends::redis::script::{Arg, HeaderArgs, LimitArgs, ReplyIntegers, argv};
+use throttlegate::backends::redis::script::{Arg, HeaderArgs, ReplyIntegers, ScriptLimit, argv};
 
 const T0: u64 = 1_700_000_000_000_001;
 
@@ -15,8 +15,8 @@ const T0: u64 = 1_700_000_000_000_001;
 /// its injected clock.
 const GRACE_MS: u64 = 60_000;
 
-fn log_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
-    LimitArgs {
+fn log_limit(limit: u64, window_s: u64, cost: u64) -> ScriptLimit {
+    ScriptLimit {
         algorithm: "sliding_window_log",
         limit,
         window_us: window_s * 1_000_000,
@@ -29,10 +29,10 @@ fn log_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
     }
 }
 
-fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
+fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> ScriptLimit {
     let params =
         LimitParams::new(Algorithm::TokenBucket, limit, window_s * 1_000_000, None).unwrap();
-    LimitArgs::of(&Check {
+    ScriptLimit::of(&Check {
         params,
         cost,
         mode: Mode::Enforce,
@@ -40,7 +40,7 @@ fn bucket_limit(limit: u64, window_s: u64, cost: u64) -> LimitArgs {
 }
 
 /// ARGV as the backend builds it.
-fn args(now: Option<u64>, grace_ms: u64, limits: &[LimitArgs]) -> Vec<Arg> {
+fn args(now: Option<u64>, grace_ms: u64, limits: &[ScriptLimit]) -> Vec<Arg> {
     let header = HeaderArgs {
         now_us: now,
         grace_ms,
@@ -53,7 +53,7 @@ async fn call(
     conn: &mut MultiplexedConnection,
     keys: &[&str],
     now: Option<u64>,
-    limits: &[LimitArgs],
+    limits: &[ScriptLimit],
 ) -> redis::RedisResult<Vec<i64>> {
     call_with_grace(conn, keys, now, 0, limits).await
 }
@@ -66,7 +66,7 @@ async fn call_with_grace(
     keys: &[&str],
     now: Option<u64>,
     grace_ms: u64,
-    limits: &[LimitArgs],
+    limits: &[ScriptLimit],
 ) -> redis::RedisResult<Vec<i64>> {
     let script = redis::Script::new(DECIDE_LUA);
     let mut invocation = script.prepare_invoke();
@@ -79,7 +79,7 @@ async fn call_with_grace(
 }
 
 /// One limit on the key `k` at `now`, with [`GRACE_MS`]: the reply.
-async fn hit(conn: &mut MultiplexedConnection, now: u64, limit: LimitArgs) -> Vec<i64> {
+async fn hit(conn: &mut MultiplexedConnection, now: u64, limit: ScriptLimit) -> Vec<i64> {
     call_with_grace(conn, &["k"], Some(now), GRACE_MS, &[limit])
         .await
         .unwrap()
@@ -209,7 +209,7 @@ async fn microsecond_timestamps_are_stored_exactly() {
     );
     // A token bucket of 3 per second (scale 1_000_000 / 1 … reduced: per_us
     // 3, scale 1_000_000), one taken.
-    let bucket = LimitArgs {
+    let bucket = ScriptLimit {
         algorithm: "token_bucket",
         limit: 3,
         window_us: 1_000_000,
@@ -518,9 +518,14 @@ async fn costs_up_to_two_to_the_64_are_denied_without_a_write() {
     for limit in [log_limit(5, 1, 0), bucket_limit(5, 1, 0)] {
         for cost in costs {
             let before = writes(&mut conn).await;
-            let reply = call(&mut conn, &["k"], Some(T0), &[LimitArgs { cost, ..limit }])
-                .await
-                .unwrap();
+            let reply = call(
+                &mut conn,
+                &["k"],
+                Some(T0),
+                &[ScriptLimit { cost, ..limit }],
+            )
+            .await
+            .unwrap();
             assert_eq!(reply, vec![0, 0, 5, 1_000_000], "{cost}");
             assert_eq!(writes(&mut conn).await, before, "{cost}");
         }
@@ -573,9 +578,9 @@ async fn expired_entries_are_removed_a_bounded_number_per_call() {
     assert_eq!(query::<u64>(&mut conn, "ZCARD", "k").await, 300 - 64 + 2);
 }
 
-fn limit_of(algorithm: Algorithm, limit: u64, cost: u64, mode: &'static str) -> LimitArgs {
+fn limit_of(algorithm: Algorithm, limit: u64, cost: u64, mode: &'static str) -> ScriptLimit {
     let params = LimitParams::new(algorithm, limit, 60_000_000, None).unwrap();
-    let mut args = LimitArgs::of(&Check {
+    let mut args = ScriptLimit::of(&Check {
         params,
         cost,
         mode: Mode::Enforce,
@@ -677,7 +682,7 @@ async fn a_token_bucket_in_debt_is_read_and_debt_past_one_capacity_forgiven() {
             .unwrap();
         let scale = params.rate().scale;
         (
-            LimitArgs::of(&Check {
+            ScriptLimit::of(&Check {
                 params,
                 cost: 1,
                 mode: Mode::Enforce,

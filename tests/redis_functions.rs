@@ -13,7 +13,7 @@ use support::rng::Rng;
 use throttlegate::algorithms::Algorithm::{self, FixedWindow, SlidingWindowLog, TokenBucket};
 use throttlegate::algorithms::{Charge, Check, LimitParams, Mode};
 use throttlegate::backends::redis::script::{
-    self, BATCH_FIELDS, HeaderArgs, LimitArgs, REQUEST_FIELDS, ReplyIntegers, argv,
+    self, BATCH_FIELDS, HeaderArgs, REQUEST_FIELDS, ReplyIntegers, ScriptLimit, argv,
 };
 use throttlegate::backends::redis::{ClockSource, DECIDE_LUA};
 use throttlegate::backends::{Backend, KeyedCheck};
@@ -250,18 +250,18 @@ fn header(now: u64) -> HeaderArgs {
     }
 }
 
-fn limit_of(algorithm: Algorithm, cost: u64) -> LimitArgs {
+fn limit_of(algorithm: Algorithm, cost: u64) -> ScriptLimit {
     enforced(algorithm, 5, cost)
 }
 
 /// A fixed window of `limit` a minute, enforced, at `cost`.
-fn fixed(limit: u64, cost: u64) -> LimitArgs {
+fn fixed(limit: u64, cost: u64) -> ScriptLimit {
     enforced(FixedWindow, limit, cost)
 }
 
-fn enforced(algorithm: Algorithm, limit: u64, cost: u64) -> LimitArgs {
+fn enforced(algorithm: Algorithm, limit: u64, cost: u64) -> ScriptLimit {
     let params = LimitParams::new(algorithm, limit, 60_000_000, None).unwrap();
-    LimitArgs::of(&Check {
+    ScriptLimit::of(&Check {
         params,
         cost,
         mode: Mode::Enforce,
@@ -309,11 +309,11 @@ async fn a_batch_decides_each_request_on_its_own_in_order() {
 struct TraceRequest {
     now: u64,
     keys: Vec<String>,
-    limits: Vec<LimitArgs>,
+    limits: Vec<ScriptLimit>,
 }
 
 impl TraceRequest {
-    fn at(now: u64, keys: &[&str], limits: Vec<LimitArgs>) -> TraceRequest {
+    fn at(now: u64, keys: &[&str], limits: Vec<ScriptLimit>) -> TraceRequest {
         let keys = keys.iter().map(|it| (*it).to_owned()).collect();
         TraceRequest { now, keys, limits }
     }
@@ -422,7 +422,7 @@ fn trace_requests(seed: u64, len: usize) -> Vec<TraceRequest> {
                 Mode::Quota,
             ]);
             keys.push(format!("k{slot}"));
-            limits.push(LimitArgs::of(&Check { params, cost, mode }));
+            limits.push(ScriptLimit::of(&Check { params, cost, mode }));
         }
         out.push(TraceRequest {
             now: at,
@@ -537,7 +537,7 @@ async fn a_batch_on_a_log_with_many_expired_members_leaves_what_one_by_one_leave
     support::redis::load_library(&mut conn).await;
     let params = LimitParams::new(SlidingWindowLog, 1_000, 1_000_000, None).unwrap();
     let check = |cost| {
-        LimitArgs::of(&Check {
+        ScriptLimit::of(&Check {
             params,
             cost,
             mode: Mode::Enforce,

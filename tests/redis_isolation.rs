@@ -14,7 +14,7 @@ use support::service::{TestService, default_options, start_with_config};
 use throttlegate::algorithms::{Algorithm, Check, LimitParams, Mode};
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::script::{
-    self, BATCH_FIELDS, HeaderArgs, LimitArgs, REQUEST_FIELDS, ReplyIntegers, argv,
+    self, BATCH_FIELDS, HeaderArgs, REQUEST_FIELDS, ReplyIntegers, ScriptLimit, argv,
 };
 use throttlegate::backends::redis::{BatchSettings, ClockSource};
 use throttlegate::proto::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -35,9 +35,9 @@ fn header() -> HeaderArgs {
 }
 
 /// A fixed window of `limit` a minute, enforced, cost 1.
-fn fixed(limit: u64) -> LimitArgs {
+fn fixed(limit: u64) -> ScriptLimit {
     let params = LimitParams::new(Algorithm::FixedWindow, limit, 60_000_000, None).unwrap();
-    LimitArgs::of(&Check {
+    ScriptLimit::of(&Check {
         params,
         cost: 1,
         mode: Mode::Enforce,
@@ -45,8 +45,8 @@ fn fixed(limit: u64) -> LimitArgs {
 }
 
 /// A limit the script refuses: its window is past 2^53 µs.
-fn refused() -> LimitArgs {
-    LimitArgs {
+fn refused() -> ScriptLimit {
+    ScriptLimit {
         window_us: REFUSED_WINDOW_US,
         ..fixed(5)
     }
@@ -56,7 +56,7 @@ fn refused() -> LimitArgs {
 async fn fcall_decide(
     conn: &mut MultiplexedConnection,
     keys: &[&str],
-    limits: &[LimitArgs],
+    limits: &[ScriptLimit],
 ) -> redis::RedisResult<ReplyIntegers> {
     redis::cmd("FCALL")
         .arg(&script::library().decide)
@@ -68,7 +68,7 @@ async fn fcall_decide(
 }
 
 /// FCALL of the library's `decide_batch`: each request its keys and limits.
-fn batch_call(requests: &[(Vec<&str>, Vec<LimitArgs>)]) -> redis::Cmd {
+fn batch_call(requests: &[(Vec<&str>, Vec<ScriptLimit>)]) -> redis::Cmd {
     let keys: Vec<&str> = requests.iter().flat_map(|it| it.0.clone()).collect();
     let mut cmd = redis::cmd("FCALL");
     cmd.arg(&script::library().decide_batch)

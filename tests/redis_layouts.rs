@@ -13,7 +13,7 @@ use throttlegate::algorithms::Algorithm::{self, SlidingWindowLog};
 use throttlegate::backends::redis::script::{
     self, BATCH_FIELDS, HeaderArgs, REQUEST_FIELDS, ReplyIntegers,
 };
-use throttlegate::backends::redis::script::{LimitArgs, argv};
+use throttlegate::backends::redis::script::{ScriptLimit, argv};
 use throttlegate::backends::redis::{ClockSource, RedisBackend};
 use throttlegate::backends::{Backend, KeyedCheck, keys};
 
@@ -335,7 +335,10 @@ async fn in_a_batch_a_refused_layout_fails_its_request_alone() {
         .arg(&keys)
         .arg((BATCH_FIELDS[0].value)(&requests.len()));
     for request in requests {
-        let limits: Vec<LimitArgs> = request.iter().map(|it| LimitArgs::of(&it.check)).collect();
+        let limits: Vec<ScriptLimit> = request
+            .iter()
+            .map(|it| ScriptLimit::of(&it.check))
+            .collect();
         cmd.arg((REQUEST_FIELDS[0].value)(&request.len()))
             .arg(argv(&header, &limits));
     }
@@ -418,7 +421,7 @@ async fn a_layout_0_version_counts_a_batchs_shared_member_as_one_unit() {
         .arg((BATCH_FIELDS[0].value)(&2));
     for _ in 0..2 {
         cmd.arg((REQUEST_FIELDS[0].value)(&1))
-            .arg(argv(&header, &[LimitArgs::of(&check.check)]));
+            .arg(argv(&header, &[ScriptLimit::of(&check.check)]));
     }
     let reply: ReplyIntegers = cmd.query_async(&mut conn).await.expect("a batch");
     let answers = script::parse_batch_reply(&reply.0, &[1, 1]).expect("a batch reply");

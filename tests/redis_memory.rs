@@ -13,7 +13,7 @@ use support::service::T0;
 use throttlegate::algorithms::Algorithm;
 use throttlegate::backends::Backend;
 use throttlegate::backends::redis::ClockSource;
-use throttlegate::backends::redis::script::{self, HeaderArgs, LimitArgs, ReplyIntegers};
+use throttlegate::backends::redis::script::{self, HeaderArgs, ReplyIntegers, ScriptLimit};
 use throttlegate::clock::ManualClock;
 
 /// The window of every limit here: a minute.
@@ -98,7 +98,7 @@ fn decide(
         receipts: false,
     };
     // Capacity `limit`, no refill rate (scale 1), enforced.
-    let limit = LimitArgs {
+    let limit = ScriptLimit {
         algorithm,
         limit,
         window_us: WINDOW_US,

@@ -20,6 +20,9 @@
 //! come with new names here (a layout tag in the limit segment), so that
 //! versions never share a key they read differently; `format_is_pinned`
 //! keeps the names from changing by accident.
+//!
+//! Invariant: two different counters never share a key, and only the
+//! service writes a hash tag into one.
 
 use std::fmt::Write;
 

@@ -3,6 +3,10 @@
 //! A backend decides a whole request atomically with
 //! [`crate::algorithms::decide`]'s semantics: check every limit, then consume
 //! all or nothing.
+//!
+//! Invariant: a failure reaches the caller as one of [`Error`]'s kinds,
+//! and a call never written ([`Stage`] short of `Backend`) consumed
+//! nothing.
 
 pub mod keys;
 pub mod memory;

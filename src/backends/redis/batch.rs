@@ -1,37 +1,41 @@
-//! Concurrent decisions bound for one Redis coalesced into one call.
+//! Concurrent decisions bound for one Redis coalesced into one call. The
+//! batching rules, written here only:
 //!
-//! Calls in flight are limited to one per pooled connection. A request
-//! that finds a free slot is sent at once, alone: an idle service adds no
-//! wait. A request that finds every slot taken waits in a queue; when a
-//! call returns, its slot takes the queue's oldest requests that can
-//! still be written (at most [`BatchSettings::max_requests`] and
-//! [`BatchSettings::max_keys`], and with the calls in flight at most
-//! `max_keys_in_flight` keys, eight batches' worth) into one call of
-//! `decide_batch`, which decides them one after the other, in arrival
-//! order, each all-or-nothing with its own answer. Requests whose moment
-//! to be written has passed are answered when a batch is formed, never
-//! carried into it: under overload the oldest requests are out of time,
-//! and batches of them kept Redis working for callers already answered.
-//! The bound on keys in flight only caps the work ahead of a new call when
-//! the pool is large. A wait is bounded by the request's own timeout. Each request keeps its own
-//! deadline in a batch: when the batch is formed and again at the moment
-//! its call is written, a request whose caller has gone is left out
-//! unsent, and one whose own moment to be written has passed (its
-//! caller's `send_by`, or a quarter of its timeout left) is left out and
-//! answered ([`Error::Deadline`], or [`Error::Timeout`]); the others go.
-//! A caller that leaves once its request is written finds it in
-//! [`Stage::Backend`] and its decision is still counted; one that leaves
-//! before can no longer be written ([`crate::backends::Progress`]). The
-//! queue holds at most
-//! `max_waiting` requests (as many as the gate lets wait); beyond, a
-//! request is refused at once with [`Error::Shed`].
+//! - Calls in flight are limited to one per pooled connection: each is a
+//!   turn. A request that finds a free turn is sent at once, alone: an
+//!   idle service adds no wait.
+//! - A request that finds every turn taken waits in a queue of at most
+//!   `max_waiting` requests (as many as the gate lets wait); beyond, it is
+//!   refused at once with [`Error::Shed`]. A wait is bounded by the
+//!   request's own timeout.
+//! - When a call returns, its turn takes the queue's oldest requests that
+//!   can still be written (at most [`BatchSettings::max_requests`] and
+//!   [`BatchSettings::max_keys`], and with the calls in flight at most
+//!   `max_keys_in_flight` keys, eight batches' worth, which only caps the
+//!   work ahead of a new call when the pool is large) into one call of
+//!   `decide_batch`, which decides them one after the other, in arrival
+//!   order, each all-or-nothing with its own answer.
+//! - Each request keeps its own [`CallTerms`] in a batch. Requests whose
+//!   moment to be written has passed are answered when a batch is formed,
+//!   never carried into it: under overload the oldest requests are out of
+//!   time, and batches of them kept Redis working for callers already
+//!   answered. At the moment the call is written each request is looked
+//!   at again: one whose caller has gone is left out unsent, one whose own
+//!   moment has passed (its caller's `send_by`, or a quarter of its
+//!   timeout left) is left out and answered ([`Error::Deadline`], or
+//!   [`Error::Timeout`]); the others go. A caller that leaves once its
+//!   request is written finds it in [`Stage::Backend`] and its decision
+//!   is still counted; one that leaves before can no longer be written
+//!   ([`crate::backends::Progress`]).
+//! - A batch that fails (timeout, dropped connection, an error reply)
+//!   fails every request in it with the same classified error, and is
+//!   never retried: it may have run. A member the script refuses or fails
+//!   on its own (bad parameters, a Redis error on one of its keys) is
+//!   answered in its own section of the reply: it alone gets the error,
+//!   the others their verdicts.
 //!
-//! A batch that fails (timeout, dropped connection, an error reply) fails
-//! every request in it with the same classified error, and is never
-//! retried: it may have run. A member the script refuses or fails on its
-//! own (bad parameters, a Redis error on one of its keys) is answered in
-//! its own section of the reply: it alone gets the error, the others
-//! their verdicts.
+//! Invariant: every request taken into a batch is answered exactly once,
+//! and no request is written after its own `send_by`.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -39,13 +43,17 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, timeout_at};
 
-use super::engine::{Engine, Entry};
+use super::call::{CallTerms, LateDropped, LateReply};
+use super::engine::{Engine, LuaEntry};
 use super::script::{self, BATCH_FIELDS, REQUEST_FIELDS};
-use super::{BatchSettings, CallContext, Core, Encoded, Error, Stage, sending_bound};
+use super::server::{Encoded, SingleServer};
+use super::settings::BatchSettings;
 use crate::algorithms::Verdict;
+use crate::backends::{CallContext, Error, Stage};
 
-/// The queue and the slots of one backend.
+/// The queue and the turns of one server's calls.
 pub(super) struct Batcher {
+    server: Arc<SingleServer>,
     settings: BatchSettings,
     max_in_flight: usize,
     max_waiting: usize,
@@ -54,51 +62,55 @@ pub(super) struct Batcher {
     /// in Redis stays a few batches' worth, however many connections.
     max_keys_in_flight: usize,
     /// A std Mutex: held only to push, pop and count, never across `.await`.
-    state: Mutex<State>,
+    queue: Mutex<BatchQueue>,
 }
 
-struct State {
-    /// Calls in flight (slots taken).
+/// The requests waiting for a turn, and the turns taken.
+struct BatchQueue {
+    /// Calls in flight (turns taken).
     in_flight: usize,
     /// Requests in the calls in flight.
     keys_in_flight: usize,
-    waiting: VecDeque<Waiting>,
+    waiting: VecDeque<QueuedRequest>,
 }
 
 /// A queued request and where its answer goes.
-struct Waiting {
+struct QueuedRequest {
     request: Encoded,
-    /// When its caller gives up.
-    deadline: Instant,
-    /// The last moment it may be written, and its answer when that passes
-    /// unwritten ([`sending_bound`]).
-    bound: (Instant, Error),
-    /// Its caller's deadline for sending, and its stage.
+    /// Its own terms: when its caller gives up, and the last moment it may
+    /// be written (and its answer when that passes unwritten).
+    terms: CallTerms<LateDropped>,
+    /// Its caller's deadline for sending, its stage, and where its late
+    /// verdict goes.
     call: CallContext,
     answer: oneshot::Sender<Result<Verdict, Error>>,
 }
 
-/// A call slot: handed on to the queue when dropped, however the call
-/// ended (answered, failed, or its caller gone).
-struct Slot {
-    core: Arc<Core>,
+/// A turn: one of the calls allowed in flight, handed on to the queue
+/// when dropped, however the call ended (answered, failed, or its caller
+/// gone).
+struct Turn {
+    batcher: Arc<Batcher>,
     /// The keys its call carries.
     keys: usize,
 }
 
 impl Batcher {
+    /// The batcher of `server`'s calls: at most `max_in_flight` of them.
     pub(super) fn new(
+        server: Arc<SingleServer>,
         settings: BatchSettings,
         max_in_flight: usize,
         max_keys_in_flight: usize,
         max_waiting: usize,
     ) -> Batcher {
         Batcher {
+            server,
             settings,
             max_in_flight: max_in_flight.max(1),
             max_keys_in_flight: max_keys_in_flight.max(1),
             max_waiting,
-            state: Mutex::new(State {
+            queue: Mutex::new(BatchQueue {
                 in_flight: 0,
                 keys_in_flight: 0,
                 waiting: VecDeque::new(),
@@ -110,161 +122,156 @@ impl Batcher {
         self.settings
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    fn lock(&self) -> MutexGuard<'_, BatchQueue> {
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The next batch: the oldest waiting requests that can still be
     /// written, within [`BatchSettings`] and within the keys the calls in
     /// flight leave of `max_keys_in_flight` (at least one request, when any
     /// waits). Those met on the way whose callers gave up are dropped, and
-    /// those whose own moment to be written has passed ([`sending_bound`])
-    /// answered, unsent. Empty when none waits: the slot is then given
-    /// back. The call that just ended carried `done` keys, no longer in
-    /// flight.
-    fn next_batch(&self, done: usize) -> Vec<Waiting> {
+    /// those whose own moment to be written has passed answered, unsent.
+    /// Empty when none waits: the turn is then given back. The call that
+    /// just ended carried `done` keys, no longer in flight.
+    fn next_batch(&self, done: usize) -> Vec<QueuedRequest> {
+        self.lock()
+            .next_batch(done, self.settings, self.max_keys_in_flight)
+    }
+
+    /// Decides `request`: at once when a turn is free, else with the next
+    /// batch.
+    pub(super) async fn decide(
+        self: &Arc<Self>,
+        request: Encoded,
+        call: &CallContext,
+    ) -> Result<Verdict, Error> {
+        let server = &self.server;
+        let answer_by = Instant::now() + server.timeout;
+        let receiver = {
+            let mut queue = self.lock();
+            if queue.in_flight < self.max_in_flight {
+                queue.in_flight += 1;
+                queue.keys_in_flight += request.keys.len();
+                Err(request)
+            } else if queue.waiting.len() >= self.max_waiting {
+                return Err(Error::Shed(self.max_waiting));
+            } else {
+                let (answer, receiver) = oneshot::channel();
+                call.progress.set(Stage::Queue);
+                let send_by = call.send_by.map(Instant::from_std);
+                queue.waiting.push_back(QueuedRequest {
+                    request,
+                    terms: CallTerms::new(answer_by, server.timeout, send_by, None),
+                    call: call.clone(),
+                    answer,
+                });
+                Ok(receiver)
+            }
+        };
+        let receiver = match receiver {
+            Ok(receiver) => receiver,
+            Err(request) => {
+                let _turn = Turn {
+                    batcher: self.clone(),
+                    keys: request.keys.len(),
+                };
+                return server.decide_one_by(answer_by, &request, call).await;
+            }
+        };
+        match timeout_at(answer_by, receiver).await {
+            Ok(Ok(answer)) => answer,
+            Ok(Err(_)) => Err(Error::Unavailable("redis batch abandoned".into())),
+            Err(_) => Err(Error::Timeout(server.timeout_ms)),
+        }
+    }
+}
+
+impl BatchQueue {
+    /// As [`Batcher::next_batch`], within `settings` and
+    /// `max_keys_in_flight`.
+    fn next_batch(
+        &mut self,
+        done: usize,
+        settings: BatchSettings,
+        max_keys_in_flight: usize,
+    ) -> Vec<QueuedRequest> {
         let now = Instant::now();
-        let mut state = self.lock();
-        state.keys_in_flight = state.keys_in_flight.saturating_sub(done);
-        let room = self
-            .max_keys_in_flight
-            .saturating_sub(state.keys_in_flight)
-            .min(self.settings.max_keys);
+        self.keys_in_flight = self.keys_in_flight.saturating_sub(done);
+        let room = max_keys_in_flight
+            .saturating_sub(self.keys_in_flight)
+            .min(settings.max_keys);
         let mut batch = Vec::new();
         let mut n_keys = 0;
-        while let Some(next) = state.waiting.front() {
+        while let Some(next) = self.waiting.front() {
             if next.answer.is_closed() {
-                state.waiting.pop_front();
+                self.waiting.pop_front();
                 continue;
             }
-            if next.bound.0 <= now {
-                if let Some(late) = state.waiting.pop_front() {
-                    let _ = late.answer.send(Err(late.bound.1));
+            if next.terms.send_by <= now {
+                if let Some(expired) = self.waiting.pop_front() {
+                    let _ = expired.answer.send(Err(expired.terms.unsent));
                 }
                 continue;
             }
             let keys = next.request.keys.len();
-            let full = batch.len() >= self.settings.max_requests
-                || (!batch.is_empty() && n_keys + keys > room);
+            let full =
+                batch.len() >= settings.max_requests || (!batch.is_empty() && n_keys + keys > room);
             if full {
                 break;
             }
             n_keys += keys;
-            batch.extend(state.waiting.pop_front());
+            batch.extend(self.waiting.pop_front());
         }
         if batch.is_empty() {
-            state.in_flight -= 1;
+            self.in_flight -= 1;
         }
-        state.keys_in_flight += n_keys;
+        self.keys_in_flight += n_keys;
         batch
     }
 }
 
-/// Decides `request`: at once when a slot is free, else with the next
-/// batch.
-pub(super) async fn decide(
-    core: &Arc<Core>,
-    request: Encoded,
-    call: &CallContext,
-) -> Result<Verdict, Error> {
-    let Some(batcher) = &core.batcher else {
-        return core.decide_one(&request, call).await;
-    };
-    let deadline = Instant::now() + core.timeout;
-    let receiver = {
-        let mut state = batcher.lock();
-        if state.in_flight < batcher.max_in_flight {
-            state.in_flight += 1;
-            state.keys_in_flight += request.keys.len();
-            Err(request)
-        } else if state.waiting.len() >= batcher.max_waiting {
-            return Err(Error::Shed(batcher.max_waiting));
-        } else {
-            let (answer, receiver) = oneshot::channel();
-            call.progress.set(Stage::Queue);
-            let bound = sending_bound(deadline, core.timeout, call.send_by.map(Instant::from_std));
-            state.waiting.push_back(Waiting {
-                request,
-                deadline,
-                bound,
-                call: call.clone(),
-                answer,
-            });
-            Ok(receiver)
-        }
-    };
-    let receiver = match receiver {
-        Ok(receiver) => receiver,
-        Err(request) => {
-            let _slot = Slot {
-                core: core.clone(),
-                keys: request.keys.len(),
-            };
-            return core.decide_one_by(deadline, &request, call).await;
-        }
-    };
-    match timeout_at(deadline, receiver).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(_)) => Err(Error::Unavailable("redis batch abandoned".into())),
-        Err(_) => Err(Error::Timeout(core.timeout_ms)),
-    }
-}
-
-impl Drop for Slot {
+impl Drop for Turn {
     fn drop(&mut self) {
-        let Some(batcher) = &self.core.batcher else {
-            return;
-        };
-        let batch = batcher.next_batch(self.keys);
+        let batch = self.batcher.next_batch(self.keys);
         if batch.is_empty() {
             return;
         }
-        // The slot goes with the batch: a new task, so the call that just
+        // The turn goes with the batch: a new task, so the call that just
         // ended answers its own caller without waiting for the next one.
-        let core = self.core.clone();
+        let batcher = self.batcher.clone();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime left to send it: the waiters are answered by the
             // dropped senders.
             return;
         };
         runtime.spawn(async move {
-            let _slot = Slot {
-                core: core.clone(),
+            let _turn = Turn {
+                batcher: batcher.clone(),
                 keys: batch.iter().map(|it| it.request.keys.len()).sum(),
             };
-            send(&core, batch).await;
+            send(&batcher.server, batch).await;
         });
     }
 }
 
 /// Sends one batch and answers each of its requests, each by its own
-/// deadline. The call waits for a place and a connection while any of its
-/// requests can still be written in time (the latest of their bounds, see
-/// [`sending_bound`]); at the moment it is written each request is looked
-/// at again: one whose caller has gone is left out, one whose own moment
-/// has passed is left out and answered ([`Error::Deadline`], or
-/// [`Error::Timeout`] for the backend's own bound), and the others go in
-/// one call. The reply is awaited until the latest request's deadline.
-async fn send(core: &Core, batch: Vec<Waiting>) {
-    let bounds: Vec<(Instant, Error)> = batch
+/// terms. The call waits for a place and a connection while any of its
+/// requests can still be written in time (the latest of their `send_by`);
+/// at the moment it is written each request is looked at again: one whose
+/// caller has gone is left out, one whose own moment has passed is left
+/// out and answered ([`Error::Deadline`], or [`Error::Timeout`] for the
+/// backend's own bound), and the others go in one call. The reply is
+/// awaited until the latest request's `answer_by`.
+async fn send(server: &SingleServer, batch: Vec<QueuedRequest>) {
+    let answer_by = batch
         .iter()
-        .map(|it| {
-            sending_bound(
-                it.deadline,
-                core.timeout,
-                it.call.send_by.map(Instant::from_std),
-            )
-        })
-        .collect();
-    let deadline = batch
-        .iter()
-        .map(|it| it.deadline)
+        .map(|it| it.terms.answer_by)
         .max()
-        .unwrap_or_else(|| Instant::now() + core.timeout);
-    let send_by = bounds.iter().map(|(at, _)| *at).max();
+        .unwrap_or_else(|| Instant::now() + server.timeout);
+    let send_by = batch.iter().map(|it| it.terms.send_by).max();
     let entry = match batch.len() {
-        1 => Entry::Decide,
-        _ => Entry::DecideBatch,
+        1 => LuaEntry::Decide,
+        _ => LuaEntry::DecideBatch,
     };
     let report = |stage| {
         for it in &batch {
@@ -275,60 +282,35 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
     // with the counting of a reply that comes after the call's timeout.
     let wrote_late = Arc::new(OnceLock::new());
     let late = LateBatch::of(&batch, entry, &wrote_late);
+    let terms = CallTerms::new(answer_by, server.timeout, send_by, late);
     let mut written = vec![false; batch.len()];
     let taken = Instant::now();
     let mut written_at = None;
-    let reply = core
-        .call(
-            deadline,
-            send_by,
-            report,
-            entry,
-            |engine| {
-                let now = Instant::now();
-                written_at = Some(now);
-                written = to_write(&batch, &bounds, now);
-                let _ = wrote_late.set(written.clone());
-                compose(engine, entry, &batch, &written)
-            },
-            late.map(|it| move |reply: Vec<i64>| it.deliver(&reply)),
-        )
+    let reply = server
+        .call(terms, report, entry, |engine| {
+            let now = Instant::now();
+            written_at = Some(now);
+            written = to_write(&batch, now);
+            let _ = wrote_late.set(written.clone());
+            compose(engine, entry, &batch, &written)
+        })
         .await;
     if tracing::enabled!(tracing::Level::DEBUG) {
-        let ages: Vec<u128> = batch
-            .iter()
-            .map(|it| (taken + core.timeout - it.deadline).as_millis())
-            .collect();
-        let late = batch
-            .iter()
-            .zip(&bounds)
-            .filter(|(_, (at, _))| written_at.is_some_and(|w| w >= *at))
-            .count();
-        tracing::debug!(
-            taken = batch.len(),
-            written = written.iter().filter(|it| **it).count(),
-            late_at_write = late,
-            oldest_ms = ages.iter().max().copied().unwrap_or(0),
-            newest_ms = ages.iter().min().copied().unwrap_or(0),
-            to_write_ms = written_at.map(|w| (w - taken).as_millis()),
-            reply_ms = written_at.map(|w| w.elapsed().as_millis()),
-            ok = reply.is_ok(),
-            "redis batch"
-        );
+        log_batch(server, &batch, &written, taken, written_at, reply.is_ok());
     }
     let sizes = written_sizes(batch.iter().map(|it| it.request.keys.len()), &written);
     let mut answers = reply
         .and_then(|reply| parse_answers(&reply, entry, &sizes))
         .map(Vec::into_iter);
     let now = Instant::now();
-    for ((it, (at, late)), wrote) in batch.into_iter().zip(bounds).zip(written) {
+    for (it, wrote) in batch.into_iter().zip(written) {
         let answer = match (&mut answers, wrote) {
             (Ok(answers), true) => answers
                 .next()
                 .unwrap_or_else(|| Err(Error::Protocol("a batch reply too short".into()))),
             (Err(err), true) => Err(err.clone()),
             // Left out: its own moment passed, or its caller has gone.
-            (_, false) if now >= at => Err(late),
+            (_, false) if now >= it.terms.send_by => Err(it.terms.unsent),
             (Err(err), false) => Err(err.clone()),
             (Ok(_), false) => Err(Error::Deadline),
         };
@@ -338,6 +320,37 @@ async fn send(core: &Core, batch: Vec<Waiting>) {
             it.call.deliver_late(verdict);
         }
     }
+}
+
+/// The debug line of one batch sent: how many it took and wrote, how many
+/// were out of time at the write, their ages, and how long it took.
+fn log_batch(
+    server: &SingleServer,
+    batch: &[QueuedRequest],
+    written: &[bool],
+    taken: Instant,
+    written_at: Option<Instant>,
+    ok: bool,
+) {
+    let ages: Vec<u128> = batch
+        .iter()
+        .map(|it| (taken + server.timeout - it.terms.answer_by).as_millis())
+        .collect();
+    let out_of_time = batch
+        .iter()
+        .filter(|it| written_at.is_some_and(|w| w >= it.terms.send_by))
+        .count();
+    tracing::debug!(
+        taken = batch.len(),
+        written = written.iter().filter(|it| **it).count(),
+        late_at_write = out_of_time,
+        oldest_ms = ages.iter().max().copied().unwrap_or(0),
+        newest_ms = ages.iter().min().copied().unwrap_or(0),
+        to_write_ms = written_at.map(|w| (w - taken).as_millis()),
+        reply_ms = written_at.map(|w| w.elapsed().as_millis()),
+        ok,
+        "redis batch"
+    );
 }
 
 /// The key counts of the requests marked `written`, in order.
@@ -353,11 +366,11 @@ fn written_sizes(sizes: impl Iterator<Item = usize>, written: &[bool]) -> Vec<us
 /// of a call of `entry`.
 fn parse_answers(
     reply: &[i64],
-    entry: Entry,
+    entry: LuaEntry,
     sizes: &[usize],
 ) -> Result<Vec<Result<Verdict, Error>>, Error> {
     match entry {
-        Entry::DecideBatch => script::parse_batch_reply(reply, sizes),
+        LuaEntry::DecideBatch => script::parse_batch_reply(reply, sizes),
         _ => script::parse_reply(reply, sizes.iter().sum()).map(|it| vec![Ok(it)]),
     }
 }
@@ -365,7 +378,7 @@ fn parse_answers(
 /// Where the verdicts of a batch whose reply came after its timeout go:
 /// each written request's [`CallContext::late`].
 struct LateBatch {
-    entry: Entry,
+    entry: LuaEntry,
     /// Each request's key count and where its late verdict goes.
     members: Vec<(usize, CallContext)>,
     written: Arc<OnceLock<Vec<bool>>>,
@@ -374,8 +387,8 @@ struct LateBatch {
 impl LateBatch {
     /// `None` when no request of `batch` has anywhere to count a late verdict.
     fn of(
-        batch: &[Waiting],
-        entry: Entry,
+        batch: &[QueuedRequest],
+        entry: LuaEntry,
         written: &Arc<OnceLock<Vec<bool>>>,
     ) -> Option<LateBatch> {
         batch
@@ -412,16 +425,21 @@ impl LateBatch {
     }
 }
 
+impl LateReply for LateBatch {
+    async fn hear(self, reply: Vec<i64>) {
+        self.deliver(&reply);
+    }
+}
+
 /// Which requests of `batch` are written `now`, each moved to
-/// [`Stage::Backend`]: those with time left before their bound in
-/// `bounds` whose callers are still there.
-fn to_write(batch: &[Waiting], bounds: &[(Instant, Error)], now: Instant) -> Vec<bool> {
+/// [`Stage::Backend`]: those with time left before their `send_by` whose
+/// callers are still there.
+fn to_write(batch: &[QueuedRequest], now: Instant) -> Vec<bool> {
     batch
         .iter()
-        .zip(bounds)
         // Time first: a request out of time never enters `Backend`.
-        .map(|(it, (at, _))| {
-            now < *at && !it.answer.is_closed() && it.call.progress.enter_backend()
+        .map(|it| {
+            now < it.terms.send_by && !it.answer.is_closed() && it.call.progress.enter_backend()
         })
         .collect()
 }
@@ -431,8 +449,8 @@ fn to_write(batch: &[Waiting], bounds: &[(Instant, Error)], now: Instant) -> Vec
 /// is to be written (nothing is).
 fn compose(
     engine: Engine,
-    entry: Entry,
-    batch: &[Waiting],
+    entry: LuaEntry,
+    batch: &[QueuedRequest],
     written: &[bool],
 ) -> Result<redis::Cmd, Error> {
     let members: Vec<&Encoded> = batch
@@ -446,7 +464,7 @@ fn compose(
     }
     let n_keys = members.iter().map(|it| it.keys.len()).sum();
     let mut cmd = engine.command(entry, n_keys);
-    if let (Entry::Decide, [only]) = (entry, &members[..]) {
+    if let (LuaEntry::Decide, [only]) = (entry, &members[..]) {
         cmd.arg(&only.keys);
         script::write_request(&mut cmd, &only.header, &only.limits);
         return Ok(cmd);
@@ -476,12 +494,12 @@ mod tests {
 
     type Answer = oneshot::Receiver<Result<Verdict, Error>>;
 
-    fn waiting(send_by: Option<Instant>) -> (Waiting, Answer) {
+    fn waiting(send_by: Option<Instant>) -> (QueuedRequest, Answer) {
         queued("k", Duration::ZERO, send_by)
     }
 
     /// A request for `key` that has waited `age` of its 1 s timeout.
-    fn queued(key: &str, age: Duration, send_by: Option<Instant>) -> (Waiting, Answer) {
+    fn queued(key: &str, age: Duration, send_by: Option<Instant>) -> (QueuedRequest, Answer) {
         let (answer, receiver) = oneshot::channel();
         let call = CallContext {
             send_by: send_by.map(Instant::into_std),
@@ -497,11 +515,10 @@ mod tests {
             },
             limits: Vec::new(),
         };
-        let deadline = Instant::now() + Duration::from_secs(1) - age;
-        let it = Waiting {
+        let answer_by = Instant::now() + Duration::from_secs(1) - age;
+        let it = QueuedRequest {
             request,
-            bound: sending_bound(deadline, Duration::from_secs(1), send_by),
-            deadline,
+            terms: CallTerms::new(answer_by, Duration::from_secs(1), send_by, None),
             call,
             answer,
         };
@@ -519,21 +536,14 @@ mod tests {
         let (on_time, _keep_a) = waiting(Some(later));
         let (left, _keep_b) = waiting(Some(later));
         let (dropped, receiver) = waiting(Some(later));
-        let (late, _keep_d) = waiting(Some(now));
+        let (out_of_time, _keep_d) = waiting(Some(now));
         let (no_deadline, _keep_e) = waiting(None);
         // The caller of `left` leaves after the batch was taken from the
         // queue; that of `dropped` drops its end.
         assert_eq!(left.call.progress.leave(), Stage::Queue);
         drop(receiver);
-        let batch = [on_time, left, dropped, late, no_deadline];
-        let bounds: Vec<(Instant, Error)> = batch
-            .iter()
-            .map(|it| {
-                let caller = it.call.send_by.map(Instant::from_std);
-                sending_bound(it.deadline, Duration::from_secs(1), caller)
-            })
-            .collect();
-        let written = to_write(&batch, &bounds, now);
+        let batch = [on_time, left, dropped, out_of_time, no_deadline];
+        let written = to_write(&batch, now);
         assert_eq!(written, [true, false, false, false, true]);
         let stages: Vec<Stage> = batch.iter().map(|it| it.call.progress.get()).collect();
         assert_eq!(
@@ -546,13 +556,18 @@ mod tests {
                 Stage::Backend
             ]
         );
-        assert!(matches!(bounds[3].1, Error::Deadline));
+        assert!(matches!(batch[3].terms.unsent, Error::Deadline));
         // Nothing to write: nothing is composed.
-        let none = compose(Engine::Functions, Entry::DecideBatch, &batch, &[false; 5]);
+        let none = compose(
+            Engine::Functions,
+            LuaEntry::DecideBatch,
+            &batch,
+            &[false; 5],
+        );
         assert!(matches!(none, Err(Error::Deadline)));
     }
 
-    fn keys(batch: &[Waiting]) -> Vec<&str> {
+    fn keys(batch: &[QueuedRequest]) -> Vec<&str> {
         batch.iter().map(|it| it.request.keys[0].as_str()).collect()
     }
 
@@ -566,28 +581,26 @@ mod tests {
             max_requests: 2,
             max_keys: 512,
         };
-        let batcher = Batcher::new(settings, 1, 64, 16);
+        // The call whose end forms the batch is in flight.
+        let mut queue = BatchQueue {
+            in_flight: 1,
+            keys_in_flight: 1,
+            waiting: VecDeque::new(),
+        };
         let mut receivers = Vec::new();
-        {
-            let mut state = batcher.lock();
-            // The call whose end forms the batch.
-            state.in_flight = 1;
-            state.keys_in_flight = 1;
-            for (key, age) in [("expired", 900), ("old", 500), ("mid", 100), ("new", 0)] {
-                let (it, receiver) = queued(key, Duration::from_millis(age), None);
-                state.waiting.push_back(it);
-                receivers.push(receiver);
-            }
+        for (key, age) in [("expired", 900), ("old", 500), ("mid", 100), ("new", 0)] {
+            let (it, receiver) = queued(key, Duration::from_millis(age), None);
+            queue.waiting.push_back(it);
+            receivers.push(receiver);
         }
-        let batch = batcher.next_batch(1);
+        let batch = queue.next_batch(1, settings, 64);
         assert_eq!(keys(&batch), ["old", "mid"]);
         assert!(matches!(
             receivers[0].try_recv(),
             Ok(Err(Error::Timeout(1000)))
         ));
-        let mut state = batcher.lock();
-        assert_eq!(keys(state.waiting.make_contiguous()), ["new"]);
-        assert_eq!((state.in_flight, state.keys_in_flight), (1, 2));
+        assert_eq!(keys(queue.waiting.make_contiguous()), ["new"]);
+        assert_eq!((queue.in_flight, queue.keys_in_flight), (1, 2));
     }
 
     /// The keys in the calls in flight together stay within
@@ -600,26 +613,28 @@ mod tests {
             max_requests: 64,
             max_keys: 512,
         };
-        let batcher = Batcher::new(settings, 4, 4, 16);
+        let max_keys_in_flight = 4;
+        let mut queue = BatchQueue {
+            in_flight: 4,
+            keys_in_flight: 4,
+            waiting: VecDeque::new(),
+        };
         let mut receivers = Vec::new();
-        {
-            let mut state = batcher.lock();
-            state.in_flight = 4;
-            state.keys_in_flight = 4;
-            for key in ["a", "b", "c", "d", "e", "f"] {
-                let (it, receiver) = queued(key, Duration::ZERO, None);
-                state.waiting.push_back(it);
-                receivers.push(receiver);
-            }
+        for key in ["a", "b", "c", "d", "e", "f"] {
+            let (it, receiver) = queued(key, Duration::ZERO, None);
+            queue.waiting.push_back(it);
+            receivers.push(receiver);
         }
+        let mut next = |done| queue.next_batch(done, settings, max_keys_in_flight);
         // Three keys still in flight (a request of one each): room for one.
-        assert_eq!(keys(&batcher.next_batch(1)), ["a"]);
-        assert_eq!(keys(&batcher.next_batch(1)), ["b"]);
+        assert_eq!(keys(&next(1)), ["a"]);
+        assert_eq!(keys(&next(1)), ["b"]);
+        assert_eq!(queue.keys_in_flight, 4);
         // The others' calls end: room for four, and four wait.
-        assert_eq!(batcher.lock().keys_in_flight, 4);
-        assert_eq!(keys(&batcher.next_batch(4)).len(), 4);
-        // One more call ends and none waits: its slot is given back.
-        assert!(batcher.next_batch(1).is_empty());
-        assert_eq!(batcher.lock().in_flight, 3);
+        let mut next = |done| queue.next_batch(done, settings, max_keys_in_flight);
+        assert_eq!(keys(&next(4)).len(), 4);
+        // One more call ends and none waits: its turn is given back.
+        assert!(next(1).is_empty());
+        assert_eq!((queue.in_flight, queue.keys_in_flight), (3, 3));
     }
 }

@@ -8,7 +8,7 @@
 //! exists") means functions; an unknown command (Redis 6, or FUNCTION
 //! renamed away) means scripts on a cluster. The engine is then settled
 //! per command, on a single server ([`run_adapting`]) as on each node of a
-//! cluster (`cluster.rs`): with FUNCTION refused, FCALL is still tried (the
+//! cluster (`cluster::routing`): with FUNCTION refused, FCALL is still tried (the
 //! library may be there already, loaded by an operator or replicated), and
 //! a server that refuses FCALL (unknown, renamed away, or refused by ACL),
 //! or lacks the library and refuses to load it, gets the same call as
@@ -19,6 +19,9 @@
 //! missing script (NOSCRIPT) prove the call did not run: the code is
 //! loaded and the call sent once more. Nothing else is ever retried here;
 //! after a timeout or a dropped connection the call may have run.
+//!
+//! Invariant: a call is sent again only after an answer that proves it did
+//! not run.
 
 use std::future::Future;
 
@@ -38,7 +41,7 @@ pub enum Engine {
 
 /// Which of our entry points a call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Entry {
+pub enum LuaEntry {
     /// One request ([`script::HEADER_FIELDS`], [`script::LIMIT_FIELDS`]).
     Decide,
     /// Several requests ([`script::BATCH_FIELDS`]).
@@ -62,25 +65,25 @@ fn scripts() -> &'static [redis::Script; 3] {
     &SCRIPTS
 }
 
-impl Entry {
+impl LuaEntry {
     fn script(self) -> &'static redis::Script {
         &scripts()[self as usize]
     }
 
     fn lua(self) -> &'static str {
         match self {
-            Entry::Decide => DECIDE_LUA,
-            Entry::DecideBatch => DECIDE_BATCH_LUA,
-            Entry::Refund => REFUND_LUA,
+            LuaEntry::Decide => DECIDE_LUA,
+            LuaEntry::DecideBatch => DECIDE_BATCH_LUA,
+            LuaEntry::Refund => REFUND_LUA,
         }
     }
 
     fn function(self) -> &'static str {
         let library = script::library();
         match self {
-            Entry::Decide => &library.decide,
-            Entry::DecideBatch => &library.decide_batch,
-            Entry::Refund => &library.refund,
+            LuaEntry::Decide => &library.decide,
+            LuaEntry::DecideBatch => &library.decide_batch,
+            LuaEntry::Refund => &library.refund,
         }
     }
 }
@@ -90,7 +93,7 @@ impl Engine {
     /// or `EVALSHA sha n`; the caller adds the keys, then the arguments.
     /// Sized for a decision's keys and arguments, so that writing them
     /// does not grow the command step by step.
-    pub fn command(self, entry: Entry, n_keys: usize) -> Cmd {
+    pub fn command(self, entry: LuaEntry, n_keys: usize) -> Cmd {
         let (name, target) = match self {
             Engine::Functions => ("FCALL", entry.function()),
             Engine::Scripts => ("EVALSHA", entry.script().get_hash()),
@@ -103,7 +106,7 @@ impl Engine {
     }
 
     /// The command that gives a server the code of `entry`.
-    pub fn load_command(self, entry: Entry) -> Cmd {
+    pub fn load_command(self, entry: LuaEntry) -> Cmd {
         match self {
             Engine::Functions => library_load(),
             Engine::Scripts => {
@@ -198,7 +201,7 @@ pub fn from_load_on_server(res: RedisResult<Value>) -> RedisResult<Engine> {
 /// FUNCTION LOAD: a refusal by ACL still means functions (the library may
 /// be loaded, as on a single server), an unknown command (before Redis 7,
 /// or renamed away) scripts. Either way a node refusing what it is sent
-/// gets EVALSHA for its slots (`cluster.rs`, `ClusterBackend::call`).
+/// gets EVALSHA for its slots (`cluster::routing`).
 pub fn from_load_on_cluster(res: RedisResult<Value>) -> RedisResult<Engine> {
     match Engine::loaded(res) {
         Ok(()) => Ok(Engine::Functions),
@@ -218,7 +221,7 @@ pub async fn run_adapting(
     conn: &mut impl ConnectionLike,
     learnt: &Learnt,
     engine: Engine,
-    entry: Entry,
+    entry: LuaEntry,
     cmd: &Cmd,
 ) -> RedisResult<Value> {
     if engine == Engine::Scripts {
@@ -254,7 +257,7 @@ pub async fn run_adapting(
 
 /// `cmd`, an FCALL of `entry`, as the EVALSHA of the same code with the
 /// same keys and arguments.
-pub fn as_script(cmd: &Cmd, entry: Entry) -> Cmd {
+pub fn as_script(cmd: &Cmd, entry: LuaEntry) -> Cmd {
     let mut script = Cmd::with_capacity(cmd.args_iter().len(), 64);
     script.arg("EVALSHA").arg(entry.script().get_hash());
     for arg in cmd.args_iter().skip(2) {
@@ -305,7 +308,7 @@ pub fn is_library_name(name: &str) -> bool {
 pub async fn run(
     conn: &mut impl ConnectionLike,
     engine: Engine,
-    entry: Entry,
+    entry: LuaEntry,
     cmd: &Cmd,
 ) -> RedisResult<Value> {
     match conn
@@ -362,11 +365,11 @@ mod tests {
 
     #[test]
     fn an_fcall_becomes_the_evalsha_of_the_same_code_and_arguments() {
-        let mut fcall = Engine::Functions.command(Entry::Decide, 2);
+        let mut fcall = Engine::Functions.command(LuaEntry::Decide, 2);
         fcall.arg("k1").arg("k2").arg("a").arg(b"\xff".as_slice());
-        let mut evalsha = Engine::Scripts.command(Entry::Decide, 2);
+        let mut evalsha = Engine::Scripts.command(LuaEntry::Decide, 2);
         evalsha.arg("k1").arg("k2").arg("a").arg(b"\xff".as_slice());
-        assert_eq!(args(&as_script(&fcall, Entry::Decide)), args(&evalsha));
+        assert_eq!(args(&as_script(&fcall, LuaEntry::Decide)), args(&evalsha));
     }
 
     #[test]

@@ -13,8 +13,8 @@
 //!   them, never exceed the bound;
 //! - at most [`Gate::max_waiting`] more wait for a permit, each until its
 //!   own deadline; a wait that reaches it ends without sending anything
-//!   ([`Refused::Expired`]);
-//! - beyond both, a call is refused at once ([`Refused::Shed`]), so the
+//!   ([`NotAdmitted::Expired`]);
+//! - beyond both, a call is refused at once ([`NotAdmitted::Shed`]), so the
 //!   request is answered under `--failure-mode` immediately instead of
 //!   after the timeout, and no backlog can grow without bound.
 //!
@@ -28,6 +28,9 @@
 //! ([`Gate::for_pool`]) still derives from its pool size:
 //! [`IN_FLIGHT_PER_CONNECTION`] and [`WAITING_PER_CONNECTION`] per pooled
 //! connection.
+//!
+//! Invariant: calls written and unanswered never exceed
+//! [`Gate::max_in_flight`], whoever still waits for them.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -40,18 +43,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, timeout_at};
 
 use crate::backends::Error;
-
-/// A call is sent only while more than `1 / SEND_MARGIN` of its timeout
-/// is left: one sent later is unlikely to be answered in time, and its work
-/// in Redis would delay the calls behind it.
-const SEND_MARGIN: u32 = 4;
-
-/// The last moment a call due by `deadline`, of a `timeout`, may be sent.
-pub(super) fn send_by(deadline: Instant, timeout: Duration) -> Instant {
-    deadline
-        .checked_sub(timeout / SEND_MARGIN)
-        .unwrap_or(deadline)
-}
 
 /// Calls sent and unanswered per single-server pool (per serving thread):
 /// enough pipelining to keep Redis busy, few enough that the calls ahead of
@@ -98,7 +89,7 @@ pub(super) struct Gate {
 
 /// Why a call was not let through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refused {
+pub(super) enum NotAdmitted {
     /// The waiting room was full: answered at once.
     Shed,
     /// Its deadline passed while it waited: never sent.
@@ -107,18 +98,19 @@ pub(super) enum Refused {
 
 /// Holds a place in the waiting room; gives it back on drop, however the
 /// wait ended.
-struct Waiting<'a>(&'a AtomicUsize);
+struct PlaceInLine<'a>(&'a AtomicUsize);
 
-/// A call written to Redis and the permit it holds: the permit is given
-/// back when the reply comes (or the connection fails), never when the
-/// caller stops waiting. Dropped before the reply, the call is driven to
-/// its end in a task of its own that keeps the permit, for at most
-/// `unanswered_after` ([`UNANSWERED_AFTER`]); then `lost` is set (the
-/// connection is retired) and the permit freed.
-pub(super) struct Written<T: Send + 'static> {
+/// A call written to Redis and the place it holds in the gate (`P`: its
+/// permit, or a share of its request's): the place is given back when the
+/// reply comes (or the connection fails), never when the caller stops
+/// waiting. Dropped before the reply, the call is driven to its end in a
+/// task of its own that keeps the place, for at most `unanswered_after`
+/// ([`UNANSWERED_AFTER`]); then `lost`, if any, is set (the connection is
+/// retired) and the place freed.
+pub(super) struct Written<T: Send + 'static, P: Send + Unpin + 'static = OwnedSemaphorePermit> {
     reply: Option<Pin<Box<dyn Future<Output = T> + Send>>>,
-    permit: Option<OwnedSemaphorePermit>,
-    lost: Arc<AtomicBool>,
+    place: Option<P>,
+    lost: Option<Arc<AtomicBool>>,
     unanswered_after: Duration,
 }
 
@@ -159,7 +151,10 @@ impl Gate {
     /// A permit to send one call, at once when one is free; else after a
     /// wait in line (first come, first served) that ends at `deadline`;
     /// refused at once when the line is full.
-    pub(super) async fn enter(&self, deadline: Instant) -> Result<OwnedSemaphorePermit, Refused> {
+    pub(super) async fn enter(
+        &self,
+        deadline: Instant,
+    ) -> Result<OwnedSemaphorePermit, NotAdmitted> {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             return Ok(permit);
         }
@@ -167,7 +162,7 @@ impl Gate {
         match timeout_at(deadline, self.permits.clone().acquire_owned()).await {
             Ok(Ok(permit)) => Ok(permit),
             // The semaphore is never closed; were it, nothing could be sent.
-            Ok(Err(_)) | Err(_) => Err(Refused::Expired),
+            Ok(Err(_)) | Err(_) => Err(NotAdmitted::Expired),
         }
     }
 
@@ -179,43 +174,43 @@ impl Gate {
         timeout_ms: u64,
     ) -> Result<OwnedSemaphorePermit, Error> {
         self.enter(send_by).await.map_err(|refused| match refused {
-            Refused::Shed => Error::Shed(self.max_waiting),
-            Refused::Expired => Error::Timeout(timeout_ms),
+            NotAdmitted::Shed => Error::Shed(self.max_waiting),
+            NotAdmitted::Expired => Error::Timeout(timeout_ms),
         })
     }
 
-    fn take_place(&self) -> Result<Waiting<'_>, Refused> {
+    fn take_place(&self) -> Result<PlaceInLine<'_>, NotAdmitted> {
         self.waiting
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < self.max_waiting).then_some(n + 1)
             })
-            .map(|_| Waiting(&self.waiting))
-            .map_err(|_| Refused::Shed)
+            .map(|_| PlaceInLine(&self.waiting))
+            .map_err(|_| NotAdmitted::Shed)
     }
 }
 
 // === impl Written ===
 
-impl<T: Send + 'static> Written<T> {
+impl<T: Send + 'static, P: Send + Unpin + 'static> Written<T, P> {
     /// `reply`, the call's answer (already on its way or about to be
-    /// written), holding `permit` until it ends; `lost` is the flag that
-    /// retires its connection.
+    /// written), holding `place` until it ends; `lost` is the flag that
+    /// retires its connection, if it has one.
     pub(super) fn new(
-        permit: OwnedSemaphorePermit,
+        place: P,
         reply: impl Future<Output = T> + Send + 'static,
-        lost: Arc<AtomicBool>,
+        lost: Option<Arc<AtomicBool>>,
         unanswered_after: Duration,
-    ) -> Written<T> {
+    ) -> Written<T, P> {
         Written {
             reply: Some(Box::pin(reply)),
-            permit: Some(permit),
+            place: Some(place),
             lost,
             unanswered_after,
         }
     }
 }
 
-impl<T: Send + 'static> Future for Written<T> {
+impl<T: Send + 'static, P: Send + Unpin + 'static> Future for Written<T, P> {
     type Output = T;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
@@ -226,35 +221,37 @@ impl<T: Send + 'static> Future for Written<T> {
         };
         let output = std::task::ready!(reply.as_mut().poll(cx));
         this.reply = None;
-        this.permit = None;
+        this.place = None;
         Poll::Ready(output)
     }
 }
 
-impl<T: Send + 'static> Written<T> {
+impl<T: Send + 'static, P: Send + Unpin + 'static> Written<T, P> {
     /// The rest of the wait for a call whose caller stopped waiting, to be
     /// driven in a task of its own: its reply, if it comes within
-    /// `unanswered_after` from now, else `None` (the connection is marked
-    /// lost); the permit is held until then. `None` as well when the call
-    /// already ended.
+    /// `unanswered_after` from now, else `None` (the connection, if any, is
+    /// marked lost); the place is held until then. `None` as well when the
+    /// call already ended.
     pub(super) fn outlive(mut self) -> impl Future<Output = Option<T>> + Send + 'static {
-        let parts = self.reply.take().zip(self.permit.take());
+        let parts = self.reply.take().zip(self.place.take());
         let (lost, unanswered_after) = (self.lost.clone(), self.unanswered_after);
         async move {
-            let (reply, permit) = parts?;
+            let (reply, place) = parts?;
             let reply = tokio::time::timeout(unanswered_after, reply).await.ok();
-            if reply.is_none() {
+            if reply.is_none()
+                && let Some(lost) = lost
+            {
                 lost.store(true, Ordering::SeqCst);
             }
-            drop(permit);
+            drop(place);
             reply
         }
     }
 }
 
-impl<T: Send + 'static> Drop for Written<T> {
+impl<T: Send + 'static, P: Send + Unpin + 'static> Drop for Written<T, P> {
     fn drop(&mut self) {
-        if self.reply.is_none() || self.permit.is_none() {
+        if self.reply.is_none() || self.place.is_none() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -263,7 +260,7 @@ impl<T: Send + 'static> Drop for Written<T> {
         };
         let rest = Written {
             reply: self.reply.take(),
-            permit: self.permit.take(),
+            place: self.place.take(),
             lost: self.lost.clone(),
             unanswered_after: self.unanswered_after,
         };
@@ -271,7 +268,7 @@ impl<T: Send + 'static> Drop for Written<T> {
     }
 }
 
-impl Drop for Waiting<'_> {
+impl Drop for PlaceInLine<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
@@ -300,7 +297,7 @@ mod tests {
         for wait in &mut waiters {
             assert!(wait.as_mut().now_or_never().is_none());
         }
-        assert_eq!(gate.enter(deadline).await.err(), Some(Refused::Shed));
+        assert_eq!(gate.enter(deadline).await.err(), Some(NotAdmitted::Shed));
         drop(a);
         let mut waiters = waiters.into_iter();
         let first = waiters.next().expect("three waiters");
@@ -310,13 +307,13 @@ mod tests {
         // Its place in line can be taken again.
         let mut again = Box::pin(gate.enter(deadline));
         assert!(again.as_mut().now_or_never().is_none());
-        assert_eq!(gate.enter(deadline).await.err(), Some(Refused::Shed));
+        assert_eq!(gate.enter(deadline).await.err(), Some(NotAdmitted::Shed));
         // No permit is released any more: the others wait until their
         // deadline and are refused as expired, never shed.
         for wait in waiters {
-            assert_eq!(wait.await.err(), Some(Refused::Expired));
+            assert_eq!(wait.await.err(), Some(NotAdmitted::Expired));
         }
-        assert_eq!(again.await.err(), Some(Refused::Expired));
+        assert_eq!(again.await.err(), Some(NotAdmitted::Expired));
         assert_eq!(gate.waiting.load(Ordering::SeqCst), 0);
     }
 
@@ -326,7 +323,7 @@ mod tests {
         let _held = gate.enter(Instant::now()).await.expect("a free permit");
         let started = Instant::now();
         let res = gate.enter(started + Duration::from_millis(50)).await;
-        assert_eq!(res.err(), Some(Refused::Expired));
+        assert_eq!(res.err(), Some(NotAdmitted::Expired));
         assert!(started.elapsed() >= Duration::from_millis(50));
         assert_eq!(gate.waiting.load(Ordering::SeqCst), 0);
     }
@@ -342,7 +339,7 @@ mod tests {
         let mut written = Box::pin(Written::new(
             permit,
             replied,
-            lost.clone(),
+            Some(lost.clone()),
             UNANSWERED_AFTER,
         ));
         assert!(written.as_mut().now_or_never().is_none());
@@ -366,7 +363,12 @@ mod tests {
         let permit = gate.enter(Instant::now()).await.expect("a free permit");
         let lost = Arc::new(AtomicBool::new(false));
         let within = Duration::from_millis(200);
-        let written = Written::new(permit, std::future::pending::<()>(), lost.clone(), within);
+        let written = Written::new(
+            permit,
+            std::future::pending::<()>(),
+            Some(lost.clone()),
+            within,
+        );
         drop(written);
         tokio::time::sleep(within / 4).await;
         assert_eq!(gate.permits.available_permits(), 0);
@@ -386,7 +388,7 @@ mod tests {
         let lost = Arc::new(AtomicBool::new(false));
         let (reply, replied) = tokio::sync::oneshot::channel::<u32>();
         let permit = gate.enter(Instant::now()).await.expect("a free permit");
-        let in_time = Written::new(permit, replied, lost.clone(), within).outlive();
+        let in_time = Written::new(permit, replied, Some(lost.clone()), within).outlive();
         let in_time = tokio::spawn(in_time);
         tokio::time::sleep(within / 4).await;
         assert_eq!(gate.permits.available_permits(), 1, "its place is kept");
@@ -396,7 +398,8 @@ mod tests {
 
         let (reply, replied) = tokio::sync::oneshot::channel::<u32>();
         let permit = gate.enter(Instant::now()).await.expect("a free permit");
-        let too_late = tokio::spawn(Written::new(permit, replied, lost.clone(), within).outlive());
+        let too_late =
+            tokio::spawn(Written::new(permit, replied, Some(lost.clone()), within).outlive());
         tokio::time::sleep(within * 2).await;
         let _ = reply.send(8);
         assert_eq!(too_late.await.expect("task").map(Result::ok), None);

@@ -6,6 +6,9 @@
 //! `redis::sentinel`, so that every sentinel is asked in the configured
 //! order within the call's timeout, and the start-up check can tell "no
 //! sentinel answered" from "no sentinel knows this master".
+//!
+//! Invariant: the master's address is never cached: each connection asks
+//! the sentinels again, in their configured order.
 
 use std::fmt;
 use std::time::Duration;
@@ -17,7 +20,9 @@ use redis::{
 };
 use tokio::time::timeout;
 
-use super::{Error, RedisTls};
+use super::failure::redact;
+use super::tls::RedisTls;
+use crate::backends::Error;
 
 /// The Sentinel flags.
 #[derive(Clone)]
@@ -87,16 +92,16 @@ impl Sentinel {
             .iter()
             .map(|it| parse_node(it))
             .collect::<Result<Vec<_>, _>>()?;
-        let template = url.into_connection_info().map_err(|err| {
-            Error::Protocol(format!("invalid redis url {}: {err}", super::redact(url)))
-        })?;
+        let template = url
+            .into_connection_info()
+            .map_err(|err| Error::Protocol(format!("invalid redis url {}: {err}", redact(url))))?;
         if matches!(template.addr(), ConnectionAddr::Unix(_)) {
             return Err(Error::Protocol(
                 "a redis+unix url cannot be used with sentinel: the master is reached over tcp"
                     .into(),
             ));
         }
-        let template = tls.apply(template, &super::redact(url))?;
+        let template = tls.apply(template, &redact(url))?;
         Ok(Sentinel {
             nodes,
             master: settings.master.clone(),
@@ -167,7 +172,7 @@ impl Sentinel {
             .await?;
         // A node that does not say (ROLE and HELLO both refused) is taken
         // at its word: a READONLY reply opens the circuit anyway.
-        let role = super::pool::role_of(&mut conn).await?;
+        let role = super::role::role_of(&mut conn).await?;
         if let Some(role) = role.filter(|it| it != "master") {
             return Err(RedisError::from((
                 ErrorKind::Server(ServerErrorKind::ReadOnly),

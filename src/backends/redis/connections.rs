@@ -1,8 +1,12 @@
-//! Connections to Redis: a bb8 pool of multiplexed connections, their
-//! generations, and the circuit that fails calls at once while Redis cannot
-//! be reached, with the task that reconnects meanwhile. Behind Sentinel,
-//! every new connection asks the sentinels where the master is, so this
-//! same path follows a failover.
+//! Connections to one Redis server: a bb8 pool of multiplexed
+//! connections, the one calls share between checkouts, and the task that
+//! reconnects while the circuit ([`circuit`](super::circuit)) is open.
+//! Behind Sentinel, every new connection asks the sentinels where the
+//! master is ([`dialer`](super::dialer)), so this same path follows a
+//! failover.
+//!
+//! Invariant: a call is handed only a connection of the current
+//! generation, and none while the circuit is open.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,14 +15,15 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use bb8_redis::bb8;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
-use tokio::sync::Notify;
+use redis::{AsyncConnectionConfig, RedisError};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout_at};
 
+use super::circuit::Reachability;
+use super::dialer::Dialer;
 use super::engine::{self, Engine, Learnt};
-use super::sentinel::Sentinel;
-use super::{Error, classify, is_broken, is_demoted};
+use super::failure::{classify, is_broken, is_demoted};
+use crate::backends::Error;
 
 /// First wait before the background task tries to reconnect after the
 /// circuit opened; doubled after every failure up to [`RECONNECT_MAX_DELAY`].
@@ -32,56 +37,30 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_secs(1);
 const FLAPPING: Duration = Duration::from_secs(5);
 
 /// How long calls keep using the connection last checked out of the pool
-/// before the next call checks one out again (see [`Pool::connection`]).
+/// before the next call checks one out again (see [`ServerConnections::connection`]).
 /// Short enough that the pool sees its connections used (bb8 closes idle
 /// ones and those past their lifetime) and that calls move to the others
 /// in turn; long enough that checkouts are a negligible share of calls.
 const HOLD: Duration = Duration::from_millis(250);
 
-/// Where connections go: one server, or whichever node the sentinels name
-/// master when the connection is made (so every reconnect asks them again).
-#[derive(Clone)]
-pub(super) enum Target {
-    Direct(Box<redis::Client>),
-    Sentinel(Arc<Sentinel>),
-}
-
 /// Connections to one Redis, and what is known about reaching it.
-pub(super) struct Pool {
+pub(super) struct ServerConnections {
     pool: bb8::Pool<Manager>,
     timeout_ms: u64,
     /// What this pool shares with the other pools to the same server.
-    link: Link,
+    reachability: Reachability,
     redacted_url: String,
     reconnector: Arc<Reconnector>,
     /// The connection calls use without a checkout, until it is due for
     /// renewal or retired.
-    current: ArcSwapOption<Current>,
+    current: ArcSwapOption<HeldConnection>,
     /// Owns the task that reconnects while the circuit is open: only the
     /// pool that [`Reconnect::Owns`] it.
     _reconnecting: Option<ReconnectGuard>,
 }
 
-/// What every pool to one server shares: the one on the shared runtime and
-/// one per serving thread. One circuit, so an outage seen by any pool (or
-/// by the health probe) fails every thread's calls at once, and the
-/// recovery seen by the reconnector or a probe closes it for all; one
-/// generation of connections, so a connection found dead in one pool
-/// retires every older connection in all of them (a restart of Redis
-/// kills them all at once), and so does the circuit opening: no
-/// connection made before an outage is used after it.
-#[derive(Clone)]
-pub(super) struct Link {
-    /// Generation of connections: see [`Manager`].
-    epoch: Arc<AtomicU64>,
-    /// The last error from creating a connection, to say why a checkout
-    /// timed out. A std Mutex: held only to swap a String, never across `.await`.
-    last_connect_error: Arc<Mutex<Option<String>>>,
-    circuit: Arc<Circuit>,
-}
-
 /// Whether a pool runs the task that reconnects while the circuit is open.
-/// One per [`Link`]: every pool shares the circuit, so one task suffices,
+/// One per [`Reachability`]: every pool shares the circuit, so one task suffices,
 /// and Redis sees one reconnect at a time per replica of the service.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Reconnect {
@@ -91,7 +70,7 @@ pub(super) enum Reconnect {
 
 /// A connection cloned out of the pool, shared by the calls made on it
 /// until `until`.
-struct Current {
+struct HeldConnection {
     pooled: Arc<Pooled>,
     until: Instant,
 }
@@ -108,34 +87,13 @@ pub(super) struct Pooled {
     retired: Arc<AtomicBool>,
 }
 
-/// Open while Redis cannot be connected to: calls then fail at once with
-/// [`Error::Unavailable`] instead of each waiting the whole timeout (with
-/// Redis down, a wait per request would outlast Envoy's own timeout, which
-/// then lets the request through whatever the failure mode says).
-///
-/// Only a failure to connect opens it (refused, connect timeout, DNS, TLS,
-/// authentication): a slow reply on a live connection does not, so a slow
-/// Redis still gets the full timeout on every call. It closes when a fresh
-/// connection answers PING, made by the [`Reconnector`] in the background
-/// or by a health probe.
-struct Circuit {
-    open: AtomicBool,
-    /// Why it opened, for the errors answered meanwhile. A std Mutex: held
-    /// only to swap a String, never across `.await`.
-    reason: Mutex<String>,
-    /// Wakes the reconnecting task, and checkouts waiting for a connection
-    /// that will not come.
-    opened: Notify,
-    redacted_url: String,
-}
-
 /// Makes a fresh connection and PINGs it; on success the connection joins
 /// the pool and the circuit closes.
 struct Reconnector {
-    target: Target,
+    dialer: Dialer,
     config: AsyncConnectionConfig,
     pool: bb8::Pool<Manager>,
-    link: Link,
+    reachability: Reachability,
     timeout: Duration,
     timeout_ms: u64,
 }
@@ -162,30 +120,30 @@ struct ReconnectGuard {
 /// checkout timeout never blames an error from an earlier outage; any
 /// failure to connect opens the circuit.
 struct Manager {
-    target: Target,
+    dialer: Dialer,
     config: AsyncConnectionConfig,
-    link: Link,
+    reachability: Reachability,
 }
 
 /// Records connection errors that bb8 swallows while it retries.
 #[derive(Debug, Clone)]
 struct LastErrorSink(Arc<Mutex<Option<String>>>);
 
-// === impl Pool ===
+// === impl ServerConnections ===
 
-impl Pool {
+impl ServerConnections {
     /// Builds the pool without connecting (an unreachable server is not an
-    /// error here), sharing `link` with the other pools to the same server;
+    /// error here), sharing `reachability` with the other pools to the same server;
     /// the pool that [`Reconnect::Owns`] reconnecting starts the task that
     /// reconnects while the circuit is open; it stops when the pool is
     /// dropped.
     pub(super) fn start(
-        target: Target,
+        dialer: Dialer,
         max_size: u32,
         timeout_ms: u64,
-        link: Link,
+        reachability: Reachability,
         reconnect: Reconnect,
-    ) -> Pool {
+    ) -> ServerConnections {
         let timeout = Duration::from_millis(timeout_ms);
         // No response timeout of redis-rs's own: every command sent on a
         // pooled connection is already bounded by its caller's deadline
@@ -194,28 +152,28 @@ impl Pool {
             .set_connection_timeout(Some(timeout))
             .set_response_timeout(None);
         let manager = Manager {
-            target: target.clone(),
+            dialer: dialer.clone(),
             config: config.clone(),
-            link: link.clone(),
+            reachability: reachability.clone(),
         };
-        let sink = LastErrorSink(link.last_connect_error.clone());
+        let sink = LastErrorSink(reachability.last_connect_error.clone());
         let pool = build_pool(manager, max_size, timeout, sink);
-        let redacted_url = link.circuit.redacted_url.clone();
+        let redacted_url = reachability.circuit.redacted_url.clone();
         let reconnector = Arc::new(Reconnector {
-            target,
+            dialer,
             config,
             pool: pool.clone(),
-            link: link.clone(),
+            reachability: reachability.clone(),
             timeout,
             timeout_ms,
         });
         let reconnecting = (reconnect == Reconnect::Owns).then(|| ReconnectGuard {
             task: tokio::spawn(reconnector.clone().run()),
         });
-        Pool {
+        ServerConnections {
             pool,
             timeout_ms,
-            link,
+            reachability,
             redacted_url,
             reconnector,
             current: ArcSwapOption::empty(),
@@ -226,7 +184,7 @@ impl Pool {
     /// Whether calls fail at once because Redis could not be connected to
     /// (see [`Circuit`]).
     pub(super) fn circuit_open(&self) -> bool {
-        self.link.circuit.is_open()
+        self.reachability.circuit.is_open()
     }
 
     /// bb8's view of the pool, for `Debug`.
@@ -242,17 +200,17 @@ impl Pool {
     /// around it) would only cost CPU; the pool still makes, validates and
     /// retires every connection, and the circuit is checked on every call.
     pub(super) async fn connection(&self) -> Result<Arc<Pooled>, Error> {
-        if self.link.circuit.is_open() {
-            return Err(self.link.circuit.error());
+        if self.reachability.circuit.is_open() {
+            return Err(self.reachability.circuit.error());
         }
         if let Some(current) = &*self.current.load()
-            && !is_retired(&current.pooled, &self.link.epoch)
+            && !is_retired(&current.pooled, &self.reachability.epoch)
             && Instant::now() < current.until
         {
             return Ok(current.pooled.clone());
         }
         let pooled = Arc::new(self.checkout().await?);
-        self.current.store(Some(Arc::new(Current {
+        self.current.store(Some(Arc::new(HeldConnection {
             pooled: pooled.clone(),
             until: Instant::now() + HOLD,
         })));
@@ -263,7 +221,7 @@ impl Pool {
     /// before the caller uses it (a multiplexed connection serves many
     /// concurrent calls, so holding the slot would only serialise them).
     async fn checkout(&self) -> Result<Pooled, Error> {
-        let circuit = &self.link.circuit;
+        let circuit = &self.reachability.circuit;
         if circuit.is_open() {
             return Err(circuit.error());
         }
@@ -278,7 +236,7 @@ impl Pool {
                 () = circuit.wait_open() => return Err(circuit.error()),
             };
             let pooled = checkout.map_err(|err| self.checkout_error(err))?;
-            if is_retired(&pooled, &self.link.epoch) {
+            if is_retired(&pooled, &self.reachability.epoch) {
                 // Dropping it makes bb8 ask `has_broken`, which says yes.
                 drop(pooled);
                 continue;
@@ -301,7 +259,7 @@ impl Pool {
             bb8::RunError::User(err) => classify(&err, self.timeout_ms),
             bb8::RunError::TimedOut => {
                 let why = self
-                    .link
+                    .reachability
                     .last_connect_error
                     .lock()
                     .unwrap_or_else(|it| it.into_inner())
@@ -326,13 +284,13 @@ impl Pool {
     pub(super) fn fail(&self, conn: &Pooled, err: &RedisError) -> Error {
         // A late READONLY on a connection already retired says nothing
         // about the connections made since (to a master again, perhaps).
-        if is_demoted(err) && !is_retired(conn, &self.link.epoch) {
-            self.link.open(format!(
+        if is_demoted(err) && !is_retired(conn, &self.reachability.epoch) {
+            self.reachability.open(format!(
                 "{} refuses writes (READONLY: a replica, or a master demoted by a failover): {err}",
                 self.redacted_url
             ));
         } else if is_broken(err) {
-            self.link.retire(conn.epoch);
+            self.reachability.retire(conn.epoch);
         }
         classify(err, self.timeout_ms)
     }
@@ -368,7 +326,7 @@ impl Pool {
     /// fresh connection is tried at once (not at the reconnector's next
     /// turn), so health reports recovery as soon as it happens.
     pub(super) async fn probe(&self, deadline: Instant) -> Result<(), Error> {
-        if self.link.circuit.is_open() {
+        if self.reachability.circuit.is_open() {
             return self.reconnector.attempt().await;
         }
         match self.ping(deadline).await {
@@ -463,41 +421,6 @@ impl Pooled {
     }
 }
 
-// === impl Target ===
-
-impl Target {
-    /// A fresh multiplexed connection to a node that takes writes; through
-    /// Sentinel, to the node named master now. A replica (`ROLE` says
-    /// so) is refused with a READONLY error, as every call would be: the
-    /// failed connect opens the circuit, and nothing (no library) is sent.
-    pub(super) async fn connect(
-        &self,
-        config: &AsyncConnectionConfig,
-    ) -> Result<MultiplexedConnection, RedisError> {
-        match self {
-            Target::Direct(client) => {
-                let mut conn = client
-                    .get_multiplexed_async_connection_with_config(config)
-                    .await?;
-                require_writable(&mut conn).await?;
-                Ok(conn)
-            }
-            Target::Sentinel(sentinel) => sentinel.connect(config).await,
-        }
-    }
-
-    /// How long one [`Target::connect`] may take when every step uses its
-    /// whole `timeout`: through Sentinel, each sentinel in turn, then the
-    /// master. A dead first sentinel then delays a reconnect without
-    /// preventing it.
-    pub(super) fn bound(&self, timeout: Duration) -> Duration {
-        match self {
-            Target::Direct(_) => timeout,
-            Target::Sentinel(sentinel) => timeout * (sentinel.nodes() + 1),
-        }
-    }
-}
-
 // === impl Manager ===
 
 impl bb8::ManageConnection for Manager {
@@ -507,14 +430,14 @@ impl bb8::ManageConnection for Manager {
     async fn connect(&self) -> Result<Pooled, RedisError> {
         // Read before connecting: a failure reported meanwhile marks this
         // connection too, which at worst costs one reconnect.
-        let epoch = self.link.epoch.load(Ordering::SeqCst);
+        let epoch = self.reachability.epoch.load(Ordering::SeqCst);
         let conn = self
-            .target
+            .dialer
             .connect(&self.config)
             .await
-            .inspect_err(|err| self.link.open(err.to_string()))?;
+            .inspect_err(|err| self.reachability.open(err.to_string()))?;
         *self
-            .link
+            .reachability
             .last_connect_error
             .lock()
             .unwrap_or_else(|it| it.into_inner()) = None;
@@ -531,101 +454,7 @@ impl bb8::ManageConnection for Manager {
     }
 
     fn has_broken(&self, conn: &mut Pooled) -> bool {
-        is_retired(conn, &self.link.epoch)
-    }
-}
-
-// === impl Link ===
-
-impl Link {
-    /// A closed circuit and the first generation of connections to the
-    /// server named `redacted_url` in logs.
-    pub(super) fn new(redacted_url: String) -> Link {
-        Link {
-            epoch: Arc::new(AtomicU64::new(0)),
-            last_connect_error: Arc::new(Mutex::new(None)),
-            circuit: Arc::new(Circuit::new(redacted_url)),
-        }
-    }
-
-    /// Opens the circuit (or updates its reason); when it was closed, every
-    /// connection made so far is retired: after the outage they may be
-    /// dead (a restart) or half-open (a partition), and a pool that saw
-    /// nothing of it would otherwise send its next call on one.
-    fn open(&self, reason: String) {
-        if self.circuit.open(reason) {
-            self.epoch.fetch_add(1, Ordering::SeqCst);
-        }
-    }
-
-    /// Marks every connection of generation `epoch` and older broken.
-    fn retire(&self, epoch: u64) {
-        self.epoch.fetch_max(epoch + 1, Ordering::SeqCst);
-    }
-}
-
-// === impl Circuit ===
-
-impl Circuit {
-    fn new(redacted_url: String) -> Circuit {
-        Circuit {
-            open: AtomicBool::new(false),
-            reason: Mutex::new(String::new()),
-            opened: Notify::new(),
-            redacted_url,
-        }
-    }
-
-    fn is_open(&self) -> bool {
-        self.open.load(Ordering::SeqCst)
-    }
-
-    /// Opens the circuit (logged once per outage) or updates its reason;
-    /// whether it was closed.
-    fn open(&self, reason: String) -> bool {
-        *self.reason.lock().unwrap_or_else(|it| it.into_inner()) = reason;
-        let opened = !self.open.swap(true, Ordering::SeqCst);
-        if opened {
-            let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
-            tracing::warn!(
-                url = %self.redacted_url,
-                reason = %*reason,
-                "cannot connect to redis: answering under the failure mode until it is back"
-            );
-            drop(reason);
-            self.opened.notify_waiters();
-        }
-        opened
-    }
-
-    /// Closes the circuit (logged once per outage).
-    fn close(&self) {
-        if self.open.swap(false, Ordering::SeqCst) {
-            tracing::info!(url = %self.redacted_url, "connected to redis again: deciding requests");
-        }
-    }
-
-    /// The error every call gets while the circuit is open.
-    fn error(&self) -> Error {
-        let reason = self.reason.lock().unwrap_or_else(|it| it.into_inner());
-        Error::Unavailable(format!(
-            "no connection to {} (reconnecting in the background): {reason}",
-            self.redacted_url
-        ))
-    }
-
-    /// Completes once the circuit is open.
-    async fn wait_open(&self) {
-        loop {
-            let notified = self.opened.notified();
-            tokio::pin!(notified);
-            // Registered before the check, so an opening in between is not missed.
-            notified.as_mut().enable();
-            if self.is_open() {
-                return;
-            }
-            notified.await;
-        }
+        is_retired(conn, &self.reachability.epoch)
     }
 }
 
@@ -639,7 +468,7 @@ impl Reconnector {
     /// that answers a connect but fails every call) keeps its backoff
     /// instead of starting again at [`RECONNECT_MIN_DELAY`].
     async fn run(self: Arc<Self>) {
-        let circuit = &self.link.circuit;
+        let circuit = &self.reachability.circuit;
         let mut delay = RECONNECT_MIN_DELAY;
         let mut closed_at: Option<Instant> = None;
         loop {
@@ -667,9 +496,9 @@ impl Reconnector {
     /// was, would otherwise open it again just after health reported
     /// recovery, failing every call until the next attempt.
     async fn attempt(&self) -> Result<(), Error> {
-        let was_open = self.link.circuit.is_open();
-        let res = tokio::time::timeout(self.target.bound(self.timeout), async {
-            let mut conn = self.target.connect(&self.config).await?;
+        let was_open = self.reachability.circuit.is_open();
+        let res = tokio::time::timeout(self.dialer.bound(self.timeout), async {
+            let mut conn = self.dialer.connect(&self.config).await?;
             let pong: String = redis::cmd("PING").query_async(&mut conn).await?;
             Ok::<_, RedisError>((conn, pong))
         })
@@ -685,15 +514,15 @@ impl Reconnector {
             }
             Ok(Err(err)) => (classify(&err, self.timeout_ms), err.to_string()),
             Err(_) => {
-                let bound = self.target.bound(self.timeout).as_millis();
+                let bound = self.dialer.bound(self.timeout).as_millis();
                 let reason = format!("no answer within {bound} ms");
                 (Error::Unavailable(reason.clone()), reason)
             }
         };
-        if was_open && !self.link.circuit.is_open() {
+        if was_open && !self.reachability.circuit.is_open() {
             return Err(err);
         }
-        self.link.open(reason);
+        self.reachability.open(reason);
         Err(err)
     }
 
@@ -702,7 +531,7 @@ impl Reconnector {
     fn admit(&self, conn: MultiplexedConnection) {
         // Connections from before the outage are not trusted after it: a
         // partition leaves them half-open, and nothing else would retire them.
-        let epoch = self.link.epoch.fetch_add(1, Ordering::SeqCst) + 1;
+        let epoch = self.reachability.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         // A full pool keeps its slots; the connection is then dropped and
         // bb8 makes new ones as the old ones are retired.
         let _ = self.pool.add(Pooled {
@@ -711,7 +540,7 @@ impl Reconnector {
             epoch,
             retired: Arc::default(),
         });
-        self.link.circuit.close();
+        self.reachability.circuit.close();
     }
 }
 
@@ -729,66 +558,6 @@ impl bb8::ErrorSink<RedisError> for LastErrorSink {
     fn boxed_clone(&self) -> Box<dyn bb8::ErrorSink<RedisError>> {
         Box::new(self.clone())
     }
-}
-
-/// Refuses (with a READONLY error) a connection to a node that says it is a
-/// replica: asked with `ROLE`, or where the user may not use ROLE (it is
-/// an admin command, often refused by ACL) with `HELLO 2`, which every
-/// user may send and which names the role too (Redis 6 and later; the
-/// connection stays on RESP2). A server that answers neither is taken at
-/// its word later: a READONLY reply to a call opens the circuit too.
-async fn require_writable(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
-    let role = match role_of(conn).await? {
-        Some(role) => role,
-        None => return Ok(()),
-    };
-    // Only a replica is refused: other roles (a master, the active
-    // replicas of some forks) take writes.
-    if role != "slave" && role != "replica" {
-        return Ok(());
-    }
-    Err(RedisError::from((
-        ErrorKind::Server(ServerErrorKind::ReadOnly),
-        "the redis node is not a master",
-        format!("its role is {role}"),
-    )))
-}
-
-/// The node's role (`master`, `slave`, `replica`...), or `None` when the
-/// server does not say.
-pub(super) async fn role_of(
-    conn: &mut MultiplexedConnection,
-) -> Result<Option<String>, RedisError> {
-    let refused = |err: &RedisError| matches!(err.code(), Some("NOPERM" | "ERR"));
-    match redis::cmd("ROLE").query_async::<Vec<Value>>(conn).await {
-        Ok(role) => {
-            return match role.into_iter().next() {
-                Some(value) => Ok(Some(String::from_redis_value(value)?)),
-                None => Ok(None),
-            };
-        }
-        Err(err) if refused(&err) => {}
-        Err(err) => return Err(err),
-    }
-    let hello: Value = match redis::cmd("HELLO").arg(2).query_async(conn).await {
-        Ok(hello) => hello,
-        Err(err) if refused(&err) => return Ok(None),
-        Err(err) => return Err(err),
-    };
-    let fields: Vec<(&Value, &Value)> = match &hello {
-        Value::Array(flat) => flat
-            .chunks(2)
-            .filter_map(|it| Some((it.first()?, it.get(1)?)))
-            .collect(),
-        Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
-        _ => Vec::new(),
-    };
-    Ok(fields.into_iter().find_map(|(field, value)| {
-        let field = String::from_redis_value_ref(field).ok()?;
-        (field == "role")
-            .then(|| String::from_redis_value_ref(value).ok())
-            .flatten()
-    }))
 }
 
 /// Whether `conn` was retired alone or with its epoch.
