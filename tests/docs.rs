@@ -147,7 +147,8 @@ fn mappable_paths() -> BTreeSet<String> {
 }
 
 /// Whether a folder no heading names is mapped by the entry of the
-/// folder above it, which names each of its files (`share/fields.rs`).
+/// folder above it, which names the folder (`cluster/`) or each of its
+/// files (`share/fields.rs`).
 fn mapped_by_parent(folder: &str, entries: &[CodeMapEntry]) -> bool {
     let folder = folder.trim_end_matches('/');
     let Some((parent, own)) = folder.rsplit_once('/') else {
@@ -163,7 +164,10 @@ fn mapped_by_parent(folder: &str, entries: &[CodeMapEntry]) -> bool {
     entries
         .iter()
         .filter(|entry| entry.named.contains(&format!("{parent}/")))
-        .any(|entry| files.iter().all(|file| entry.files.contains(file)))
+        .any(|entry| {
+            entry.text.contains(&format!("`{own}/`"))
+                || files.iter().all(|file| entry.files.contains(file))
+        })
 }
 
 #[test]
