@@ -568,5 +568,4 @@ fn check_window(spec: LimitSpec, history: &[(u64, u64)], now: u64) {
 }
 
 #[cfg(test)]
-#[path = "fuzzing/tests.rs"]
 mod tests;

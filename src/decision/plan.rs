@@ -501,5 +501,4 @@ impl Checks {
 }
 
 #[cfg(test)]
-#[path = "tests/plan.rs"]
 mod tests;

@@ -8,6 +8,10 @@ use crate::testing::decision::*;
 use crate::testing::default_options as options;
 use crate::testing::rules::*;
 
+// What deciding counts, and the over-limit cache: src/decision/tests/.
+mod metrics;
+mod over_limit;
+
 #[tokio::test]
 async fn requests_without_counters_never_reach_the_backend() {
     let tree = rules(vec![
