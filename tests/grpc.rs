@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use tonic_health::pb::health_check_response::ServingStatus;
 
-use support::backend::FakeBackend;
 use support::request::descriptor;
 use support::service::{
     HEALTH_SERVICES, TestService, call, default_options, memory_backend, refusal, rules_from,
@@ -23,6 +22,7 @@ use throttlegate::proto::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use throttlegate::proto::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use throttlegate::proto::envoy::r#type::v3::RateLimitUnit;
+use throttlegate::testing::FakeBackend;
 
 const CONFIG: &str = r#"
 domain: test

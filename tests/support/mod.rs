@@ -1,7 +1,6 @@
 //! Shared test harness: each test binary uses the parts it needs.
 #![allow(dead_code, reason = "every test binary uses a different subset")]
 
-pub mod backend;
 pub mod certs;
 pub mod cluster;
 pub mod config;
