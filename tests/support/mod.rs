@@ -16,3 +16,7 @@ pub mod sentinel;
 pub mod service;
 pub mod tls;
 pub mod xds;
+
+/// Taken by the tests that measure wall time or load both cores, so that
+/// no two of them run at once in one test binary.
+pub static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
