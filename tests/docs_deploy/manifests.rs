@@ -14,6 +14,7 @@ use serde_yaml_ng::Value;
 
 use crate::support::process::{Serve, command, http_get};
 use crate::support::request::{descriptor, request};
+use crate::support::tools::Tool;
 
 fn deploy(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -931,17 +932,11 @@ async fn every_metric_and_label_queried_is_exposed_by_the_service() {
 
 #[test]
 fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
-    const INSTALL: &str = "pip install kubernetes-validate==1.37.0, then \
-                           KUBERNETES_VALIDATE=<venv>/bin/kubernetes-validate";
-    let tool = match std::env::var_os("KUBERNETES_VALIDATE") {
-        Some(tool) if !tool.is_empty() => PathBuf::from(tool),
-        _ => {
-            if std::env::var("CI").is_ok_and(|it| it == "true") {
-                panic!("KUBERNETES_VALIDATE is not set: {INSTALL}");
-            }
-            eprintln!("skipped: KUBERNETES_VALIDATE is not set ({INSTALL})");
-            return;
-        }
+    let validate = Tool::KubernetesValidate;
+    let Some(tool) =
+        validate.require("kubernetes_manifests_validate_against_the_kubernetes_schemas")
+    else {
+        return;
     };
     let mut files: Vec<PathBuf> = ["kubernetes", "envoy-gateway"]
         .into_iter()
@@ -954,7 +949,7 @@ fn kubernetes_manifests_validate_against_the_kubernetes_schemas() {
         .arg("--strict")
         .args(&files)
         .output()
-        .unwrap_or_else(|err| panic!("run {}: {err} ({INSTALL})", tool.display()));
+        .unwrap_or_else(|err| panic!("run {}: {err} ({})", tool.display(), validate.install()));
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),

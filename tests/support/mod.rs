@@ -15,6 +15,7 @@ pub mod rng;
 pub mod sentinel;
 pub mod service;
 pub mod tls;
+pub mod tools;
 pub mod xds;
 
 /// Taken by the tests that measure wall time or load both cores, so that
