@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use tonic_health::pb::health_check_response::ServingStatus;
 
 use crate::support;
+use crate::support::ONE_AT_A_TIME;
 use crate::support::redis::{RedisServer, backend_with};
 use crate::support::service::{TestService, call, default_options, start_with_config};
 use throttlegate::backends::Backend;
@@ -218,6 +219,8 @@ async fn a_started_service_connects_and_loads_its_code_before_the_first_request(
 /// them; both stop cleanly on SIGTERM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn serving_threads_with_their_own_redis_connections_admit_exactly_the_limit() {
+    // Two processes and 64 clients load both cores.
+    let _serial = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::start();
     let url = server.url();
     let flags = ["--redis-url", &url, "--grpc-threads", "2"];
