@@ -48,11 +48,16 @@ fn files_under(dir: &str) -> Vec<String> {
 /// The Markdown files of the repository a reader meets: the top-level ones
 /// and everything under docs/ and deploy/.
 fn markdown_files() -> Vec<String> {
-    let mut files: Vec<String> = ["README.md", "ARCHITECTURE.md", "CHANGELOG.md"]
-        .into_iter()
-        .filter(|f| repo().join(f).exists())
-        .map(String::from)
-        .collect();
+    let mut files: Vec<String> = [
+        "README.md",
+        "CONTRIBUTING.md",
+        "ARCHITECTURE.md",
+        "CHANGELOG.md",
+    ]
+    .into_iter()
+    .filter(|f| repo().join(f).exists())
+    .map(String::from)
+    .collect();
     for dir in ["docs", "deploy"] {
         files.extend(files_under(dir).into_iter().filter(|f| f.ends_with(".md")));
     }
