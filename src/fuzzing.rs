@@ -572,5 +572,4 @@ fn check_window(spec: ScenarioLimit, history: &[(u64, u64)], now: u64) {
 }
 
 #[cfg(test)]
-#[path = "fuzzing/tests.rs"]
 mod tests;

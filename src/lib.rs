@@ -24,6 +24,8 @@
 //! - `serving_thread`: which serving thread (`--grpc-threads`) code runs on;
 //! - `pem`: certificates and keys read from PEM files, errors naming files;
 //! - `clock`: time sources (the system clock, a manual clock for tests);
+//! - `testing`: the fake backend and builders the tests share (unit tests
+//!   and the `testing` feature only);
 //! - `proto`: generated Envoy wire types;
 //! - `compat`: envoyproxy/ratelimit's environment variables as `serve` flags;
 //! - `xds`: rules pushed by a management server over xDS (the client of
@@ -47,12 +49,12 @@ pub mod quota;
 pub mod rules;
 pub mod serving_thread;
 pub mod simulate;
+#[cfg(any(test, feature = "testing"))]
+#[doc(hidden)]
+pub mod testing;
 pub mod traces;
 pub mod transport;
 pub mod xds;
-
-#[cfg(test)]
-pub(crate) mod testing;
 
 pub use transport::grpc::serve;
 
@@ -185,6 +187,18 @@ mod tests {
             ("serving_thread", &[]),
             ("xds", &["config", "rules", "proto", "pem"]),
             ("traces", &[]),
+            (
+                "testing",
+                &[
+                    "algorithms",
+                    "backends",
+                    "clock",
+                    "config",
+                    "decision",
+                    "metrics",
+                    "rules",
+                ],
+            ),
         ];
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         for (module, may_use) in allowed {

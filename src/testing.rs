@@ -1,77 +1,25 @@
-//! Builders the unit tests share: load options, rule sets, limiters and a fake backend.
+//! What the tests share: a fake backend, and builders of load options,
+//! rule sets, requests and limiters.
 //!
-//! [`rules`] builds rule trees in code; [`decision`] builds requests and
-//! limiters and reads what they answer; [`metrics_text`] reads what they
-//! count.
+//! [`FakeBackend`] fails, lags or follows a script; the integration tests
+//! reach it through the `testing` feature, which only the crate's
+//! dev-dependency on itself enables, so the service's build never holds
+//! it. The rest is for the unit tests: [`builders`] makes what `serve`
+//! makes by default, [`rules`] builds rule trees in code, [`decision`]
+//! builds requests and limiters and reads what they answer,
+//! [`metrics_text`] reads what they count.
 
-use std::sync::Arc;
-
-use arc_swap::ArcSwap;
-
-use crate::algorithms::{Algorithm, Verdict};
-use crate::backends::memory::MemoryBackend;
-use crate::backends::{self, Backend, KeyedCheck};
-use crate::clock::{Clock, ManualClock};
-use crate::config::{self, LoadOptions};
-use crate::decision::{Limiter, Options};
-use crate::metrics::Metrics;
-use crate::rules::RuleSet;
-
-// The integration tests include the same file from `tests/support`, so
-// both kinds of test drive one fake; it names what it uses through `super`.
-#[path = "testing/fake_backend.rs"]
-#[allow(dead_code, reason = "the unit tests use only some of its ways to fail")]
 mod fake_backend;
-pub(crate) use fake_backend::FakeBackend;
+pub use fake_backend::FakeBackend;
 
+#[cfg(test)]
+pub(crate) mod builders;
+#[cfg(test)]
 pub(crate) mod decision;
+#[cfg(test)]
 pub(crate) mod metrics_text;
+#[cfg(test)]
 pub(crate) mod rules;
 
-/// A fixed start time, so windows do not roll over mid-test.
-pub(crate) const T0: u64 = 1_700_000_000_000_000;
-
-/// Load options as the command line gives them by default: one file per
-/// domain, the sliding-window log, the default log cap.
-pub(crate) fn load_options() -> LoadOptions {
-    LoadOptions {
-        merge_domains: false,
-        default_algorithm: Algorithm::SlidingWindowLog,
-        max_log_entries: config::DEFAULT_MAX_LOG_ENTRIES,
-        limits: config::ConfigLimits::STANDARD,
-    }
-}
-
-/// Parses one config file's text under [`load_options`], panicking with
-/// the problems if it is invalid.
-pub(crate) fn rules_from(file_name: &str, yaml: &str) -> RuleSet {
-    match config::parse_str(file_name, yaml, &load_options()) {
-        Ok(loaded) => loaded.rules,
-        Err(err) => panic!("invalid test config {file_name}:\n{err:#}"),
-    }
-}
-
-/// Limiter options as `serve` starts by default: headers on, errors fail.
-pub(crate) fn default_options() -> Options {
-    Options::default()
-}
-
-/// A memory backend on `clock`.
-pub(crate) fn memory_backend(clock: &ManualClock) -> Arc<dyn Backend> {
-    Arc::new(MemoryBackend::new(Arc::new(clock.clone())))
-}
-
-/// A limiter over `rules` and `backend`, recording into `metrics`.
-pub(crate) fn limiter(
-    rules: RuleSet,
-    backend: Arc<dyn Backend>,
-    options: Options,
-    metrics: Metrics,
-) -> Limiter {
-    Limiter::new(
-        Arc::new(ArcSwap::from_pointee(rules)),
-        backend,
-        options,
-        Arc::new(metrics),
-    )
-}
+#[cfg(test)]
+pub(crate) use builders::*;

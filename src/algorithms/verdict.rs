@@ -5,7 +5,7 @@
 //! ([`settle`]). [`super::decide`] (the memory backend) rules with these
 //! functions; `lua/decide.lua` is their port for a request decided whole in
 //! one script (a single Redis, a batch, one Cluster slot), held to them by
-//! `tests/differential.rs`.
+//! `tests/cluster_sentinel/differential.rs`.
 
 use super::{Check, Mode, Outcome, Verdict};
 

@@ -290,5 +290,4 @@ pub(super) fn clamp_u32(n: u64) -> u32 {
 }
 
 #[cfg(test)]
-#[path = "tests/answer.rs"]
 mod tests;

@@ -46,5 +46,4 @@ pub(super) fn headers(
 }
 
 #[cfg(test)]
-#[path = "tests/headers.rs"]
 mod tests;

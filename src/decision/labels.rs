@@ -94,5 +94,4 @@ pub(super) fn metric_rule(levels: &[&Node], entries: &[Entry]) -> MetricRule {
 }
 
 #[cfg(test)]
-#[path = "tests/labels.rs"]
 mod tests;

@@ -669,13 +669,4 @@ impl Shared {
 }
 
 #[cfg(test)]
-#[path = "tests/limiter.rs"]
 mod tests;
-
-#[cfg(test)]
-#[path = "tests/metrics.rs"]
-mod metrics_tests;
-
-#[cfg(test)]
-#[path = "tests/over_limit.rs"]
-mod over_limit_tests;

@@ -120,5 +120,4 @@ fn divisors(mut n: u64) -> Vec<u64> {
 }
 
 #[cfg(test)]
-#[path = "tests/overrides.rs"]
 mod tests;

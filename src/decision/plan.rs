@@ -495,5 +495,4 @@ impl Checks {
 }
 
 #[cfg(test)]
-#[path = "tests/plan.rs"]
 mod tests;

@@ -135,5 +135,4 @@ fn invalid(message: String) -> Result<(), Error> {
 }
 
 #[cfg(test)]
-#[path = "tests/request.rs"]
 mod tests;

@@ -436,5 +436,4 @@ fn datagrams(text: &str, max: usize) -> Vec<&str> {
 }
 
 #[cfg(test)]
-#[path = "tests/statsd.rs"]
 mod tests;

@@ -378,5 +378,4 @@ fn escape_name(name: &str) -> String {
 }
 
 #[cfg(test)]
-#[path = "tests/statsd_mapping.rs"]
 mod tests;

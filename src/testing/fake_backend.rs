@@ -1,15 +1,16 @@
 //! A backend whose answers a test decides: down, switchable, slow or scripted.
 //!
-//! Included by both the unit tests and the integration tests; the including
-//! module brings `Arc`, `Backend`, `Clock`, `KeyedCheck`, `Verdict` and `backends`
-//! into scope, as this file cannot name the crate the same way from both.
+//! The unit tests and, through the `testing` feature, the integration tests
+//! drive this one fake.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{Arc, Backend, Clock, KeyedCheck, Verdict, backends};
+use crate::algorithms::Verdict;
+use crate::backends::{self, Backend, KeyedCheck};
+use crate::clock::Clock;
 
 /// A configurable fake: answers scripted results first, then passes
 /// decisions to an inner backend if it has one, else fails them as a

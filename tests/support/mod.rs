@@ -1,7 +1,6 @@
 //! Shared test harness: each test binary uses the parts it needs.
 #![allow(dead_code, reason = "every test binary uses a different subset")]
 
-pub mod backend;
 pub mod certs;
 pub mod cluster;
 pub mod config;
@@ -16,4 +15,9 @@ pub mod rng;
 pub mod sentinel;
 pub mod service;
 pub mod tls;
+pub mod tools;
 pub mod xds;
+
+/// Taken by the tests that measure wall time or load both cores, so that
+/// no two of them run at once in one test binary.
+pub static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
