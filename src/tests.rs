@@ -1,3 +1,5 @@
+mod codebase;
+
 /// The crate map above names every module, and only those.
 #[test]
 fn the_crate_map_lists_every_module() {
