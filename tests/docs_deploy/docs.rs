@@ -141,9 +141,12 @@ fn mappable_paths() -> BTreeSet<String> {
     let mut paths: BTreeSet<String> = OUTSIDE_SRC.iter().map(|it| it.to_string()).collect();
     for file in files_under("src") {
         let (folder, name) = file.rsplit_once('/').unwrap();
+        if folder.split('/').any(|part| part == "tests") || name == "tests.rs" {
+            continue;
+        }
         if folder == "src" {
             paths.insert(file);
-        } else if !folder.split('/').any(|part| part == "tests") && name != "tests.rs" {
+        } else {
             paths.insert(format!("{folder}/"));
         }
     }
