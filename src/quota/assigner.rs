@@ -1,4 +1,4 @@
-//! The quota service the RLQS transport calls, as the RLS transport calls
+//! The quota assigner the RLQS transport calls, as the RLS transport calls
 //! the limiter: each stream opens its [`StreamMembers`], and each bucket
 //! it reports is resolved to its rule (DENY_ALL past what its client may
 //! keep alive, `claims`), booked as a member of its pool in the
@@ -30,7 +30,7 @@ use super::share::{Budget, MemberId, Usage};
 /// Expired shares and claims are swept at most this often, whoever asks.
 pub const SWEEP_EVERY_US: Micros = 1_000_000;
 
-/// The quota service: the rules (reloads included), the pools, the
+/// The quota assigner: the rules (reloads included), the pools, the
 /// clients' pool claims, and the metrics and log lines of what the
 /// proxies report.
 pub struct QuotaAssigner {

@@ -2,7 +2,7 @@
 //! proxy enforces itself, one budget per rule shared by every proxy
 //! reporting it.
 //!
-//! - `assigner`: the quota service the transport calls (`QuotaAssigner`,
+//! - `assigner`: the quota assigner the transport calls (`QuotaAssigner`,
 //!   and each stream's `StreamMembers`): a report resolved, booked,
 //!   answered, counted and logged;
 //! - `mapping`: a bucket id to a descriptor (entries sorted by key), the

@@ -1,5 +1,8 @@
-//! The terms of one Redis call ([`CallTerms`]) and the path every call
-//! takes to Redis, on a single server, in a batch and on a Cluster alike:
+//! The terms of one Redis call ([`CallTerms`]) and the path every decision
+//! takes to Redis, on a single server, in a batch and on a Cluster alike
+//! (the calls that decide nothing take their own bounded paths: a Cluster
+//! refund, a script load after NOSCRIPT, probes and warm-ups, and the quota
+//! pools' store in `crate::quota::redis`):
 //!
 //! 1. admitted by the gate (stage queue), refused at once when too many
 //!    calls already wait toward Redis, given up unsent at `send_by`;
@@ -12,8 +15,8 @@
 //!    that what it consumed is counted. A reply still missing then fails
 //!    the call with [`Error::Timeout`] at once; the call keeps its place
 //!    in the gate until Redis answers ([`Written`]), and its reply, if it
-//!    comes within [`UNANSWERED_AFTER`](super::gate::UNANSWERED_AFTER), is heard by the terms' late
-//!    handler ([`LateReply`]: counted for its caller, or refunded), or
+//!    comes within [`UNANSWERED_AFTER`](super::gate::UNANSWERED_AFTER),
+//!    is heard by the terms' late handler ([`LateReply`]: counted for its caller, or refunded), or
 //!    dropped when there is none.
 //!
 //! A call is NEVER sent again after a timeout or any other error: it may

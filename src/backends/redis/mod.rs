@@ -20,7 +20,7 @@
 //!   how Redis failures become backend errors.
 //!
 //! Invariant: a request's call and its answer stay on the thread that
-//! serves it, and every call reaches Redis through [`call`].
+//! serves it, and every decision reaches Redis through [`call`].
 
 mod batch;
 mod call;

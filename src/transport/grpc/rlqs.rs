@@ -28,7 +28,7 @@
 //!
 //! What a report means is [`QuotaAssigner`]'s: this keeps each stream's
 //! lifecycle (reading, writing, seats, deadlines) and its bucket ids as
-//! the wire carries them, and maps messages to the quota service and its
+//! the wire carries them, and maps messages to the quota assigner and its
 //! grants back to answers.
 
 use std::collections::HashMap;
@@ -93,14 +93,14 @@ pub const FIRST_REPORT_WITHIN: Duration = Duration::from_secs(10);
 /// have expired long before).
 pub const SILENT_LIMIT: Duration = Duration::from_micros(4 * ASSIGNMENT_TTL_US);
 /// How often a stream checks its deadlines and its outbox is being read,
-/// and the quota service is asked to sweep old shares.
+/// and the quota assigner is asked to sweep old shares.
 const TICK: Duration = Duration::from_secs(1);
 
 /// The address of the client a request came from (the server sets it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PeerAddress(pub IpAddr);
 
-/// The RLQS service: streams onto the quota service.
+/// The RLQS service: streams onto the quota assigner (`QuotaAssigner`).
 #[derive(Clone)]
 pub struct QuotaService {
     quotas: Arc<QuotaAssigner>,
@@ -245,7 +245,7 @@ impl Writer {
 struct QuotaStream {
     service: QuotaService,
     shared: Arc<StreamShared>,
-    /// Its buckets in the quota service.
+    /// Its buckets in the quota assigner.
     members: StreamMembers,
     domain: Option<String>,
     /// Each bucket's number, by its entries sorted by key.
@@ -368,7 +368,7 @@ impl QuotaStream {
         Ok(())
     }
 
-    /// Maps one message onto the quota service, bucket by bucket; a
+    /// Maps one message onto the quota assigner, bucket by bucket; a
     /// message breaking a bound ends the stream.
     async fn report(&mut self, message: rlqs::RateLimitQuotaUsageReports) -> Result<(), Status> {
         self.flood.take()?;

@@ -4,8 +4,9 @@
 //! from every primary, and the library loaded ahead of the first calls.
 //!
 //! Invariant: a request holds one place in the gate, whatever its number
-//! of slots, and reaches the cluster through the one call path
-//! ([`call`](super::super::call)).
+//! of slots, and its decision reaches the cluster through the one call
+//! path ([`call`](super::super::call)); refunds, bounded by their own
+//! deadline, bypass the gate.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

@@ -117,6 +117,14 @@ impl Cluster {
         let (answer_by, timeout_ms) = (terms.answer_by, self.timeout_ms);
         let calls = groups.iter().map(|group| {
             let call = self.decide_group(conn.clone(), &header, group, checks, (&terms, &place));
+            // This bound only ends a group still before its write (engine
+            // detection, a script load, a pause between redirects): once
+            // written, the group's own bound at the same `answer_by`
+            // (`CallTerms::reply`) fires first, since a timeout polls what
+            // it bounds before its timer, and hands the attempt back as
+            // `Unanswered::Late` to be heard. Bounding this one earlier
+            // would drop written attempts unheard (tests/cluster_sentinel/
+            // cluster.rs, the late count and late refund tests).
             async move {
                 timeout_at(answer_by, call)
                     .await
