@@ -70,7 +70,11 @@ impl Cluster {
         checks: &[KeyedCheck],
         decision: (&CallTerms<ClusterLate>, &Arc<OwnedSemaphorePermit>),
     ) -> Result<GroupReply, Unanswered> {
-        let engine = self.engine(&mut conn, group.slot).await?;
+        let answer_by = decision.0.answer_by;
+        let engine = match timeout_at(answer_by, self.engine(&mut conn, group.slot)).await {
+            Ok(engine) => engine?,
+            Err(_) => return Err(Unanswered::Failed(Error::Timeout(self.timeout_ms))),
+        };
         let cmd = Self::decide_cmd(engine, header, group, checks);
         let entry = (engine, LuaEntry::Decide);
         let value = self
@@ -114,23 +118,15 @@ impl Cluster {
     ) -> Result<Verdict, Error> {
         let header = self.header(groups.len() > 1);
         let place = Arc::new(place);
-        let (answer_by, timeout_ms) = (terms.answer_by, self.timeout_ms);
-        let calls = groups.iter().map(|group| {
-            let call = self.decide_group(conn.clone(), &header, group, checks, (&terms, &place));
-            // This bound only ends a group still before its write (engine
-            // detection, a script load, a pause between redirects): once
-            // written, the group's own bound at the same `answer_by`
-            // (`CallTerms::reply`) fires first, since a timeout polls what
-            // it bounds before its timer, and hands the attempt back as
-            // `Unanswered::Late` to be heard. Bounding this one earlier
-            // would drop written attempts unheard (tests/cluster_sentinel/
-            // cluster.rs, the late count and late refund tests).
-            async move {
-                timeout_at(answer_by, call)
-                    .await
-                    .unwrap_or(Err(Unanswered::Failed(Error::Timeout(timeout_ms))))
-            }
-        });
+        let timeout_ms = self.timeout_ms;
+        // Every wait of a group ends by `answer_by` on its own (the engine
+        // above, a script load or a pause in `route`, the reply in
+        // `CallTerms::reply`), so a written attempt is always handed back
+        // as `Unanswered::Late` to be heard, never dropped by an outer
+        // bound.
+        let calls = groups
+            .iter()
+            .map(|group| self.decide_group(conn.clone(), &header, group, checks, (&terms, &place)));
         let replies = join_all(calls).await;
         let mut results: Vec<Result<GroupReply, Error>> = replies
             .into_iter()

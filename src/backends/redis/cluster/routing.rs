@@ -15,7 +15,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, Slot, SlotAddr};
 use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::sync::OwnedSemaphorePermit;
-use tokio::time::sleep;
+use tokio::time::{sleep, timeout_at};
 
 use super::super::call::{CallTerms, Replied};
 use super::super::engine::{self, Engine, LuaEntry};
@@ -154,7 +154,10 @@ impl Cluster {
                 }
             }
             target = match step {
-                Next::Load => match self.load(conn, (engine, entry), &target).await {
+                Next::Load => match bounded(decision, self.load(conn, (engine, entry), &target))
+                    .await
+                    .ok_or(Unanswered::Failed(Error::Timeout(self.timeout_ms)))?
+                {
                     Err(err) if engine == Engine::Functions && engine::lacks_functions(&err) => {
                         self.keep_to_scripts(slot, &err);
                         engine = Engine::Scripts;
@@ -175,7 +178,9 @@ impl Cluster {
                 Next::Go(next) => next,
                 Next::Pause => {
                     redirects = 0;
-                    sleep(REROUTE_PAUSE).await;
+                    bounded(decision, sleep(REROUTE_PAUSE))
+                        .await
+                        .ok_or(Unanswered::Failed(Error::Timeout(self.timeout_ms)))?;
                     Destination::Slot(slot)
                 }
                 Next::Fail => return Err(classify(&err, self.timeout_ms).into()),
@@ -283,4 +288,16 @@ fn by_address(host: &str, port: u16) -> RoutingInfo {
         host: host.to_owned(),
         port,
     })
+}
+
+/// `wait`, ended by a decision's `answer_by` (`None` then); a refund's
+/// waits are bounded by its caller.
+async fn bounded<L, T>(
+    decision: Option<(&CallTerms<L>, &Arc<OwnedSemaphorePermit>)>,
+    wait: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    match decision {
+        Some((terms, _)) => timeout_at(terms.answer_by, wait).await.ok(),
+        None => Some(wait.await),
+    }
 }
