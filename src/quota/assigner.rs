@@ -46,7 +46,7 @@ pub struct QuotaAssigner {
 /// One stream's buckets as members of their pools, and the outbox through
 /// which their grants reach the stream. Dropped, it leaves every pool.
 pub struct StreamMembers {
-    service: Arc<QuotaAssigner>,
+    assigner: Arc<QuotaAssigner>,
     outbox: Arc<Outbox>,
     /// The client's address: for its pool claims, and in [`proxy_key`],
     /// by which a reconnected proxy's bucket is recognised.
@@ -81,7 +81,7 @@ pub struct BucketReport<'a> {
 }
 
 impl QuotaAssigner {
-    /// The service answering by `rules` (the limiter's, so reloads
+    /// The assigner answering by `rules` (the limiter's, so reloads
     /// apply), with the pools of `book`.
     pub fn new(
         rules: Arc<ArcSwap<RuleSet>>,
@@ -121,7 +121,7 @@ impl QuotaAssigner {
     /// The members of a new stream from `client`, none yet.
     pub fn open(self: &Arc<Self>, client: Option<IpAddr>) -> StreamMembers {
         StreamMembers {
-            service: self.clone(),
+            assigner: self.clone(),
             outbox: Outbox::new(),
             client,
             members: HashMap::new(),
@@ -137,7 +137,7 @@ impl StreamMembers {
 
     /// What a report message in `domain` arriving now is decided under.
     pub fn scope(&self, domain: &str) -> ReportScope {
-        let rules = self.service.rules.load_full();
+        let rules = self.assigner.rules.load_full();
         let label = rules
             .domain(domain)
             .map_or_else(|| Arc::from("_unknown"), |it| it.name().clone());
@@ -145,7 +145,7 @@ impl StreamMembers {
             rules,
             domain: domain.to_owned(),
             label,
-            now: self.service.now(),
+            now: self.assigner.now(),
         }
     }
 
@@ -154,9 +154,9 @@ impl StreamMembers {
     /// alive (the client's claim on it made or renewed otherwise).
     pub fn resolve(&self, scope: &ReportScope, entries: &[(&str, &str)]) -> Resolution {
         let resolution = resolve(&scope.rules, &scope.domain, entries);
-        self.service
+        self.assigner
             .claims
-            .bound(self.client, resolution, scope.now, &self.service.log)
+            .bound(self.client, resolution, scope.now, &self.assigner.log)
     }
 
     /// The stream's bucket `report.bucket`, which [`StreamMembers::resolve`]
@@ -171,13 +171,13 @@ impl StreamMembers {
         report: BucketReport<'_>,
         resolution: Resolution,
     ) {
-        let service = self.service.clone();
-        let metrics = &service.metrics;
+        let assigner = self.assigner.clone();
+        let metrics = &assigner.metrics;
         let entry = self
             .members
             .entry(report.bucket)
             .or_insert_with(|| Membership {
-                member: service.book.member_id(),
+                member: assigner.book.member_id(),
                 in_pool: false,
             });
         let Membership { member, in_pool } = *entry;
@@ -222,10 +222,10 @@ impl StreamMembers {
         pool: &PoolKey,
         budget: Budget,
     ) -> Option<(Grant, Option<Order>)> {
-        let (metrics, label) = (&self.service.metrics, &scope.label);
+        let (metrics, label) = (&self.assigner.metrics, &scope.label);
         let proxy = proxy_key(self.client, &scope.domain, report.entries);
         let outcome = self
-            .service
+            .assigner
             .book
             .report(
                 member,
@@ -241,7 +241,7 @@ impl StreamMembers {
             Ok(it) => it,
             Err(err) => {
                 metrics.record_unanswered(label, rule);
-                if let Some(suppressed) = self.service.log.admit() {
+                if let Some(suppressed) = self.assigner.log.admit() {
                     tracing::warn!(error = %err, suppressed, "a quota share could not be decided");
                 }
                 return None;
@@ -259,7 +259,7 @@ impl StreamMembers {
         metrics.set_assigned(label, rule, outcome.committed);
         if outcome.disagree {
             metrics.record_rule_mismatch(label, rule);
-            if let Some(suppressed) = self.service.log.admit() {
+            if let Some(suppressed) = self.assigner.log.admit() {
                 tracing::warn!(
                     domain = %label,
                     rule = %rule,
@@ -272,8 +272,8 @@ impl StreamMembers {
     }
 
     async fn leave(&self, member: MemberId) {
-        if let Err(err) = self.service.book.leave(member).await
-            && let Some(suppressed) = self.service.log.admit()
+        if let Err(err) = self.assigner.book.leave(member).await
+            && let Some(suppressed) = self.assigner.log.admit()
         {
             tracing::warn!(error = %err, suppressed, "a quota share could not be given up; it expires");
         }
@@ -292,7 +292,7 @@ impl StreamMembers {
         if !members.is_empty()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
-            let book = self.service.book.clone();
+            let book = self.assigner.book.clone();
             runtime.spawn(async move {
                 for member in members {
                     // An error leaves the share to expire.

@@ -1,7 +1,7 @@
 //! Calls to one Redis server (directly or behind Sentinel): its
 //! connections, its gate, and one request decided in a call of its own.
 //!
-//! Invariant: every call goes the one path of [`call`](super::call), and
+//! Invariant: every decision goes the one path of [`call`](super::call), and
 //! its command is made at the moment it is written, never earlier.
 
 use std::sync::atomic::{AtomicBool, Ordering};
